@@ -43,3 +43,11 @@ class KvCacheHeadDimNotBlockAligned(KvCacheError):
 
 class ModelNotFound(FucinaError):
     """A model name that is neither a starter model nor an existing .gguf path."""
+
+
+class ModelDownloadError(FucinaError):
+    """A starter model could not be downloaded, extracted or verified."""
+
+
+class DownloadCancelled(ModelDownloadError):
+    """A model download stopped because its cancel event was set; pulling again resumes it."""
