@@ -1,0 +1,36 @@
+"""Gemma 3: interleaved sliding-window and global layers, each with its own RoPE base;
+q/k norms; norms after attention and FFN too; GeGLU; embeddings scaled by sqrt(n_embd).
+
+As in llama.cpp: every `sliding_window_pattern`-th layer (default 6) is global and
+uses `rope.freq_base`; the others see a window of `attention.sliding_window`
+keys and use RoPE base 10000. The GGUF norm weights already include Gemma's +1.
+"""
+
+import math
+
+from engine.gguf.meta import meta_float_opt, meta_int_opt
+from engine.gguf.reader import GGUFFile
+from engine.models.args import common_args
+from engine.models.transformer import Transformer, default_attn_scale
+
+ARCH = "gemma3"
+LOCAL_ROPE_BASE = 10000.0
+DEFAULT_PATTERN = 6
+
+
+def is_global_layer(layer: int, pattern: int) -> bool:
+    return pattern <= 0 or layer % pattern == pattern - 1
+
+
+def build(file: GGUFFile) -> Transformer:
+    meta = file.metadata
+    args = common_args(meta, ARCH, activation="gelu", qk_norm=True, post_norms=True)
+    pattern = meta_int_opt(meta, ARCH, "attention.sliding_window_pattern") or DEFAULT_PATTERN
+    window = meta_int_opt(meta, ARCH, "attention.sliding_window") or 0
+    global_base = meta_float_opt(meta, ARCH, "rope.freq_base") or 1_000_000.0
+    glob = [is_global_layer(i, pattern) for i in range(args.n_layers)]
+    args.window = [0 if g else window for g in glob]
+    args.rope_base = [global_base if g else LOCAL_ROPE_BASE for g in glob]
+    args.embed_scale = math.sqrt(args.n_embd)
+    args.attn_scale = default_attn_scale(args.head_dim)
+    return Transformer(file, args)

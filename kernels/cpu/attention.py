@@ -1,0 +1,110 @@
+"""Scaled dot-product attention over a KV cache, with causal and sliding-window masks.
+
+Keys and values arrive as [positions, kv_heads, head_dim] arrays, either f16 bit
+patterns (uint16, the default cache) or float32 (a dequantized q8_0 cache).
+Query head h reads kv head h // (heads / kv_heads) (grouped-query attention).
+
+A query at absolute position p sees key j when j <= p and, with a window w > 0,
+p - j < w (llama.cpp's standard sliding window).
+"""
+
+import numpy as np
+from numba import njit, prange, types
+from numba.extending import overload
+
+from kernels.cpu.f16 import f16_bits_to_f32
+
+
+def as_f32(x):
+    """Widen one cache element to float32 (Numba-only; specialised per element type)."""
+    raise NotImplementedError
+
+
+@overload(as_f32, inline="always")
+def _as_f32_overload(x):
+    if x == types.uint16:
+        return lambda x: f16_bits_to_f32(x)
+    return lambda x: np.float32(x)
+
+
+@njit(cache=True, fastmath=True, parallel=True)
+def _decode(q, k, v, n_keys, window, scale, out):
+    n_head, d = q.shape
+    group = n_head // k.shape[1]
+    start = 0
+    if window > 0 and n_keys > window:
+        start = n_keys - window
+    for h in prange(n_head):
+        kvh = h // group
+        scores = np.empty(n_keys - start, dtype=np.float32)
+        m = np.float32(-np.inf)
+        for j in range(start, n_keys):
+            s = np.float32(0.0)
+            for c in range(d):
+                s += q[h, c] * as_f32(k[j, kvh, c])
+            s *= scale
+            scores[j - start] = s
+            if s > m:
+                m = s
+        total = np.float32(0.0)
+        for j in range(scores.size):
+            e = np.exp(scores[j] - m)
+            scores[j] = e
+            total += e
+        acc = np.zeros(d, dtype=np.float32)
+        for j in range(start, n_keys):
+            p = scores[j - start]
+            for c in range(d):
+                acc[c] += p * as_f32(v[j, kvh, c])
+        inv = np.float32(1.0) / total
+        for c in range(d):
+            out[h, c] = acc[c] * inv
+
+
+def attention_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_keys: int, window: int, scale: float,
+                     out: np.ndarray | None = None) -> np.ndarray:
+    """One query row (q [heads, head_dim]) at position n_keys-1 against cache rows [0, n_keys)."""
+    if out is None:
+        out = np.empty_like(q)
+    _decode(q, k, v, n_keys, window, np.float32(scale), out)
+    return out
+
+
+_QUERY_CHUNK = 256
+
+
+def attention_prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos0: int, window: int, scale: float) -> np.ndarray:
+    """Queries q [n, heads, d] at positions q_pos0.. against float32 keys/values [n_keys, kv_heads, d].
+
+    Uses BLAS per head over query chunks, so the score matrix stays at most
+    chunk x n_keys per head.
+    """
+    n, n_head, d = q.shape
+    n_keys, kv_heads, _ = k.shape
+    group = n_head // kv_heads
+    out = np.empty((n, n_head, d), dtype=np.float32)
+    key_pos = np.arange(n_keys)
+    for c0 in range(0, n, _QUERY_CHUNK):
+        c1 = min(n, c0 + _QUERY_CHUNK)
+        q_pos = q_pos0 + np.arange(c0, c1)
+        # visible keys of this chunk: those any of its queries can see
+        lo = 0 if window <= 0 else max(0, q_pos0 + c0 - window + 1)
+        hi = q_pos0 + c1
+        rel = q_pos[:, None] - key_pos[None, lo:hi]
+        masked = rel < 0
+        if window > 0:
+            masked |= rel >= window
+        for kvh in range(kv_heads):
+            kt = k[lo:hi, kvh, :]
+            vt = v[lo:hi, kvh, :]
+            heads = slice(kvh * group, (kvh + 1) * group)
+            # all query heads of the group in one GEMM: [(chunk*group), d] @ [d, keys]
+            qg = q[c0:c1, heads, :].reshape(-1, d)
+            s = (qg @ kt.T).reshape(c1 - c0, group, hi - lo)
+            s *= np.float32(scale)
+            s[np.broadcast_to(masked[:, None, :], s.shape)] = -np.inf
+            s -= s.max(axis=2, keepdims=True)
+            np.exp(s, out=s)
+            s /= s.sum(axis=2, keepdims=True)
+            out[c0:c1, heads, :] = (s.reshape(-1, hi - lo) @ vt).reshape(c1 - c0, group, d)
+    return out

@@ -1,0 +1,124 @@
+"""Elementwise and row-wise transformer ops: RMSNorm, RoPE, activations, softmax.
+
+All operate on float32 and are Numba-compiled with the on-disk cache on. Row
+loops run in parallel only when there are enough rows to pay for the thread
+launch (decode works on a single row).
+"""
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+_PARALLEL_ROWS = 16
+
+
+@njit(cache=True, fastmath=True, inline="always")
+def _rmsnorm_row(x, w, eps, out):
+    ss = np.float32(0.0)
+    for i in range(x.size):
+        ss += x[i] * x[i]
+    scale = np.float32(1.0) / np.sqrt(ss / np.float32(x.size) + np.float32(eps))
+    for i in range(x.size):
+        out[i] = x[i] * scale * w[i]
+
+
+@njit(cache=True, fastmath=True)
+def _rmsnorm_serial(x, w, eps, out):
+    for r in range(x.shape[0]):
+        _rmsnorm_row(x[r], w, eps, out[r])
+
+
+@njit(cache=True, fastmath=True, parallel=True)
+def _rmsnorm_parallel(x, w, eps, out):
+    for r in prange(x.shape[0]):
+        _rmsnorm_row(x[r], w, eps, out[r])
+
+
+def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray | None = None) -> np.ndarray:
+    """x * rsqrt(mean(x^2) + eps) * weight over the last axis of a 2-D (or 3-D, flattened) array."""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    if out is None:
+        out = np.empty_like(x2)
+    else:
+        out = out.reshape(-1, shape[-1])
+    kernel = _rmsnorm_parallel if x2.shape[0] >= _PARALLEL_ROWS else _rmsnorm_serial
+    kernel(x2, weight, np.float32(eps), out)
+    return out.reshape(shape)
+
+
+@njit(cache=True, fastmath=True)
+def _rope_inplace(x, positions, n_rot, base, neox):
+    """Rotate the first n_rot dims of every head of x [n, heads, head_dim] in place.
+
+    neox pairs dim i with i + n_rot/2 (GPT-NeoX / Qwen / Gemma); the normal
+    style pairs 2i with 2i+1 (llama, whose GGUF q/k rows are permuted for it).
+    """
+    n, heads, _ = x.shape
+    half = n_rot // 2
+    inv = np.empty(half, dtype=np.float64)
+    for i in range(half):
+        inv[i] = base ** (-2.0 * i / n_rot)
+    for t in range(n):
+        pos = positions[t]
+        for i in range(half):
+            theta = pos * inv[i]
+            c = np.float32(math.cos(theta))
+            s = np.float32(math.sin(theta))
+            a_idx = i if neox else 2 * i
+            b_idx = i + half if neox else 2 * i + 1
+            for h in range(heads):
+                a = x[t, h, a_idx]
+                b = x[t, h, b_idx]
+                x[t, h, a_idx] = a * c - b * s
+                x[t, h, b_idx] = a * s + b * c
+
+
+def rope(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float, neox: bool) -> None:
+    """Apply rotary position embedding in place to x [n, heads, head_dim]."""
+    _rope_inplace(x, positions.astype(np.int64, copy=False), n_rot, float(base), bool(neox))
+
+
+@njit(cache=True, fastmath=True, parallel=True)
+def _silu_mul(gate, up, out):
+    g = gate.reshape(-1)
+    u = up.reshape(-1)
+    o = out.reshape(-1)
+    for i in prange(g.size):
+        v = g[i]
+        o[i] = v / (np.float32(1.0) + np.exp(-v)) * u[i]
+
+
+@njit(cache=True, fastmath=True, parallel=True)
+def _gelu_tanh_mul(gate, up, out):
+    g = gate.reshape(-1)
+    u = up.reshape(-1)
+    o = out.reshape(-1)
+    c = np.float32(math.sqrt(2.0 / math.pi))
+    for i in prange(g.size):
+        v = g[i]
+        o[i] = np.float32(0.5) * v * (np.float32(1.0) + np.tanh(c * (v + np.float32(0.044715) * v * v * v))) * u[i]
+
+
+def silu_mul(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """SwiGLU: silu(gate) * up."""
+    if out is None:
+        out = np.empty_like(gate)
+    _silu_mul(np.ascontiguousarray(gate), np.ascontiguousarray(up), out)
+    return out
+
+
+def gelu_mul(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """GeGLU with the tanh approximation of GELU (what Gemma and llama.cpp use)."""
+    if out is None:
+        out = np.empty_like(gate)
+    _gelu_tanh_mul(np.ascontiguousarray(gate), np.ascontiguousarray(up), out)
+    return out
+
+
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Numerically stable softmax (NumPy; used off the per-token hot path)."""
+    m = np.max(x, axis=axis, keepdims=True)
+    e = np.exp(x - m)
+    return e / np.sum(e, axis=axis, keepdims=True)
