@@ -1,0 +1,41 @@
+"""Model-level loops over token ids: teacher-forced scoring and greedy generation."""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+
+from engine.kv.cache import KvDtype
+from engine.models.transformer import Transformer
+
+
+def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k largest entries of each row, best first: (ids, values)."""
+    k = min(k, logits.shape[-1])
+    idx = np.argpartition(-logits, k - 1, axis=-1)[..., :k]
+    vals = np.take_along_axis(logits, idx, axis=-1)
+    order = np.argsort(-vals, axis=-1, kind="stable")
+    return np.take_along_axis(idx, order, axis=-1), np.take_along_axis(vals, order, axis=-1)
+
+
+def teacher_forced(model: Transformer, ids: Sequence[int], kv: KvDtype | str = KvDtype.F16,
+                   chunk: int = 512) -> Iterator[np.ndarray]:
+    """Logits after every prefix of ids, one [n, vocab] array per prefill chunk."""
+    cache = model.new_cache(len(ids), kv)
+    for start in range(0, len(ids), chunk):
+        yield model.forward_all(ids[start : start + chunk], cache)
+
+
+def greedy(model: Transformer, prompt: Sequence[int], max_tokens: int, stop_ids: Iterable[int] = (),
+           kv: KvDtype | str = KvDtype.F16, capacity: int | None = None) -> Iterator[int]:
+    """Yield greedily decoded ids (argmax, no sampling); a stop id ends generation and is yielded."""
+    stops = set(stop_ids)
+    cache = model.new_cache(capacity or len(prompt) + max_tokens, kv)
+    logits = model.forward(prompt, cache)
+    for _ in range(max_tokens):
+        tok = int(np.argmax(logits))
+        yield tok
+        if tok in stops or cache.len >= cache.capacity:
+            return
+        logits = model.forward([tok], cache)

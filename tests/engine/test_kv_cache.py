@@ -1,0 +1,81 @@
+import numpy as np
+import pytest
+
+from engine.errors import KvCacheHeadDimNotBlockAligned, KvCacheOverflow, KvCacheShapeMismatch
+from engine.kv.cache import KvCache
+
+
+def rows(m, h=2, d=32, value=0.5):
+    return np.full((m, h, d), value, dtype=np.float32)
+
+
+@pytest.mark.parametrize("dtype", ["f16", "q8_0"])
+def test_append_advance_truncate(dtype):
+    c = KvCache.uniform(1, 2, 32, 8, dtype)
+    c.append_layer(0, rows(3), rows(3, value=0.25))
+    assert c.len == 0  # append does not advance
+    c.advance(3)
+    assert c.len == 3
+    np.testing.assert_allclose(c.keys_f32(0, 3), 0.5, rtol=1e-2)
+    np.testing.assert_allclose(c.values_f32(0, 3), 0.25, rtol=1e-2)
+    c.truncate(1)
+    assert c.len == 1
+    c.truncate(5)  # at or above len: no-op
+    assert c.len == 1
+    c.append_layer(0, rows(1, value=-1.0), rows(1))
+    c.advance(1)
+    np.testing.assert_allclose(c.keys_f32(0, 2)[1], -1.0, rtol=1e-2)
+
+
+def test_overflow_and_shape_errors():
+    c = KvCache.uniform(2, 2, 32, 4)
+    with pytest.raises(KvCacheOverflow, match="capacity of 4"):
+        c.append_layer(0, rows(5), rows(5))
+    with pytest.raises(KvCacheShapeMismatch, match="expects"):
+        c.append_layer(0, rows(1, h=3), rows(1, h=3))
+    with pytest.raises(KvCacheShapeMismatch):
+        c.append_layer(1, rows(2), rows(1))
+
+
+def test_q8_0_needs_block_aligned_head_dim():
+    with pytest.raises(KvCacheHeadDimNotBlockAligned, match="multiple of 32"):
+        KvCache.uniform(1, 2, 48, 4, "q8_0")
+    KvCache.uniform(1, 2, 48, 4, "f16")
+
+
+def test_per_layer_geometry():
+    c = KvCache([8, 2], [16, 64], 4)
+    c.append_layer(0, rows(1, 8, 16), rows(1, 8, 16))
+    c.append_layer(1, rows(1, 2, 64), rows(1, 2, 64))
+    c.advance(1)
+    assert c.keys_f32(1, 1).shape == (1, 2, 64)
+
+
+@pytest.mark.parametrize("dtype", ["f16", "q8_0"])
+def test_copy_rows_adopts_a_prefix(dtype):
+    src = KvCache.uniform(2, 2, 32, 8, dtype)
+    rng = np.random.default_rng(0)
+    for layer in range(2):
+        src.append_layer(layer, rng.normal(size=(5, 2, 32)).astype(np.float32), rows(5))
+    src.advance(5)
+    dst = KvCache.uniform(2, 2, 32, 8, dtype)
+    dst.copy_rows(src, 0, 3)
+    assert dst.len == 3
+    np.testing.assert_array_equal(dst.keys(1), src.keys(1, 3))
+    with pytest.raises(KvCacheShapeMismatch, match="in order"):
+        dst.copy_rows(src, 0, 2)
+    with pytest.raises(KvCacheShapeMismatch, match="outside"):
+        dst.copy_rows(src, 3, 6)
+    with pytest.raises(KvCacheShapeMismatch, match="geometry"):
+        dst.copy_rows(KvCache.uniform(2, 2, 64, 8, dtype), 3, 4)
+
+
+def test_q8_0_storage_is_ggml_block_q8_0():
+    from gguf import quants
+    from gguf.constants import GGMLQuantizationType as T
+    x = np.random.default_rng(3).normal(size=(4, 2, 64)).astype(np.float32)
+    c = KvCache.uniform(1, 2, 64, 4, "q8_0")
+    c.append_layer(0, x, x)
+    c.advance(4)
+    assert np.array_equal(c.keys(0).reshape(-1), quants.quantize(x.reshape(-1, 64), T.Q8_0).reshape(-1))
+    assert c.byte_size() == 2 * 4 * 2 * 64 // 32 * 34

@@ -1,0 +1,90 @@
+"""Row ops and attention against plain NumPy formulas."""
+
+import math
+
+import numpy as np
+import pytest
+
+from kernels.cpu import ops
+from kernels.cpu.attention import attention_decode, attention_prefill
+
+rng = np.random.default_rng(0)
+
+
+@pytest.mark.parametrize("rows", [1, 40])
+def test_rmsnorm(rows):
+    x = rng.normal(size=(rows, 96)).astype(np.float32)
+    w = rng.normal(size=96).astype(np.float32)
+    ref = x / np.sqrt((x.astype(np.float64) ** 2).mean(axis=1, keepdims=True) + 1e-5) * w
+    np.testing.assert_allclose(ops.rmsnorm(x, w, 1e-5), ref, rtol=1e-5, atol=1e-5)
+
+
+def _rope_reference(x, positions, n_rot, base, neox):
+    out = x.astype(np.float64).copy()
+    half = n_rot // 2
+    for t, pos in enumerate(positions):
+        for i in range(half):
+            theta = pos * base ** (-2 * i / n_rot)
+            a, b = (i, i + half) if neox else (2 * i, 2 * i + 1)
+            xa, xb = x[t, :, a].astype(np.float64), x[t, :, b].astype(np.float64)
+            out[t, :, a] = xa * math.cos(theta) - xb * math.sin(theta)
+            out[t, :, b] = xa * math.sin(theta) + xb * math.cos(theta)
+    return out
+
+
+@pytest.mark.parametrize("neox", [False, True])
+@pytest.mark.parametrize("n_rot", [32, 16])
+def test_rope(neox, n_rot):
+    x = rng.normal(size=(5, 3, 32)).astype(np.float32)
+    pos = np.array([0, 1, 7, 100, 4000])
+    y = x.copy()
+    ops.rope(y, pos, n_rot, 10000.0, neox)
+    np.testing.assert_allclose(y, _rope_reference(x, pos, n_rot, 10000.0, neox), rtol=1e-4, atol=1e-4)
+
+
+def test_activations():
+    g = rng.normal(size=(3, 50)).astype(np.float32) * 3
+    u = rng.normal(size=(3, 50)).astype(np.float32)
+    np.testing.assert_allclose(ops.silu_mul(g, u), g / (1 + np.exp(-g)) * u, rtol=1e-5, atol=1e-6)
+    gelu = 0.5 * g * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g**3)))
+    np.testing.assert_allclose(ops.gelu_mul(g, u), gelu * u, rtol=1e-5, atol=1e-6)
+    s = ops.softmax(np.array([[1.0, 2.0, 3.0]]))
+    np.testing.assert_allclose(s.sum(), 1.0)
+
+
+def _attention_reference(q, k, v, pos0, window, scale):
+    n, heads, d = q.shape
+    group = heads // k.shape[1]
+    out = np.zeros_like(q, dtype=np.float64)
+    for i in range(n):
+        p = pos0 + i
+        keys = [j for j in range(p + 1) if window <= 0 or p - j < window]
+        for h in range(heads):
+            s = np.array([q[i, h] @ k[j, h // group] for j in keys], dtype=np.float64) * scale
+            w = np.exp(s - s.max())
+            w /= w.sum()
+            out[i, h] = sum(wj * v[j, h // group] for wj, j in zip(w, keys))
+    return out
+
+
+@pytest.mark.parametrize("window", [0, 5])
+def test_prefill_attention_causal_and_windowed(window):
+    n_keys, pos0 = 12, 4
+    q = rng.normal(size=(n_keys - pos0, 4, 16)).astype(np.float32)
+    k = rng.normal(size=(n_keys, 2, 16)).astype(np.float32)
+    v = rng.normal(size=(n_keys, 2, 16)).astype(np.float32)
+    out = attention_prefill(q, k, v, pos0, window, 0.25)
+    np.testing.assert_allclose(out, _attention_reference(q, k, v, pos0, window, 0.25), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("window", [0, 5])
+def test_decode_attention_reads_f16_bits_and_f32(window):
+    n_keys = 12
+    q = rng.normal(size=(4, 16)).astype(np.float32)
+    k = rng.normal(size=(n_keys + 3, 2, 16)).astype(np.float16)  # rows past n_keys are ignored
+    v = rng.normal(size=(n_keys + 3, 2, 16)).astype(np.float16)
+    ref = _attention_reference(q[None], k.astype(np.float32), v.astype(np.float32), n_keys - 1, window, 0.25)[0]
+    np.testing.assert_allclose(attention_decode(q, k.view(np.uint16), v.view(np.uint16), n_keys, window, 0.25),
+                               ref, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(attention_decode(q, k.astype(np.float32), v.astype(np.float32), n_keys, window, 0.25),
+                               ref, rtol=1e-4, atol=1e-5)
