@@ -80,41 +80,65 @@ def rope(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float, neox: bo
     _rope_inplace(x, positions.astype(np.int64, copy=False), n_rot, float(base), bool(neox))
 
 
-@njit(cache=True, fastmath=True, parallel=True)
-def _silu_mul(gate, up, out):
-    g = gate.reshape(-1)
-    u = up.reshape(-1)
-    o = out.reshape(-1)
-    for i in prange(g.size):
-        v = g[i]
-        o[i] = v / (np.float32(1.0) + np.exp(-v)) * u[i]
+@njit(cache=True, fastmath=True, inline="always")
+def _silu(v):
+    return v / (np.float32(1.0) + np.exp(-v))
+
+
+_GELU_C = np.float32(math.sqrt(2.0 / math.pi))
+
+
+@njit(cache=True, fastmath=True, inline="always")
+def _gelu_tanh(v):
+    return np.float32(0.5) * v * (np.float32(1.0) + np.tanh(_GELU_C * (v + np.float32(0.044715) * v * v * v)))
+
+
+SILU, GELU = 0, 1
+
+
+@njit(cache=True, fastmath=True, inline="always")
+def _gated_range(act, g, u, o, start, stop):
+    if act == SILU:
+        for i in range(start, stop):
+            o[i] = _silu(g[i]) * u[i]
+    else:
+        for i in range(start, stop):
+            o[i] = _gelu_tanh(g[i]) * u[i]
+
+
+@njit(cache=True, fastmath=True)
+def _gated_serial(act, g, u, o):
+    _gated_range(act, g, u, o, 0, g.size)
 
 
 @njit(cache=True, fastmath=True, parallel=True)
-def _gelu_tanh_mul(gate, up, out):
-    g = gate.reshape(-1)
-    u = up.reshape(-1)
-    o = out.reshape(-1)
-    c = np.float32(math.sqrt(2.0 / math.pi))
-    for i in prange(g.size):
-        v = g[i]
-        o[i] = np.float32(0.5) * v * (np.float32(1.0) + np.tanh(c * (v + np.float32(0.044715) * v * v * v))) * u[i]
+def _gated_parallel(act, g, u, o):
+    chunk = 4096
+    for c in prange((g.size + chunk - 1) // chunk):
+        _gated_range(act, g, u, o, c * chunk, min(g.size, (c + 1) * chunk))
+
+
+_PARALLEL_ELEMENTS = 1 << 16
+
+
+def _apply_gated(act, gate, up, out):
+    """activation(gate) * up elementwise; threads only for sizes that repay the launch."""
+    if out is None:
+        out = np.empty_like(gate)
+    g, u = np.ascontiguousarray(gate).reshape(-1), np.ascontiguousarray(up).reshape(-1)
+    kernel = _gated_parallel if g.size >= _PARALLEL_ELEMENTS else _gated_serial
+    kernel(act, g, u, out.reshape(-1))
+    return out
 
 
 def silu_mul(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """SwiGLU: silu(gate) * up."""
-    if out is None:
-        out = np.empty_like(gate)
-    _silu_mul(np.ascontiguousarray(gate), np.ascontiguousarray(up), out)
-    return out
+    return _apply_gated(SILU, gate, up, out)
 
 
 def gelu_mul(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """GeGLU with the tanh approximation of GELU (what Gemma and llama.cpp use)."""
-    if out is None:
-        out = np.empty_like(gate)
-    _gelu_tanh_mul(np.ascontiguousarray(gate), np.ascontiguousarray(up), out)
-    return out
+    return _apply_gated(GELU, gate, up, out)
 
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:

@@ -1,0 +1,60 @@
+"""Parity with llama.cpp on the starter models, through `fucina eval` (golden/README.md's bars)."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.cli import main as fucina
+
+GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden"
+MODELS = {
+    "smollm2-135m-instruct": "smollm2-135m-instruct-q4_1",
+    "qwen2.5-coder-0.5b-instruct": "qwen2.5-coder-0.5b-instruct",
+    "gemma-3-270m": "gemma-3-270m-q4_k_m",
+}
+CASES = [(m, g + suffix) for m, g in MODELS.items() for suffix in ("", ".long")]
+
+
+def golden_positions(golden_file: str):
+    data = json.loads((GOLDEN / f"{golden_file}.json").read_text())
+    tf = data.get("teacher_forced", data)
+    k = "top10" if "top10_ids" in tf else "top5"
+    return tf["ids"], tf[f"{k}_ids"], tf[f"{k}_logits"]
+
+
+def fidelity(model_file, ids, ref_ids, ref_logits, kv, capsys):
+    """(agreement at margin > 0.5, agreement at margin > 1.0, mean |Δlogit| over the reference top-k)."""
+    k = len(ref_ids[0])
+    assert fucina(["eval", str(model_file), "--ids", ",".join(map(str, ids)), "--top", "64",
+                   "--kv", kv, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["positions"]
+    assert len(rows) == len(ids)
+    agree = {0.5: [], 1.0: []}
+    diffs = []
+    for row, rid, rl in zip(rows, ref_ids, ref_logits):
+        ours = dict(zip(row["top_ids"], row["top_logits"]))
+        for margin in agree:
+            if rl[0] - rl[1] > margin:
+                agree[margin].append(row["top_ids"][0] == rid[0])
+        # every reference top-k id is inside our top-64 at these margins; a miss counts as a big error
+        diffs.append(np.mean([abs(ours[i] - l) if i in ours else 10.0 for i, l in zip(rid[:k], rl[:k])]))
+    return np.mean(agree[0.5]), np.mean(agree[1.0]), float(np.mean(diffs))
+
+
+@pytest.mark.parametrize("model,golden", CASES)
+def test_f16_cache_meets_the_bars(model, golden, model_path, capsys):
+    ids, ref_ids, ref_logits = golden_positions(golden)
+    a05, _, diff = fidelity(model_path(model), ids, ref_ids, ref_logits, "f16", capsys)
+    print(f"\n{golden} f16: agreement@0.5 {a05:.4f}, mean|dlogit| {diff:.4f}")
+    assert a05 == 1.0
+    assert diff <= 0.25
+
+
+@pytest.mark.parametrize("model,golden", CASES)
+def test_q8_0_cache_agrees_at_margin_one(model, golden, model_path, capsys):
+    ids, ref_ids, ref_logits = golden_positions(golden)
+    a05, a10, diff = fidelity(model_path(model), ids, ref_ids, ref_logits, "q8_0", capsys)
+    print(f"\n{golden} q8_0: agreement@0.5 {a05:.4f}, @1.0 {a10:.4f}, mean|dlogit| {diff:.4f}")
+    assert a10 == 1.0
