@@ -1,0 +1,43 @@
+"""The `fucina` command line: a thin argparse dispatcher over per-topic command modules."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from app import cli_models
+from engine.errors import FucinaError
+
+# Each module's `register(subparsers)` adds its subcommands and sets `func(args) -> int | None` on them.
+# A new command family is one new module and one entry here.
+COMMANDS = [
+    cli_models.register,
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fucina", description="Chat with local language models.")
+    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
+    for register in COMMANDS:
+        register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; the return value is the process exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except FucinaError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ncancelled", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # output piped into e.g. `head`; stop quietly like other tools
+        sys.stdout = None
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""`fucina models list | pull NAME | path NAME`: the starter-model catalog on the command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from engine import catalog
+
+
+def register(subparsers) -> None:
+    models = subparsers.add_parser("models", help="list and download the starter models")
+    actions = models.add_subparsers(title="actions", metavar="ACTION", required=True)
+
+    ls = actions.add_parser("list", help="show the starter models and whether they are downloaded")
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    ls.set_defaults(func=_list)
+
+    pull = actions.add_parser("pull", help="download a starter model (an interrupted pull resumes)")
+    pull.add_argument("name", help="starter model name, see `fucina models list`")
+    pull.add_argument("--verify", action="store_true", help="re-hash a model that is already downloaded")
+    pull.set_defaults(func=_pull)
+
+    path = actions.add_parser("path", help="print a model's file path, downloading it first if needed")
+    path.add_argument("name", help="starter model name or path to a .gguf file")
+    path.set_defaults(func=_path)
+
+
+def _list(args) -> None:
+    default = catalog.default_model_name()
+    rows = [
+        {
+            "name": m.name,
+            "display_name": m.display_name,
+            "description": m.description,
+            "size": m.size,
+            "downloaded": m.is_downloaded(),
+            "default": m.name == default,
+            "path": str(m.path()),
+        }
+        for m in catalog.catalog().values()
+    ]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return
+    width = max(len(r["name"]) for r in rows) + 2  # room for the default marker
+    for r in rows:
+        name = r["name"] + (" *" if r["default"] else "")
+        status = "downloaded" if r["downloaded"] else "-"
+        print(f"{name:<{width}}  {r['size'] / 1e6:6.0f} MB  {status:<10}  {r['description']}")
+    print(f"\n* default model; files live in {catalog.models_dir()}")
+
+
+def _pull(args) -> None:
+    model = catalog.catalog().get(args.name)
+    if model is not None and model.is_downloaded() and not args.verify:
+        print(f"{model.name} is already downloaded: {model.path()}", file=sys.stderr)
+        return
+    with ProgressBar() as bar:
+        path = catalog.pull(args.name, progress=bar, verify=args.verify)
+    print(path)
+
+
+def _path(args) -> None:
+    with ProgressBar() as bar:
+        print(catalog.resolve_model(args.name, pull_missing=True, progress=bar).absolute())
+
+
+class ProgressBar:
+    """A one-line text progress bar on stderr (percentage, MB, rate); plain lines when not a terminal."""
+
+    def __init__(self, stream=None, width: int = 24):
+        self.stream = stream or sys.stderr
+        self.width = width
+        self.tty = self.stream.isatty()
+        self.start = 0.0
+        self.first_done = None  # a resumed pull starts above zero; the rate counts only new bytes
+        self.last_draw = 0.0
+        self.stage = None
+        self.drawn = False
+
+    def __call__(self, done: int, total: int, stage: str) -> None:
+        now = time.monotonic()
+        if self.first_done is None:
+            self.first_done, self.start = done, now
+        new_stage = stage != self.stage
+        self.stage = stage
+        if self.tty:
+            if new_stage or done == total or now - self.last_draw >= 0.1:
+                self.last_draw = now
+                self.drawn = True
+                self.stream.write("\r" + self._line(done, total, stage, now) + "\x1b[K")
+                self.stream.flush()
+        elif new_stage:
+            self.stream.write(self._line(done, total, stage, now) + "\n")
+
+    def _line(self, done: int, total: int, stage: str, now: float) -> str:
+        frac = done / total if total else 1.0
+        filled = int(frac * self.width)
+        rate = (done - self.first_done) / max(now - self.start, 1e-6) / 1e6
+        return (
+            f"[{'#' * filled}{'.' * (self.width - filled)}] {frac * 100:5.1f}% "
+            f"{done / 1e6:7.1f}/{total / 1e6:.1f} MB {rate:6.1f} MB/s  {stage}"
+        )
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.drawn:  # end the redrawn line so what follows starts on a fresh one
+            self.stream.write("\n")
+            self.stream.flush()

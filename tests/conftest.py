@@ -1,0 +1,15 @@
+"""Shared pytest fixtures. Keep each block short; add new fixtures below the existing ones."""
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def model_path():
+    """Factory: `model_path(name)` -> Path of a starter model, pulled on first use.
+
+    Pulls go to the user's models directory (not a temp dir) so later runs and CI re-runs reuse them.
+    """
+    from engine.catalog import models_dir, pull
+
+    directory = models_dir()  # fixed now, so a test that sets FUCINA_HOME never re-downloads a model
+    return lambda name: pull(name, directory=directory)

