@@ -58,3 +58,21 @@ def test_q8_0_cache_agrees_at_margin_one(model, golden, model_path, capsys):
     a05, a10, diff = fidelity(model_path(model), ids, ref_ids, ref_logits, "q8_0", capsys)
     print(f"\n{golden} q8_0: agreement@0.5 {a05:.4f}, @1.0 {a10:.4f}, mean|dlogit| {diff:.4f}")
     assert a10 == 1.0
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_greedy_generation_follows_llama_cpp(model, model_path, capsys):
+    """`fucina generate` on the golden chat prompts: the first token must match wherever llama.cpp's
+    margin is clear; how far the continuations agree is reported (near-ties may part them)."""
+    cases = json.loads((GOLDEN / f"{MODELS[model]}.json").read_text())["greedy"]
+    for case in cases:
+        ref = case["greedy_ids"]
+        assert fucina(["generate", str(model_path(model)), "--prompt-ids", ",".join(map(str, case["prompt_ids"])),
+                       "--max-tokens", str(len(ref)), "--no-stop", "--json"]) == 0
+        ours = json.loads(capsys.readouterr().out)["ids"]
+        first = case["first_steps"][0]
+        logits = first["top10_logits"]
+        if logits[0] - logits[1] > 0.5:
+            assert ours[0] == ref[0]
+        same = next((i for i, (a, b) in enumerate(zip(ours, ref)) if a != b), len(ref))
+        print(f"\n{model}: {same}/{len(ref)} greedy tokens identical to llama.cpp for {case['user']!r}")
