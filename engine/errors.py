@@ -51,3 +51,7 @@ class ModelDownloadError(FucinaError):
 
 class DownloadCancelled(ModelDownloadError):
     """A model download stopped because its cancel event was set; pulling again resumes it."""
+
+
+class TokenizerError(FucinaError):
+    """Tokenizer metadata that is missing, malformed or of a kind the engine does not implement."""

@@ -1,0 +1,86 @@
+"""Byte-level BPE (GPT-2 / Llama 3 / Qwen / SmolLM), built from GGUF metadata alone.
+
+A plain fragment is cut into words by the model's pre-tokenizer; each word's UTF-8 bytes are spelled
+in GPT-2's printable byte alphabet and merged by rank (merge.py). Whole words are cached.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from engine.errors import TokenizerError
+from engine.tokenize.base import Tokenizer
+from engine.tokenize.merge import merge
+from engine.tokenize.pretokenize import pretokenizer_for
+from engine.tokenize.vocab import Vocab, read_vocab
+
+
+def _byte_alphabet() -> list[str]:
+    """GPT-2's byte -> printable character map: printable Latin-1 bytes stand for themselves, the
+    rest take the code points from U+0100 up, in byte order."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    extra = iter(range(0x100, 0x200))
+    return [chr(b) if b in printable else chr(next(extra)) for b in range(256)]
+
+
+BYTE_CHARS = _byte_alphabet()
+_TO_ALPHABET = {i: c for i, c in enumerate(BYTE_CHARS)}  # str.translate table over latin-1 text
+_FROM_ALPHABET = {c: i for i, c in enumerate(BYTE_CHARS)}
+
+# Llama-3-style vocabularies: BOS by default, and (like GLM-4) a word that is itself a token stays whole
+# instead of being merged (their Hugging Face tokenizers set ignore_merges).
+_LLAMA3 = {"llama3", "llama-bpe", "llama-v3", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"}
+_GLM = {"glm4", "glm5", "chatglm-bpe"}
+_IGNORE_MERGES = _LLAMA3 | {"glm4", "glm5"}
+
+
+class BPETokenizer(Tokenizer):
+    def __init__(self, vocab: Vocab, merges: Sequence[str], pre: str | None = None):
+        super().__init__(vocab)
+        self.pretokenizer, self.pre_mismatch = pretokenizer_for(pre)
+        self._ignore_merges = pre in _IGNORE_MERGES
+        self._ranks: dict[tuple[str, str], int] = {}
+        for rank, rule in enumerate(merges):
+            cut = rule.find(" ", 1)  # llama.cpp: the first space after the first character
+            pair = (rule[:cut], rule[cut + 1:]) if cut > 0 else ("", "")
+            self._ranks.setdefault(pair, rank)
+
+    @classmethod
+    def from_metadata(cls, metadata: dict) -> BPETokenizer:
+        merges = metadata.get("tokenizer.ggml.merges")
+        if not merges:
+            raise TokenizerError("byte-level BPE model without merges (tokenizer.ggml.merges is missing or empty)")
+        pre = metadata.get("tokenizer.ggml.pre")
+        # llama.cpp's BPE defaults when metadata is silent: id 11 for BOS (none for GLM) and EOS
+        vocab = read_vocab(metadata, bos=None if pre in _GLM else 11, eos=11, unk=None, add_bos=pre in _LLAMA3)
+        return cls(vocab, merges, pre)
+
+    def _encode_text(self, text: str, after_special: bool) -> list[int]:
+        return self._encode_words(self.pretokenizer.split(text))
+
+    def _encode_word(self, word: str) -> tuple[int, ...]:
+        spelled = word.encode("utf-8").decode("latin-1").translate(_TO_ALPHABET)
+        token_ids = self.vocab.ids
+        if self._ignore_merges and spelled in token_ids:
+            return (token_ids[spelled],)
+        ids = []
+        for symbol in merge(list(spelled), self._ranks, by_text=False):
+            token = token_ids.get(symbol)
+            if token is not None:
+                ids.append(token)
+            else:
+                # llama.cpp's fallback for a merge result missing from the vocabulary: look up each
+                # UTF-8 byte of the spelled symbol as a one-byte token, dropping those that are not
+                ids.extend(token_ids[c] for c in _single_bytes(symbol) if c in token_ids)
+        return tuple(ids)
+
+    def _normal_bytes(self, text: str) -> bytes:
+        # a character outside the byte alphabet (a malformed vocabulary) stands for its own UTF-8
+        return b"".join(
+            bytes([_FROM_ALPHABET[c]]) if c in _FROM_ALPHABET else c.encode("utf-8", "surrogateescape")
+            for c in text
+        )
+
+
+def _single_bytes(symbol: str) -> list[str]:
+    return [bytes([b]).decode("utf-8", "surrogateescape") for b in symbol.encode("utf-8")]

@@ -1,0 +1,139 @@
+"""The vocabulary part of a GGUF's tokenizer metadata, with llama.cpp's defaults and fix-ups.
+
+Shared by both tokenizer kinds: the token strings and types, the special ids, the BOS/EOS policy and
+the end-of-generation set. Where metadata is silent or wrong this does what llama.cpp does: per-kind
+default ids (dropped when out of range), control-looking tokens promoted to CONTROL, and the EOG set
+built from eos/eot/eom, the FIM pad/repo/separator tokens and the well-known end-marker strings.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.errors import TokenizerError
+
+log = logging.getLogger(__name__)
+
+# tokenizer.ggml.token_type values (llama.cpp's LLAMA_TOKEN_TYPE_*).
+UNDEFINED, NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = range(7)
+
+# Auto-detected by text when metadata has no id for them; found ones become CONTROL.
+_BY_TEXT = {
+    "eot": ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
+            "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>"),
+    "eom": ("<|eom_id|>",),
+    "fim_pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
+                "<|code_prefix|>", "<|prefix|>"),
+    "fim_suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
+                "<|code_suffix|>", "<|suffix|>"),
+    "fim_mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
+                "<|code_middle|>", "<|middle|>"),
+    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "fim_sep": ("<|file_sep|>",),
+}
+# Tokens that end generation wherever they appear in a vocabulary.
+_EOG_TEXTS = (
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+    "<｜end▁of▁sentence｜>", "[e~[",
+)
+_MARKER_SHAPE = re.compile(r"<\|.+\|>")
+
+
+@dataclass
+class Vocab:
+    tokens: list[str]
+    types: np.ndarray  # int32 token types, one per token
+    bos_id: int | None = None
+    eos_id: int | None = None
+    unk_id: int | None = None
+    add_bos: bool = False
+    add_eos: bool = False
+    eog_ids: frozenset[int] = frozenset()
+    ids: dict[str, int] = field(init=False, repr=False)  # token text -> id (lowest id on duplicates)
+
+    def __post_init__(self):
+        self.ids = {}
+        for i, text in enumerate(self.tokens):
+            self.ids.setdefault(text, i)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def specials(self, *, parse_special: bool) -> dict[str, int]:
+        """Tokens matched whole before pre-tokenization (llama.cpp: CONTROL, USER_DEFINED, UNKNOWN);
+        without `parse_special` only USER_DEFINED ones, as llama.cpp does."""
+        kinds = [CONTROL, USER_DEFINED, UNKNOWN] if parse_special else [USER_DEFINED]
+        return {self.tokens[i]: int(i) for i in np.flatnonzero(np.isin(self.types, kinds))}
+
+
+def token_types(tokens: list[str], types) -> np.ndarray:
+    """Token types as given, or - when a vocabulary has none - NORMAL with `<|...|>` markers CONTROL."""
+    if types is None:
+        out = np.full(len(tokens), NORMAL, dtype=np.int32)
+        out[[i for i, t in enumerate(tokens) if _MARKER_SHAPE.fullmatch(t)]] = CONTROL
+        return out
+    out = np.array(types, dtype=np.int32)
+    if len(out) < len(tokens):
+        raise TokenizerError(f"tokenizer.ggml.token_type has {len(out)} entries for {len(tokens)} tokens")
+    return out[: len(tokens)].copy()
+
+
+def read_vocab(metadata: dict, *, bos: int | None, eos: int | None, unk: int | None, add_bos: bool) -> Vocab:
+    """The vocabulary of `metadata`, with llama.cpp's defaults for this tokenizer kind where it is silent."""
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    if not tokens:
+        raise TokenizerError("the model has no tokenizer vocabulary (tokenizer.ggml.tokens is missing or empty)")
+    # llama.cpp renames empty tokens so every token text stays distinct
+    tokens = [t or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+    types = token_types(tokens, metadata.get("tokenizer.ggml.token_type"))
+    n = len(tokens)
+
+    def special_id(key: str, default: int | None) -> int | None:
+        if default is not None and default >= n:
+            default = None
+        value = metadata.get(f"tokenizer.ggml.{key}_token_id")
+        if value is None:
+            return default
+        if not 0 <= int(value) < n:
+            log.warning("tokenizer.ggml.%s_token_id = %s is outside the vocabulary; using %s", key, value, default)
+            return default
+        return int(value)
+
+    vocab = Vocab(
+        tokens, types,
+        bos_id=special_id("bos", bos), eos_id=special_id("eos", eos), unk_id=special_id("unknown", unk),
+        add_bos=bool(metadata.get("tokenizer.ggml.add_bos_token", add_bos)),
+        add_eos=bool(metadata.get("tokenizer.ggml.add_eos_token", False)),
+    )
+    vocab.eog_ids = _end_of_generation(vocab, {key: special_id(key, None) for key in _BY_TEXT})
+    return vocab
+
+
+def _end_of_generation(vocab: Vocab, known: dict[str, int | None]) -> frozenset[int]:
+    def promote(i: int):
+        if vocab.types[i] != CONTROL:
+            log.debug("token %d %r looks like a control token; treating it as one", i, vocab.tokens[i])
+            vocab.types[i] = CONTROL
+
+    found = dict(known)
+    for key, texts in _BY_TEXT.items():
+        if found[key] is None:
+            ids = [vocab.ids[t] for t in texts if t in vocab.ids]
+            if ids:
+                found[key] = min(ids)
+                promote(found[key])
+    eog = {found[k] for k in ("fim_pad", "fim_rep", "fim_sep", "eot", "eom")}
+    for text in _EOG_TEXTS:
+        if text in vocab.ids:
+            eog.add(vocab.ids[text])
+            promote(vocab.ids[text])
+    eog.add(vocab.eos_id)
+    eog.discard(None)
+    return frozenset(eog)
