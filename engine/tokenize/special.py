@@ -84,7 +84,7 @@ class SpecialMatcher:
         return out
 
     def _partition_by_length(self, text: str) -> list[Fragment]:
-        fragments: list[Fragment] = [text]
+        fragments: list[Fragment] = [text] if text else []
         for special in self._order:
             if special not in text:
                 continue

@@ -55,13 +55,16 @@ class Vocab:
     unk_id: int | None = None
     add_bos: bool = False
     add_eos: bool = False
-    eog_ids: frozenset[int] = frozenset()
+    # eot/eom/fim_* ids named by metadata; the others are looked up by their usual text
+    marker_ids: dict[str, int | None] = field(default_factory=dict, repr=False)
     ids: dict[str, int] = field(init=False, repr=False)  # token text -> id (lowest id on duplicates)
+    eog_ids: frozenset[int] = field(init=False)
 
     def __post_init__(self):
         self.ids = {}
         for i, text in enumerate(self.tokens):
             self.ids.setdefault(text, i)
+        self.eog_ids = _end_of_generation(self)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -106,23 +109,24 @@ def read_vocab(metadata: dict, *, bos: int | None, eos: int | None, unk: int | N
             return default
         return int(value)
 
-    vocab = Vocab(
+    return Vocab(
         tokens, types,
         bos_id=special_id("bos", bos), eos_id=special_id("eos", eos), unk_id=special_id("unknown", unk),
         add_bos=bool(metadata.get("tokenizer.ggml.add_bos_token", add_bos)),
         add_eos=bool(metadata.get("tokenizer.ggml.add_eos_token", False)),
+        marker_ids={key: special_id(key, None) for key in _BY_TEXT},
     )
-    vocab.eog_ids = _end_of_generation(vocab, {key: special_id(key, None) for key in _BY_TEXT})
-    return vocab
 
 
-def _end_of_generation(vocab: Vocab, known: dict[str, int | None]) -> frozenset[int]:
+def _end_of_generation(vocab: Vocab) -> frozenset[int]:
+    """llama.cpp's EOG set; tokens it recognises by their text become CONTROL, as there."""
+
     def promote(i: int):
         if vocab.types[i] != CONTROL:
             log.debug("token %d %r looks like a control token; treating it as one", i, vocab.tokens[i])
             vocab.types[i] = CONTROL
 
-    found = dict(known)
+    found = {key: vocab.marker_ids.get(key) for key in _BY_TEXT}
     for key, texts in _BY_TEXT.items():
         if found[key] is None:
             ids = [vocab.ids[t] for t in texts if t in vocab.ids]

@@ -1,0 +1,26 @@
+"""StreamDecoder: only complete UTF-8 leaves push()."""
+
+from engine.tokenize import StreamDecoder
+from engine.tokenize.vocab import BYTE, NORMAL, Vocab, token_types
+from engine.tokenize.spm import SPMTokenizer
+
+
+def byte_tokenizer() -> SPMTokenizer:
+    tokens = [f"<0x{b:02X}>" for b in range(256)] + ["▁hi"]
+    vocab = Vocab(tokens, token_types(tokens, [BYTE] * 256 + [NORMAL]))
+    return SPMTokenizer(vocab, [0.0] * 257, add_space_prefix=False)
+
+
+def test_a_character_split_across_tokens_is_held_until_complete():
+    stream = StreamDecoder(byte_tokenizer())
+    euro = "€".encode()  # three bytes, three tokens
+    assert [stream.push(256), stream.push(euro[0]), stream.push(euro[1])] == [" hi", "", ""]
+    assert stream.push(euro[2]) == "€"
+    assert stream.flush() == ""
+
+
+def test_flush_reports_an_unfinished_character_and_resets():
+    stream = StreamDecoder(byte_tokenizer())
+    assert stream.push("é".encode()[0]) == ""
+    assert stream.flush() == "\ufffd"
+    assert stream.push(ord("a")) == "a"
