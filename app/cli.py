@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from app import cli_models
+from app import cli_models, cli_tokenize
 from engine.errors import FucinaError
 
 # Each module's `register(subparsers)` adds its subcommands and sets `func(args) -> int | None` on them.
 # A new command family is one new module and one entry here.
 COMMANDS = [
     cli_models.register,
+    cli_tokenize.register,
 ]
 
 

@@ -87,6 +87,10 @@ class Tokenizer(ABC):
         control tokens themselves and must never have them injected by user text."""
         return self._encode_text(_utf8_safe(text), True) if text else []
 
+    def clear_cache(self) -> None:
+        """Forget the cached word encodings (they are rebuilt on demand)."""
+        self._words.clear()
+
     def _matcher(self, parse_special: bool) -> SpecialMatcher:
         if parse_special not in self._matchers:
             self._matchers[parse_special] = SpecialMatcher(self.vocab.specials(parse_special=parse_special))
@@ -127,11 +131,13 @@ class Tokenizer(ABC):
     def decode_bytes(self, ids: Iterable[int], *, skip_special: bool = False) -> bytes:
         """The bytes of a token sequence; `skip_special` leaves out control and unknown tokens."""
         ids = list(ids)
-        skipped = (CONTROL, UNKNOWN) if skip_special else ()
-        pieces = [self.token_bytes(i) for i in ids if self.vocab.types[i] not in skipped]
-        first = 1 if ids[:1] == [self.vocab.bos_id] and not skip_special else 0
-        if self._strips_space_prefix and len(pieces) > first and pieces[first].startswith(b" "):
-            pieces[first] = pieces[first][1:]
+        pieces = [self.token_bytes(i) for i in ids]
+        if self._strips_space_prefix:  # from the first token after an optional BOS
+            k = 1 if ids[:1] == [self.vocab.bos_id] else 0
+            if k < len(pieces) and pieces[k].startswith(b" "):
+                pieces[k] = pieces[k][1:]
+        if skip_special:
+            pieces = [p for p, i in zip(pieces, ids) if self.vocab.types[i] not in (CONTROL, UNKNOWN)]
         return b"".join(pieces)
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:

@@ -134,13 +134,16 @@ class PreTokenizer:
     def split(self, text: str) -> list[str]:
         folded = uc.fold(text) if any(s.folded for s in self._steps) else None
         wide = uc.widen(text) if not all(s.folded for s in self._steps) else None
-        lengths = [len(text)]
-        for step in self._steps:
-            lengths = _refine(step.regex, folded if step.folded else wide, lengths)
-        if len(lengths) == 1:
-            return [text] if text else []
+        views = [folded if step.folded else wide for step in self._steps]
+        if len(self._steps) == 1 and views[0] is text:  # the common case: one regex, ASCII text
+            parts = self._steps[0].regex.findall(text)
+            if sum(map(len, parts)) == len(text):
+                return parts
+        lengths = [len(text)] if text else []
+        for step, view in zip(self._steps, views):
+            lengths = _refine(step.regex, view, lengths)
         bounds = list(accumulate(lengths, initial=0))
-        return [text[a:b] for a, b in zip(bounds, bounds[1:])]
+        return list(map(text.__getitem__, map(slice, bounds, bounds[1:])))
 
 
 def _refine(regex: re.Pattern, view: str, lengths: list[int]) -> list[int]:
