@@ -1,0 +1,236 @@
+"""Multiply by GGUF weights in their stored format (spec 13.2: weights stay in source precision).
+
+A weight is its raw GGUF bytes: a C-contiguous uint8 array [rows, row_bytes],
+usually a zero-copy view of the file's mmap, plus its GGML type id. F32, F16,
+BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K..Q6_K have Numba kernels that read
+the blocks directly; every other type `gguf.quants` can dequantize goes through
+one generic path (row tiles dequantized, multiplied with NumPy).
+
+Decode (one input row) streams the blocks once in a fused kernel; prefill
+dequantizes row tiles of a few MB and hands them to OpenBLAS sgemm.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from kernels.cpu import quant_blocks as blocks
+from kernels.cpu import quant_dot as dot
+from kernels.cpu import quant_generic as generic
+
+_TILE_BYTES = 4 << 20  # float32 tile of dequantized rows in GEMMs: big enough for sgemm, fits in L3
+_PARALLEL_MIN_BYTES = 1 << 17  # smaller weights run on the calling thread: a launch costs more
+_MATVEC_MAX_ROWS = 4  # matmul inputs up to this many rows stream the weights once per row
+
+_threads: int | None = None  # None: follow numba's own setting
+
+
+class UnsupportedQuantType(ValueError):
+    """A GGML type that neither the native kernels nor gguf.quants can multiply."""
+
+
+def has_native_kernel(qtype: int) -> bool:
+    return qtype in blocks.NATIVE_TYPES
+
+
+def set_num_threads(n: int) -> None:
+    """Threads used by every kernel, whichever thread calls them."""
+    global _threads
+    limit = numba.config.NUMBA_NUM_THREADS
+    if not 1 <= n <= limit:
+        raise ValueError(f"thread count must be between 1 and {limit}, got {n}")
+    _threads = n
+    numba.set_num_threads(n)
+
+
+def _chunks_for(nbytes: int) -> int:
+    """How many threads a kernel reading nbytes of weights should use."""
+    if _threads is not None and numba.get_num_threads() != _threads:
+        numba.set_num_threads(_threads)  # numba keeps the count per calling thread
+    return numba.get_num_threads() if nbytes >= _PARALLEL_MIN_BYTES else 1
+
+
+# --- validation ---------------------------------------------------------------
+
+
+def _type_name(qtype: int) -> str:
+    try:
+        return GGMLQuantizationType(qtype).name
+    except ValueError:
+        return f"unknown type id {qtype}"
+
+
+def _block_geometry(qtype: int) -> tuple[int, int]:
+    """(weights, bytes) per block, or UnsupportedQuantType."""
+    if not (has_native_kernel(qtype) or generic.supports(qtype)):
+        raise UnsupportedQuantType(f"GGML type {_type_name(qtype)} has no CPU kernel and gguf.quants cannot dequantize it")
+    return GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    """A read-only view: mmapped weights are read-only, so every array reaches Numba as one type."""
+    if not a.flags.writeable:
+        return a
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
+def _weight(qtype: int, w: np.ndarray) -> tuple[np.ndarray, int]:
+    """Checked weight (read-only view) and its column count."""
+    block_elems, block_bytes = _block_geometry(qtype)
+    name = _type_name(qtype)
+    if not isinstance(w, np.ndarray) or w.dtype != np.uint8 or w.ndim != 2:
+        shape, dtype = getattr(w, "shape", None), getattr(w, "dtype", type(w).__name__)
+        raise ValueError(f"a {name} weight must be a uint8 [rows, row_bytes] array, got {dtype} with shape {shape}")
+    if not w.flags.c_contiguous:
+        raise ValueError(f"a {name} weight must be C-contiguous (shape {w.shape}, strides {w.strides})")
+    if w.shape[1] % block_bytes:
+        raise ValueError(
+            f"a {name} weight of shape {w.shape} has rows of {w.shape[1]} bytes, "
+            f"not a whole number of {block_bytes}-byte blocks"
+        )
+    return _readonly(w), w.shape[1] // block_bytes * block_elems
+
+
+def _inputs(x: np.ndarray, ndim: int, cols: int, w: np.ndarray, qtype: int) -> np.ndarray:
+    """x as read-only contiguous float32 whose last axis matches the weight's columns."""
+    x = np.asarray(x)
+    if x.ndim != ndim or x.shape[-1] != cols:
+        expected = f"[{cols}]" if ndim == 1 else f"[n, {cols}]"
+        raise ValueError(
+            f"input of shape {x.shape} does not fit a {_type_name(qtype)} weight of shape {w.shape} "
+            f"({cols} columns): expected {expected}"
+        )
+    return _readonly(np.ascontiguousarray(x, dtype=np.float32))
+
+
+def _row_range(w: np.ndarray, start: int, stop: int | None) -> tuple[int, int]:
+    rows = w.shape[0]
+    stop = rows if stop is None else stop
+    if not 0 <= start <= stop <= rows:
+        raise ValueError(f"row range [{start}, {stop}) is outside a weight of shape {w.shape}")
+    return start, stop
+
+
+# --- public API -----------------------------------------------------------------
+
+
+def matvec(qtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """y[r] = sum_c W[r, c] * x[c] as float32 [rows] (written into `out` when given)."""
+    w, cols = _weight(qtype, w)
+    x = _inputs(x, 1, cols, w, qtype)
+    rows = w.shape[0]
+    if out is None:
+        out = np.empty(rows, np.float32)
+    elif out.dtype != np.float32 or out.shape != (rows,) or not out.flags.c_contiguous:
+        raise ValueError(f"out must be contiguous float32 of shape ({rows},), got {out.dtype} {out.shape}")
+    _matvec_into(qtype, (w,), x, out)
+    return out
+
+
+def matvec_group(qtype: int, ws: tuple[np.ndarray, ...], x: np.ndarray) -> list[np.ndarray]:
+    """matvec of several same-type weights sharing one input, as one parallel pass over all their rows."""
+    if not ws:
+        return []
+    checked = [_weight(qtype, w) for w in ws]
+    cols = checked[0][1]
+    for (w, c), original in zip(checked, ws):
+        if c != cols:
+            raise ValueError(
+                f"matvec_group needs equal column counts: {_type_name(qtype)} weights of shapes "
+                f"{ws[0].shape} ({cols} columns) and {original.shape} ({c} columns)"
+            )
+    ws = tuple(w for w, _ in checked)
+    x = _inputs(x, 1, cols, ws[0], qtype)
+    starts = np.cumsum([0] + [w.shape[0] for w in ws])
+    out = np.empty(starts[-1], np.float32)
+    _matvec_into(qtype, ws, x, out)
+    return [out[a:b] for a, b in zip(starts[:-1], starts[1:])]
+
+
+def matmul(qtype: int, w: np.ndarray, X: np.ndarray) -> np.ndarray:
+    """X float32 [n, cols] -> X @ W.T, float32 [n, rows]."""
+    w, cols = _weight(qtype, w)
+    X = _inputs(X, 2, cols, w, qtype)
+    n, rows = X.shape[0], w.shape[0]
+    Y = np.empty((n, rows), np.float32)
+    if has_native_kernel(qtype) and n <= _MATVEC_MAX_ROWS:
+        for i in range(n):
+            _matvec_into(qtype, (w,), X[i], Y[i])
+    elif n:
+        for r0, r1, tile in _dequantized_tiles(qtype, w, cols):
+            np.matmul(X, tile.T, out=Y[:, r0:r1])
+    return Y
+
+
+def gather_rows(qtype: int, w: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Rows W[ids] as float32 [len(ids), cols] (the embedding lookup)."""
+    w, cols = _weight(qtype, w)
+    ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+    if ids.size and (ids.min() < 0 or ids.max() >= w.shape[0]):
+        bad = ids[(ids < 0) | (ids >= w.shape[0])][0]
+        raise IndexError(f"row {bad} is outside a {_type_name(qtype)} weight with {w.shape[0]} rows")
+    return _decode(qtype, w, ids, cols)
+
+
+def dequantize(qtype: int, w: np.ndarray, row_start: int = 0, row_stop: int | None = None) -> np.ndarray:
+    """Rows row_start..row_stop as float32 [rows, cols]."""
+    w, cols = _weight(qtype, w)
+    start, stop = _row_range(w, row_start, row_stop)
+    return _decode(qtype, w, np.arange(start, stop, dtype=np.int64), cols)
+
+
+# --- paths ----------------------------------------------------------------------
+
+
+def _matvec_into(qtype: int, ws: tuple[np.ndarray, ...], x: np.ndarray, out: np.ndarray) -> None:
+    if not has_native_kernel(qtype):
+        row0 = 0
+        for w in ws:
+            for r0, r1, tile in _dequantized_tiles(qtype, w, x.shape[0]):
+                np.matmul(tile, x, out=out[row0 + r0 : row0 + r1])
+            row0 += w.shape[0]
+        return
+    chunks = _chunks_for(sum(w.nbytes for w in ws))
+    if chunks > 1:
+        starts = np.cumsum([0] + [w.shape[0] for w in ws])
+        dot.matvec_parallel(qtype, ws, starts, x, out, blocks.N16, chunks)
+        return
+    row0 = 0
+    for w in ws:
+        dot.dot_rows(qtype, w, x, out[row0 : row0 + w.shape[0]], blocks.N16)
+        row0 += w.shape[0]
+
+
+def _native_decode(qtype: int, w: np.ndarray, ids: np.ndarray, out: np.ndarray) -> None:
+    chunks = min(_chunks_for(ids.shape[0] * w.shape[1]), max(1, ids.shape[0]))
+    if chunks > 1:
+        blocks.decode_parallel(qtype, w, ids, out, blocks.N16, chunks)
+    else:
+        blocks.decode_rows(qtype, w, ids, out, blocks.N16)
+
+
+def _decode(qtype: int, w: np.ndarray, ids: np.ndarray, cols: int) -> np.ndarray:
+    """W[ids] as float32 [len(ids), cols]."""
+    if not has_native_kernel(qtype):
+        return generic.dequantize_rows(qtype, w[ids])
+    out = np.empty((ids.shape[0], cols), np.float32)
+    _native_decode(qtype, w, ids, out)
+    return out
+
+
+def _dequantized_tiles(qtype: int, w: np.ndarray, cols: int):
+    """Yield (r0, r1, float32 rows r0..r1) in tiles of about _TILE_BYTES, reusing one buffer."""
+    rows = w.shape[0]
+    tile_rows = max(1, min(rows, _TILE_BYTES // (4 * cols)))
+    buf = np.empty((tile_rows, cols), np.float32) if has_native_kernel(qtype) else None
+    for r0 in range(0, rows, tile_rows):
+        r1 = min(rows, r0 + tile_rows)
+        if buf is None:
+            yield r0, r1, generic.dequantize_rows(qtype, w[r0:r1])
+        else:
+            _native_decode(qtype, w, np.arange(r0, r1, dtype=np.int64), buf[: r1 - r0])
+            yield r0, r1, buf[: r1 - r0]

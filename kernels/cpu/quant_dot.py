@@ -1,0 +1,355 @@
+"""Fused block-reading dot products: out[r] = sum_c W[r, c] * x[c] for every row of w.
+
+`dot_<format>(w, x, xs, out, n16)` writes nothing but `out`: each block's quants
+are widened to float and multiplied with x in registers, and the block sum is
+scaled once. Offsets (Q4_0's -8, the mins, Q6_K's -32, ...) are folded in through
+`xs`, the sums of x over each run of 16 elements, so the inner loops stay plain
+multiply-adds. Layouts and the vectorization idioms (`n16`, `idx`, `bits`,
+`join`) are described in quant_blocks.
+
+`dot_rows` dispatches on the GGML type id and `matvec_parallel` splits the rows
+of one or several weights over threads. Entry points live next to the kernels
+they inline because Numba's on-disk cache only notices edits to the file that
+defines a function (after editing quant_blocks' helpers or f16.py, delete the
+`__pycache__/*.nb*` files).
+"""
+
+import numpy as np
+from numba import njit, prange
+
+from kernels.cpu.f16 import f16_bits_to_f32
+from kernels.cpu.quant_blocks import (
+    BF16, F16, F32, KERNEL, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
+    bits, idx, join, k_scale_min, load_f16, load_u32, q3_k_scale,
+)
+
+_4, _8, _16, _32 = np.float32(4), np.float32(8), np.float32(16), np.float32(32)
+
+
+@njit(**KERNEL)
+def _sum32(xs, e):
+    """Sum of x over the 32 elements starting at e."""
+    return xs[e >> 4] + xs[(e >> 4) + 1]
+
+
+# --- float formats ----------------------------------------------------------
+
+
+@njit(**KERNEL)
+def dot_f32(w, x, xs, out, n16):
+    for r in range(w.shape[0]):
+        row = w[r].view(np.float32)
+        acc = np.float32(0)
+        for c in range(x.shape[0]):
+            acc += row[idx(c)] * x[idx(c)]
+        out[r] = acc
+
+
+@njit(**KERNEL)
+def dot_f16(w, x, xs, out, n16):
+    for r in range(w.shape[0]):
+        row = w[r].view(np.uint16)
+        acc = np.float32(0)
+        for c in range(x.shape[0]):
+            acc += f16_bits_to_f32(row[idx(c)]) * x[idx(c)]
+        out[r] = acc
+
+
+@njit(**KERNEL)
+def dot_bf16(w, x, xs, out, n16):
+    for r in range(w.shape[0]):
+        row = w[r].view(np.uint16)
+        acc = np.float32(0)
+        for c in range(x.shape[0]):
+            value = np.uint32(np.left_shift(np.uint32(row[idx(c)]), np.uint32(16)))  # the top half of an f32
+            acc += value.view(np.float32) * x[idx(c)]
+        out[r] = acc
+
+
+# --- 32-weight blocks -------------------------------------------------------
+
+
+@njit(**KERNEL)
+def dot_q4_0(w, x, xs, out, n16):
+    for r in range(w.shape[0]):
+        row = w[r]
+        acc = np.float32(0)
+        for b in range(row.shape[0] // 18):
+            o, e = b * 18, b * 32
+            s = np.float32(0)
+            for j in range(min(n16, 16)):
+                q = row[idx(o + 2 + j)]
+                s += np.float32(bits(q, 0, 15)) * x[idx(e + j)] + np.float32(bits(q, 4, 15)) * x[idx(e + 16 + j)]
+            acc += load_f16(row, o) * (s - _8 * _sum32(xs, e))
+        out[r] = acc
+
+
+@njit(**KERNEL)
+def dot_q4_1(w, x, xs, out, n16):
+    for r in range(w.shape[0]):
+        row = w[r]
+        acc = np.float32(0)
+        for b in range(row.shape[0] // 20):
+            o, e = b * 20, b * 32
+            s = np.float32(0)
+            for j in range(min(n16, 16)):
+                q = row[idx(o + 4 + j)]
+                s += np.float32(bits(q, 0, 15)) * x[idx(e + j)] + np.float32(bits(q, 4, 15)) * x[idx(e + 16 + j)]
+            acc += load_f16(row, o) * s + load_f16(row, o + 2) * _sum32(xs, e)
+        out[r] = acc
+
+
+@njit(**KERNEL)
+def dot_q5_0(w, x, xs, out, n16):
+    for r in range(w.shape[0]):
+        row = w[r]
+        acc = np.float32(0)
+        for b in range(row.shape[0] // 22):
+            o, e = b * 22, b * 32
+            qh = load_u32(row, o + 2)
+            s = np.float32(0)
+            for j in range(min(n16, 16)):
+                q = row[idx(o + 6 + j)]
+                s += np.float32(join(bits(q, 0, 15), bits(qh, j, 1), 4)) * x[idx(e + j)]
+                s += np.float32(join(bits(q, 4, 15), bits(qh, j + 16, 1), 4)) * x[idx(e + 16 + j)]
+            acc += load_f16(row, o) * (s - _16 * _sum32(xs, e))
+        out[r] = acc
+
+
+@njit(**KERNEL)
+def dot_q5_1(w, x, xs, out, n16):
+    for r in range(w.shape[0]):
+        row = w[r]
+        acc = np.float32(0)
+        for b in range(row.shape[0] // 24):
+            o, e = b * 24, b * 32
+            qh = load_u32(row, o + 4)
+            s = np.float32(0)
+            for j in range(min(n16, 16)):
+                q = row[idx(o + 8 + j)]
+                s += np.float32(join(bits(q, 0, 15), bits(qh, j, 1), 4)) * x[idx(e + j)]
+                s += np.float32(join(bits(q, 4, 15), bits(qh, j + 16, 1), 4)) * x[idx(e + 16 + j)]
+            acc += load_f16(row, o) * s + load_f16(row, o + 2) * _sum32(xs, e)
+        out[r] = acc
+
+
+@njit(**KERNEL)
+def dot_q8_0(w, x, xs, out, n16):
+    for r in range(w.shape[0]):
+        row = w[r]
+        acc = np.float32(0)
+        for b in range(row.shape[0] // 34):
+            o, e = b * 34, b * 32
+            s = np.float32(0)
+            for j in range(2 * n16):
+                s += np.float32(np.int8(row[idx(o + 2 + j)])) * x[idx(e + j)]
+            acc += load_f16(row, o) * s
+        out[r] = acc
+
+
+# --- K-quants ---------------------------------------------------------------
+# Each inner loop reads one run of 16 bytes once and feeds the four 16-weight
+# groups its bit fields belong to, each with its own scale.
+
+
+@njit(**KERNEL)
+def dot_q2_k(w, x, xs, out, n16):
+    for r in range(w.shape[0]):
+        row = w[r]
+        acc = np.float32(0)
+        for b in range(row.shape[0] // 84):
+            o, e = b * 84, b * 256
+            d, dmin = load_f16(row, o + 80), load_f16(row, o + 82)
+            for h in range(2):
+                for k in range(2):
+                    qo, eo = o + 16 + h * 32 + k * 16, e + h * 128 + k * 16
+                    t0 = t1 = t2 = t3 = np.float32(0)
+                    for l in range(min(n16, 16)):
+                        q = row[idx(qo + l)]
+                        t0 += np.float32(bits(q, 0, 3)) * x[idx(eo + l)]
+                        t1 += np.float32(bits(q, 2, 3)) * x[idx(eo + 32 + l)]
+                        t2 += np.float32(bits(q, 4, 3)) * x[idx(eo + 64 + l)]
+                        t3 += np.float32(bits(q, 6, 3)) * x[idx(eo + 96 + l)]
+                    so, g = o + h * 8 + k, eo >> 4
+                    s0, s1, s2, s3 = row[so], row[so + 2], row[so + 4], row[so + 6]
+                    acc += d * (
+                        np.float32(s0 & 15) * t0
+                        + np.float32(s1 & 15) * t1
+                        + np.float32(s2 & 15) * t2
+                        + np.float32(s3 & 15) * t3
+                    ) - dmin * (
+                        np.float32(s0 >> 4) * xs[g]
+                        + np.float32(s1 >> 4) * xs[g + 2]
+                        + np.float32(s2 >> 4) * xs[g + 4]
+                        + np.float32(s3 >> 4) * xs[g + 6]
+                    )
+        out[r] = acc
+
+
+@njit(**KERNEL)
+def dot_q3_k(w, x, xs, out, n16):
+    for r in range(w.shape[0]):
+        row = w[r]
+        acc = np.float32(0)
+        for b in range(row.shape[0] // 110):
+            o, e = b * 110, b * 256
+            d = load_f16(row, o + 108)
+            for h in range(2):
+                for k in range(2):
+                    mo, qo, eo = o + k * 16, o + 32 + h * 32 + k * 16, e + h * 128 + k * 16
+                    t0 = t1 = t2 = t3 = np.float32(0)
+                    for l in range(min(n16, 16)):
+                        # the weight + 4: low bits from qs, bit 2 from the mask
+                        q, m = row[idx(qo + l)], row[idx(mo + l)]
+                        t0 += np.float32(join(bits(q, 0, 3), bits(m, 4 * h, 1), 2)) * x[idx(eo + l)]
+                        t1 += np.float32(join(bits(q, 2, 3), bits(m, 4 * h + 1, 1), 2)) * x[idx(eo + 32 + l)]
+                        t2 += np.float32(join(bits(q, 4, 3), bits(m, 4 * h + 2, 1), 2)) * x[idx(eo + 64 + l)]
+                        t3 += np.float32(join(bits(q, 6, 3), bits(m, 4 * h + 3, 1), 2)) * x[idx(eo + 96 + l)]
+                    so, gs, g = o + 96, h * 8 + k, eo >> 4
+                    acc += d * (
+                        q3_k_scale(row, so, gs) * (t0 - _4 * xs[g])
+                        + q3_k_scale(row, so, gs + 2) * (t1 - _4 * xs[g + 2])
+                        + q3_k_scale(row, so, gs + 4) * (t2 - _4 * xs[g + 4])
+                        + q3_k_scale(row, so, gs + 6) * (t3 - _4 * xs[g + 6])
+                    )
+        out[r] = acc
+
+
+@njit(**KERNEL)
+def dot_q4_k(w, x, xs, out, n16):
+    for r in range(w.shape[0]):
+        row = w[r]
+        acc = np.float32(0)
+        for b in range(row.shape[0] // 144):
+            o, e = b * 144, b * 256
+            d, dmin = load_f16(row, o), load_f16(row, o + 2)
+            for c in range(4):
+                qo, eo = o + 16 + 32 * c, e + 64 * c
+                lo = hi = np.float32(0)
+                for l in range(2 * n16):
+                    q = row[idx(qo + l)]
+                    lo += np.float32(bits(q, 0, 15)) * x[idx(eo + l)]
+                    hi += np.float32(bits(q, 4, 15)) * x[idx(eo + 32 + l)]
+                sc1, m1 = k_scale_min(row, o + 4, 2 * c)
+                sc2, m2 = k_scale_min(row, o + 4, 2 * c + 1)
+                acc += d * (sc1 * lo + sc2 * hi) - dmin * (m1 * _sum32(xs, eo) + m2 * _sum32(xs, eo + 32))
+        out[r] = acc
+
+
+@njit(**KERNEL)
+def dot_q5_k(w, x, xs, out, n16):
+    for r in range(w.shape[0]):
+        row = w[r]
+        acc = np.float32(0)
+        for b in range(row.shape[0] // 176):
+            o, e = b * 176, b * 256
+            d, dmin = load_f16(row, o), load_f16(row, o + 2)
+            for c in range(4):
+                qo, eo = o + 48 + 32 * c, e + 64 * c
+                lo = hi = np.float32(0)
+                for l in range(2 * n16):
+                    q, hb = row[idx(qo + l)], row[idx(o + 16 + l)]
+                    lo += np.float32(join(bits(q, 0, 15), bits(hb, 2 * c, 1), 4)) * x[idx(eo + l)]
+                    hi += np.float32(join(bits(q, 4, 15), bits(hb, 2 * c + 1, 1), 4)) * x[idx(eo + 32 + l)]
+                sc1, m1 = k_scale_min(row, o + 4, 2 * c)
+                sc2, m2 = k_scale_min(row, o + 4, 2 * c + 1)
+                acc += d * (sc1 * lo + sc2 * hi) - dmin * (m1 * _sum32(xs, eo) + m2 * _sum32(xs, eo + 32))
+        out[r] = acc
+
+
+@njit(**KERNEL)
+def dot_q6_k(w, x, xs, out, n16):
+    for r in range(w.shape[0]):
+        row = w[r]
+        acc = np.float32(0)
+        for b in range(row.shape[0] // 210):
+            o, e = b * 210, b * 256
+            d = load_f16(row, o + 208)
+            for h in range(2):
+                for k in range(2):
+                    lo, ho, eo = o + 64 * h + 16 * k, o + 128 + 32 * h + 16 * k, e + 128 * h + 16 * k
+                    t0 = t1 = t2 = t3 = np.float32(0)
+                    for l in range(min(n16, 16)):
+                        a, c, hq = row[idx(lo + l)], row[idx(lo + 32 + l)], row[idx(ho + l)]
+                        t0 += np.float32(join(bits(a, 0, 15), bits(hq, 0, 3), 4)) * x[idx(eo + l)]
+                        t1 += np.float32(join(bits(c, 0, 15), bits(hq, 2, 3), 4)) * x[idx(eo + 32 + l)]
+                        t2 += np.float32(join(bits(a, 4, 15), bits(hq, 4, 3), 4)) * x[idx(eo + 64 + l)]
+                        t3 += np.float32(join(bits(c, 4, 15), bits(hq, 6, 3), 4)) * x[idx(eo + 96 + l)]
+                    so, g = o + 192 + h * 8 + k, eo >> 4
+                    acc += d * (
+                        np.float32(np.int8(row[so])) * (t0 - _32 * xs[g])
+                        + np.float32(np.int8(row[so + 2])) * (t1 - _32 * xs[g + 2])
+                        + np.float32(np.int8(row[so + 4])) * (t2 - _32 * xs[g + 4])
+                        + np.float32(np.int8(row[so + 6])) * (t3 - _32 * xs[g + 6])
+                    )
+        out[r] = acc
+
+
+# --- entry points -----------------------------------------------------------
+
+
+@njit(**KERNEL)
+def dot_rows(qtype, w, x, out, n16):
+    """out[r] = W[r] . x for every row of w."""
+    xs = _sums16(x)
+    if qtype == Q4_K:
+        dot_q4_k(w, x, xs, out, n16)
+    elif qtype == Q6_K:
+        dot_q6_k(w, x, xs, out, n16)
+    elif qtype == Q8_0:
+        dot_q8_0(w, x, xs, out, n16)
+    elif qtype == Q5_0:
+        dot_q5_0(w, x, xs, out, n16)
+    elif qtype == Q4_0:
+        dot_q4_0(w, x, xs, out, n16)
+    elif qtype == Q4_1:
+        dot_q4_1(w, x, xs, out, n16)
+    elif qtype == Q5_1:
+        dot_q5_1(w, x, xs, out, n16)
+    elif qtype == Q5_K:
+        dot_q5_k(w, x, xs, out, n16)
+    elif qtype == Q3_K:
+        dot_q3_k(w, x, xs, out, n16)
+    elif qtype == Q2_K:
+        dot_q2_k(w, x, xs, out, n16)
+    elif qtype == F32:
+        dot_f32(w, x, xs, out, n16)
+    elif qtype == F16:
+        dot_f16(w, x, xs, out, n16)
+    elif qtype == BF16:
+        dot_bf16(w, x, xs, out, n16)
+
+
+@njit(**KERNEL)
+def _sums16(x):
+    """Sums of x over consecutive runs of 16: the offset terms of the dot kernels."""
+    xs = np.zeros(x.shape[0] // 16, np.float32)
+    for c in range(xs.shape[0] * 16):
+        xs[c >> 4] += x[c]
+    return xs
+
+
+@njit(parallel=True, **KERNEL)
+def matvec_parallel(qtype, ws, starts, x, out, n16, chunks):
+    """dot_rows over the weights stacked in ws (weight i owns out[starts[i]:starts[i+1]]),
+    split into `chunks` equal row ranges across all of them."""
+    total = starts[-1]
+    for c in prange(chunks):
+        lo, hi = c * total // chunks, (c + 1) * total // chunks
+        for i in range(len(ws)):
+            a, b = max(lo, starts[i]), min(hi, starts[i + 1])
+            if a < b:
+                dot_rows(qtype, ws[i][a - starts[i] : b - starts[i]], x, out[a:b], n16)
+
+
+@njit(parallel=True, **KERNEL)
+def matvec_parallel(qtype, ws, starts, x, out, n16, chunks):
+    """dot_rows over the weights stacked in ws (weight i owns out[starts[i]:starts[i+1]]),
+    split into `chunks` equal row ranges across all of them."""
+    total = starts[-1]
+    for c in prange(chunks):
+        lo, hi = c * total // chunks, (c + 1) * total // chunks
+        for i in range(len(ws)):
+            a, b = max(lo, starts[i]), min(hi, starts[i + 1])
+            if a < b:
+                dot_rows(qtype, ws[i][a - starts[i] : b - starts[i]], x, out[a:b], n16)

@@ -1,0 +1,199 @@
+"""Quantized-weight kernels against gguf.quants' reference dequantizers and float64 NumPy."""
+
+import numba
+import numpy as np
+import pytest
+from gguf import quants
+from gguf.constants import GGMLQuantizationType as T
+
+from kernels.cpu import quant
+from tests.quant_weights import random_weight
+
+NATIVE = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
+GENERIC = [T.IQ4_NL, T.TQ2_0, T.MXFP4]
+# Columns: several blocks, and for float formats a width that is no multiple of 16.
+COLS = {T.F32: 37, T.F16: 53, T.BF16: 40, T.Q4_0: 160, T.Q4_1: 96, T.Q5_0: 160, T.Q5_1: 96, T.Q8_0: 224,
+        T.IQ4_NL: 96, T.MXFP4: 64}
+ROWS = 7
+
+
+def _cols(qtype):
+    return COLS.get(qtype, 512)
+
+
+@pytest.fixture(params=["serial", "threads"])
+def mode(request, monkeypatch):
+    """Run each case on the calling thread and split over threads (even for tiny weights)."""
+    if request.param == "threads":
+        monkeypatch.setattr(quant, "_PARALLEL_MIN_BYTES", 0)
+        if numba.get_num_threads() < 2:
+            pytest.skip("needs 2 threads")
+    return request.param
+
+
+def _case(qtype, rows=ROWS, seed=0):
+    rng = np.random.default_rng(seed + int(qtype))
+    w = random_weight(qtype, rows, _cols(qtype), rng)
+    return w, quants.dequantize(w, qtype).astype(np.float64), rng
+
+
+def _assert_products(got, W, X):
+    """got ~ X @ W.T within float32 accumulation error, relative to the sum of |terms|."""
+    ref = X.astype(np.float64) @ W.T
+    bound = 2e-6 * np.sqrt(W.shape[1]) * (np.abs(X).astype(np.float64) @ np.abs(W).T) + 1e-30
+    assert got.dtype == np.float32 and got.shape == ref.shape
+    assert np.all(np.abs(got - ref) <= bound), np.max(np.abs(got - ref) / bound)
+
+
+def _assert_rows(got, ref):
+    assert got.dtype == np.float32 and got.shape == ref.shape
+    np.testing.assert_allclose(got, ref, rtol=2e-7, atol=1e-7 * np.abs(ref).max(initial=0))
+
+
+@pytest.mark.parametrize("qtype", NATIVE + GENERIC, ids=lambda t: t.name)
+def test_matvec(qtype, mode):
+    w, W, rng = _case(qtype)
+    x = rng.standard_normal(W.shape[1], dtype=np.float32)
+    _assert_products(quant.matvec(qtype, w, x)[None], W, x[None])
+    out = np.full(ROWS, np.nan, np.float32)
+    assert quant.matvec(qtype, w, x, out) is out
+    _assert_products(out[None], W, x[None])
+
+
+@pytest.mark.parametrize("n", [1, 3, 64])
+@pytest.mark.parametrize("qtype", NATIVE + GENERIC, ids=lambda t: t.name)
+def test_matmul(qtype, n, mode):
+    w, W, rng = _case(qtype)
+    X = rng.standard_normal((n, W.shape[1]), dtype=np.float32)
+    _assert_products(quant.matmul(qtype, w, X), W, X)
+
+
+@pytest.mark.parametrize("qtype", NATIVE + GENERIC, ids=lambda t: t.name)
+def test_gather_and_dequantize(qtype, mode):
+    w, W, _ = _case(qtype)
+    ids = np.array([3, 0, 6, 3])
+    _assert_rows(quant.gather_rows(qtype, w, ids), W[ids])
+    _assert_rows(quant.gather_rows(qtype, w, np.array([], dtype=np.int64)), W[:0])
+    _assert_rows(quant.dequantize(qtype, w), W)
+    _assert_rows(quant.dequantize(qtype, w, 2, 5), W[2:5])
+
+
+def test_matmul_tiles_cover_every_row(monkeypatch):
+    """Prefill GEMMs dequantize row tiles: a tile size that does not divide the rows still covers all."""
+    monkeypatch.setattr(quant, "_TILE_BYTES", 3 * 512 * 4)
+    w, W, rng = _case(T.Q4_K, rows=11)
+    X = rng.standard_normal((9, 512), dtype=np.float32)
+    _assert_products(quant.matmul(T.Q4_K, w, X), W, X)
+
+
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_K, T.IQ4_NL], ids=lambda t: t.name)
+def test_matvec_group_equals_separate_matvecs(qtype, mode):
+    rng = np.random.default_rng(1)
+    cols = _cols(qtype)
+    ws = tuple(random_weight(qtype, rows, cols, rng) for rows in (5, 1, 9))
+    x = rng.standard_normal(cols, dtype=np.float32)
+    ys = quant.matvec_group(qtype, ws, x)
+    assert [y.shape for y in ys] == [(5,), (1,), (9,)]
+    for w, y in zip(ws, ys):
+        np.testing.assert_array_equal(y, quant.matvec(qtype, w, x))
+
+
+def test_f16_scales_decode_every_bit_pattern():
+    """F16 weights and f16 block scales decode all 65536 patterns like NumPy (NaN as NaN)."""
+    patterns = np.arange(1 << 16, dtype=np.uint16)
+    expected = patterns.view(np.float16).astype(np.float32)
+    got = quant.dequantize(T.F16, patterns.view(np.uint8).reshape(1, -1))[0]
+    np.testing.assert_array_equal(got, expected)  # treats NaN == NaN
+    # One Q8_0 block per pattern, scale = the pattern, every quant = 1: each block decodes to its scale.
+    blocks = np.ones((1 << 16, 34), np.uint8)
+    blocks[:, :2] = patterns.view(np.uint8).reshape(-1, 2)
+    got = quant.dequantize(T.Q8_0, blocks)
+    np.testing.assert_array_equal(got, np.repeat(expected[:, None], 32, axis=1))
+
+
+def test_large_weight_uses_threads_and_matches():
+    rng = np.random.default_rng(2)
+    w = random_weight(T.Q6_K, 300, 1024, rng)  # 252 KB: above the parallel threshold
+    W = quants.dequantize(w, T.Q6_K).astype(np.float64)
+    x = rng.standard_normal(1024, dtype=np.float32)
+    _assert_products(quant.matvec(T.Q6_K, w, x)[None], W, x[None])
+    _assert_rows(quant.dequantize(T.Q6_K, w), W)
+
+
+def test_weights_stay_zero_copy_and_unmodified():
+    rng = np.random.default_rng(3)
+    w = random_weight(T.Q4_0, ROWS, 64, rng)
+    before = w.copy()
+    quant.matvec(T.Q4_0, w, np.ones(64, np.float32))
+    quant.matmul(T.Q4_0, w, np.ones((20, 64), np.float32))
+    np.testing.assert_array_equal(w, before)
+    assert w.flags.writeable  # the read-only view used inside is the caller's business, not a change to w
+
+
+def test_has_native_kernel():
+    assert all(quant.has_native_kernel(t) for t in NATIVE)
+    assert not any(quant.has_native_kernel(t) for t in GENERIC)
+
+
+def test_set_num_threads():
+    before = numba.get_num_threads()
+    try:
+        quant.set_num_threads(1)
+        w, W, rng = _case(T.Q8_0)
+        x = rng.standard_normal(W.shape[1], dtype=np.float32)
+        _assert_products(quant.matvec(T.Q8_0, w, x)[None], W, x[None])
+        with pytest.raises(ValueError, match="thread count"):
+            quant.set_num_threads(0)
+    finally:
+        quant.set_num_threads(before)
+
+
+# --- errors -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("qtype, name", [(T.I8, "I8"), (T.I32, "I32"), (T.Q8_1, "Q8_1"), (999, "999")])
+def test_unsupported_types_name_the_type(qtype, name):
+    w = np.zeros((2, 36), np.uint8)
+    for call in (lambda: quant.matvec(qtype, w, np.zeros(36, np.float32)),
+                 lambda: quant.matmul(qtype, w, np.zeros((2, 36), np.float32)),
+                 lambda: quant.gather_rows(qtype, w, np.array([0])),
+                 lambda: quant.dequantize(qtype, w)):
+        with pytest.raises(quant.UnsupportedQuantType, match=name):
+            call()
+    assert issubclass(quant.UnsupportedQuantType, ValueError)
+
+
+def test_input_width_mismatch_names_both_shapes():
+    w = random_weight(T.Q8_0, 4, 64, np.random.default_rng(4))
+    with pytest.raises(ValueError, match=r"\(65,\).*\(4, 68\)"):
+        quant.matvec(T.Q8_0, w, np.zeros(65, np.float32))
+    with pytest.raises(ValueError, match=r"\(3, 32\).*\(4, 68\)"):
+        quant.matmul(T.Q8_0, w, np.zeros((3, 32), np.float32))
+
+
+def test_bad_weights_are_refused():
+    with pytest.raises(ValueError, match=r"34-byte blocks"):
+        quant.matvec(T.Q8_0, np.zeros((2, 35), np.uint8), np.zeros(32, np.float32))
+    with pytest.raises(ValueError, match="uint8"):
+        quant.matvec(T.F32, np.zeros((2, 8), np.float32), np.zeros(8, np.float32))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        quant.matvec(T.Q8_0, np.zeros((2, 68), np.uint8)[:, :34], np.zeros(32, np.float32))
+
+
+def test_matvec_group_refuses_different_widths():
+    rng = np.random.default_rng(5)
+    a, b = random_weight(T.Q8_0, 3, 64, rng), random_weight(T.Q8_0, 3, 96, rng)
+    with pytest.raises(ValueError, match=r"\(3, 68\).*\(3, 102\)"):
+        quant.matvec_group(T.Q8_0, (a, b), np.zeros(64, np.float32))
+
+
+def test_bad_rows_and_out_are_refused():
+    w = random_weight(T.Q4_K, 4, 256, np.random.default_rng(6))
+    with pytest.raises(IndexError, match="row 4"):
+        quant.gather_rows(T.Q4_K, w, np.array([1, 4]))
+    with pytest.raises(IndexError, match="row -1"):
+        quant.gather_rows(T.Q4_K, w, np.array([-1]))
+    with pytest.raises(ValueError, match=r"\[3, 5\)"):
+        quant.dequantize(T.Q4_K, w, 3, 5)
+    with pytest.raises(ValueError, match="out"):
+        quant.matvec(T.Q4_K, w, np.zeros(256, np.float32), out=np.zeros(3, np.float32))

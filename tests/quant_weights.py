@@ -1,0 +1,33 @@
+"""Random GGML weight bytes, uint8 [rows, row_bytes], for kernel tests and benchmarks."""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import quants
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
+
+# Byte offsets of the f16 scale fields in one block, for formats built from random bytes
+# (every bit pattern of the quants is then exercised, and the scales stay finite).
+SCALE_FIELDS = {
+    T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,),
+    T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,),
+    T.IQ4_NL: (0,),
+}
+
+
+def random_weight(qtype: T, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """Random blocks with f16 scales in ±[1e-3, 1e-1]; float and other types from N(0, 1) values."""
+    if qtype in SCALE_FIELDS:
+        block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
+        n_blocks = rows * cols // block_elems
+        blocks = rng.integers(0, 256, (n_blocks, block_bytes), dtype=np.uint8)
+        for offset in SCALE_FIELDS[qtype]:
+            scales = rng.uniform(1e-3, 1e-1, n_blocks) * rng.choice([-1.0, 1.0], n_blocks)
+            blocks[:, offset : offset + 2] = scales.astype(np.float16).view(np.uint8).reshape(n_blocks, 2)
+        return blocks.reshape(rows, -1)
+    values = rng.standard_normal((rows, cols), dtype=np.float32)
+    if qtype == T.F32:
+        return values.view(np.uint8)
+    if qtype == T.F16:
+        return values.astype(np.float16).view(np.uint8)
+    return quants.quantize(values, qtype)  # BF16, TQ1_0, TQ2_0, MXFP4, ...
