@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 
+from app.cli_models import ProgressBar
 from engine import generate
 from engine.catalog import resolve_model
 from engine.errors import FucinaError
@@ -30,9 +31,15 @@ def add_model_options(p) -> None:
     p.add_argument("--kv", choices=["f16", "q8_0"], default="f16", help="KV cache type")
 
 
+def resolve_model_path(name: str):
+    """A starter name or .gguf path -> the file; a starter model not yet downloaded is pulled first."""
+    with ProgressBar() as bar:
+        return resolve_model(name, pull_missing=True, progress=bar)
+
+
 def open_model(args):
     configure_threads(args.threads)
-    return load_model(resolve_model(args.model))
+    return load_model(resolve_model_path(args.model))
 
 
 def run_eval(args) -> int:

@@ -1,0 +1,118 @@
+"""Speed measurements: prefill and decode throughput, time to first token, load time, peak RSS.
+
+The peer is llama.cpp through llama-cpp-python (the optional `peer` extra), run on
+the same GGUF, thread count and token ids in the same process, alternating runs
+with ours so both see the same machine state.
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from engine.errors import FucinaError
+from engine.models import load_model
+from engine.models.transformer import Transformer
+
+
+@dataclass
+class Run:
+    prefill_tps: float
+    decode_tps: float
+    ttft_s: float  # prompt fed to first token chosen
+
+
+def prompt_ids(vocab_size: int, n: int, seed: int = 0) -> list[int]:
+    """A fixed pseudo-random prompt from the ordinary part of the vocabulary."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(100, min(vocab_size, 30000), size=n).tolist()
+
+
+def _timed_generation(prefill: Callable[[list[int]], np.ndarray], step: Callable[[int], np.ndarray],
+                      prompt: list[int], gen_tokens: int) -> Run:
+    t0 = time.perf_counter()
+    tok = int(np.argmax(prefill(prompt)))
+    t1 = time.perf_counter()
+    for _ in range(gen_tokens - 1):
+        tok = int(np.argmax(step(tok)))
+    t2 = time.perf_counter()
+    return Run(len(prompt) / (t1 - t0), (gen_tokens - 1) / (t2 - t1), t1 - t0)
+
+
+def run_fucina(model: Transformer, prompt: list[int], gen_tokens: int) -> Run:
+    cache = model.new_cache(len(prompt) + gen_tokens)
+    return _timed_generation(lambda ids: model.forward(ids, cache), lambda t: model.forward([t], cache),
+                             prompt, gen_tokens)
+
+
+class LlamaCppPeer:
+    """llama.cpp on the same GGUF: greedy argmax over its logits, like ours."""
+
+    def __init__(self, path: str, threads: int, n_ctx: int):
+        try:
+            import llama_cpp
+        except ImportError:
+            raise FucinaError("the llama.cpp peer needs the `peer` extra: pip install -e '.[peer]'") from None
+        self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=512, n_ubatch=512,
+                                   n_threads=threads, n_threads_batch=threads, verbose=False)
+        self.n_vocab = self.llm.n_vocab()
+
+    def _logits(self) -> np.ndarray:
+        return np.ctypeslib.as_array(self.llm._ctx.get_logits(), shape=(self.n_vocab,))
+
+    def run(self, prompt: list[int], gen_tokens: int) -> Run:
+        self.llm.reset()
+
+        def feed(ids):
+            self.llm.eval(ids)
+            return self._logits()
+
+        return _timed_generation(feed, lambda t: feed([t]), prompt, gen_tokens)
+
+
+def peak_rss_mb() -> float:
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kb / 1024 if sys.platform != "darwin" else kb / 1024 / 1024
+
+
+def summary(values: Sequence[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def benchmark(path: str, threads: int, prompt_tokens: int, gen_tokens: int, runs: int, peer: bool,
+              log: Callable[[str], None] = lambda s: None) -> dict:
+    t0 = time.perf_counter()
+    model = load_model(path)
+    load_s = time.perf_counter() - t0
+    prompt = prompt_ids(model.vocab_size, prompt_tokens)
+    # first token after load, on a short prompt: what a user waits for after opening a model
+    first = run_fucina(model, prompt[:16], 1)
+    result = {"model": str(path), "threads": threads, "prompt_tokens": prompt_tokens, "gen_tokens": gen_tokens,
+              "runs": runs, "load_s": load_s, "load_to_first_token_s": load_s + first.ttft_s}
+    ours: list[Run] = []
+    theirs: list[Run] = []
+    llama = None
+    for i in range(runs):
+        ours.append(run_fucina(model, prompt, gen_tokens))
+        log(f"run {i + 1}/{runs} fucina: prefill {ours[-1].prefill_tps:.1f} tok/s, decode {ours[-1].decode_tps:.1f} tok/s")
+        if i == 0:
+            result["peak_rss_mb"] = peak_rss_mb()  # before the peer adds its own memory
+        if peer:
+            if llama is None:
+                llama = LlamaCppPeer(path, threads, prompt_tokens + gen_tokens + 8)
+            theirs.append(llama.run(prompt, gen_tokens))
+            log(f"run {i + 1}/{runs} llama.cpp: prefill {theirs[-1].prefill_tps:.1f} tok/s, "
+                f"decode {theirs[-1].decode_tps:.1f} tok/s")
+    for key in ("prefill_tps", "decode_tps", "ttft_s"):
+        result[key] = summary([getattr(r, key) for r in ours])
+        if peer:
+            result["llama_cpp_" + key] = summary([getattr(r, key) for r in theirs])
+            ratios = [getattr(a, key) / getattr(b, key) for a, b in zip(ours, theirs)]
+            result["ratio_" + key] = summary(ratios)
+    return result

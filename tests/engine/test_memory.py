@@ -1,0 +1,30 @@
+"""Weights stay in source precision: serving Qwen2.5-0.5B with a 4k cache stays within
+1.3 x the GGUF size + the cache (measured in a fresh process)."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+SERVE = textwrap.dedent("""
+    import json, resource, sys
+    from engine.models import load_model
+    from engine.bench import prompt_ids
+    model = load_model(sys.argv[1])
+    cache = model.new_cache(4096)
+    logits = model.forward(prompt_ids(model.vocab_size, 512), cache)
+    for _ in range(16):
+        logits = model.forward([int(logits.argmax())], cache)
+    print(json.dumps({"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                      "cache_bytes": cache.byte_size(), "file_bytes": model.file.file_size()}))
+""")
+
+
+def test_qwen_peak_rss_with_4k_cache(model_path):
+    out = subprocess.run([sys.executable, "-c", SERVE, str(model_path("qwen2.5-coder-0.5b-instruct"))],
+                         capture_output=True, text=True, check=True)
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    budget = 1.3 * r["file_bytes"] + r["cache_bytes"]
+    print(f"\npeak RSS {r['peak_rss'] / 2**20:.0f} MiB; budget {budget / 2**20:.0f} MiB "
+          f"(file {r['file_bytes'] / 2**20:.0f} MiB, cache {r['cache_bytes'] / 2**20:.0f} MiB)")
+    assert r["peak_rss"] <= budget
