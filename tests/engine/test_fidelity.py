@@ -65,6 +65,7 @@ def test_greedy_generation_follows_llama_cpp(model, model_path, capsys):
     """`fucina generate` on the golden chat prompts: the first token must match wherever llama.cpp's
     margin is clear; how far the continuations agree is reported (near-ties may part them)."""
     cases = json.loads((GOLDEN / f"{MODELS[model]}.json").read_text())["greedy"]
+    report = []
     for case in cases:
         ref = case["greedy_ids"]
         assert fucina(["generate", str(model_path(model)), "--prompt-ids", ",".join(map(str, case["prompt_ids"])),
@@ -75,4 +76,5 @@ def test_greedy_generation_follows_llama_cpp(model, model_path, capsys):
         if logits[0] - logits[1] > 0.5:
             assert ours[0] == ref[0]
         same = next((i for i, (a, b) in enumerate(zip(ours, ref)) if a != b), len(ref))
-        print(f"\n{model}: {same}/{len(ref)} greedy tokens identical to llama.cpp for {case['user']!r}")
+        report.append(f"{model}: {same}/{len(ref)} greedy tokens identical to llama.cpp for {case['user']!r}")
+    print("\n" + "\n".join(report))
