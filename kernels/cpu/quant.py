@@ -22,7 +22,7 @@ from kernels.cpu import quant_generic as generic
 
 _TILE_BYTES = 4 << 20  # float32 tile of dequantized rows in GEMMs: big enough for sgemm, fits in L3
 _PARALLEL_MIN_BYTES = 1 << 17  # smaller weights run on the calling thread: a launch costs more
-_MATVEC_MAX_ROWS = 4  # matmul inputs up to this many rows stream the weights once per row
+_MATVEC_MAX_ROWS = 8  # matmul inputs up to this many rows stream the weights once per row
 
 _threads: int | None = None  # None: follow numba's own setting
 
@@ -205,20 +205,12 @@ def _matvec_into(qtype: int, ws: tuple[np.ndarray, ...], x: np.ndarray, out: np.
         row0 += w.shape[0]
 
 
-def _native_decode(qtype: int, w: np.ndarray, ids: np.ndarray, out: np.ndarray) -> None:
-    chunks = min(_chunks_for(ids.shape[0] * w.shape[1]), max(1, ids.shape[0]))
-    if chunks > 1:
-        blocks.decode_parallel(qtype, w, ids, out, blocks.N16, chunks)
-    else:
-        blocks.decode_rows(qtype, w, ids, out, blocks.N16)
-
-
 def _decode(qtype: int, w: np.ndarray, ids: np.ndarray, cols: int) -> np.ndarray:
     """W[ids] as float32 [len(ids), cols]."""
     if not has_native_kernel(qtype):
         return generic.dequantize_rows(qtype, w[ids])
     out = np.empty((ids.shape[0], cols), np.float32)
-    _native_decode(qtype, w, ids, out)
+    blocks.decode_rows(qtype, w, ids, out, blocks.N16)
     return out
 
 
@@ -232,5 +224,5 @@ def _dequantized_tiles(qtype: int, w: np.ndarray, cols: int):
         if buf is None:
             yield r0, r1, generic.dequantize_rows(qtype, w[r0:r1])
         else:
-            _native_decode(qtype, w, np.arange(r0, r1, dtype=np.int64), buf[: r1 - r0])
+            blocks.decode_rows(qtype, w, np.arange(r0, r1, dtype=np.int64), buf[: r1 - r0], blocks.N16)
             yield r0, r1, buf[: r1 - r0]

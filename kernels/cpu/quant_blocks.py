@@ -5,14 +5,16 @@ block starts or ends with f16 scales, quants are packed little-endian, and
 K-quant super-blocks hold 256 weights in sub-blocks of 16 or 32.
 
 Each `decode_<format>(w, ids, out, n16)` writes the float32 values of rows
-`w[ids[i]]` into `out[i]`; `decode_rows` dispatches on the GGML type id and
-`decode_parallel` splits the rows over threads.
+`w[ids[i]]` into `out[i]`; `decode_rows` dispatches on the GGML type id. It
+runs on one thread: even for prefill tiles, decoding costs a few percent of the
+sgemm that follows, less than another threaded entry point costs to compile.
 
 Three idioms keep the inner loops vectorized by LLVM (check with `inspect_asm`):
-- `n16` is always 16 but arrives as a run-time argument, so loops bounded by it
-  stay loops for LLVM's loop vectorizer instead of being fully unrolled into
-  scalar code (Numba runs LLVM without its SLP vectorizer). 16-trip loops say
-  `range(min(n16, 16))` so LLVM knows the bound and vectorizes 16 lanes, not 32.
+- inner loops run `range(span(n16, 16))` or `range(span(n16, 32))`: `n16` is
+  always 16 but arrives as a run-time argument, so LLVM keeps these loops for
+  its loop vectorizer instead of fully unrolling them into scalar code (Numba
+  runs LLVM without its SLP vectorizer), while `span` tells it the exact vector
+  width to use and that no scalar remainder loop is needed.
 - subscripts go through `idx()` (unsigned): Numba adds a negative-index fix-up
   to signed subscripts that LLVM cannot always prove away, and it turns vector
   loads into byte-by-byte inserts.
@@ -22,11 +24,13 @@ Three idioms keep the inner loops vectorized by LLVM (check with `inspect_asm`):
 
 import numpy as np
 from gguf.constants import GGMLQuantizationType as T
-from numba import njit, prange
+from numba import njit
 
 from kernels.cpu.f16 import f16_bits_to_f32
 
 KERNEL = dict(cache=True, fastmath=True, nogil=True)
+# Per-format kernels have one call site (their dispatcher): inlining them there saves compiling them twice.
+KERNEL_ONCE = dict(KERNEL, inline="always")
 
 F32, F16, BF16 = int(T.F32), int(T.F16), int(T.BF16)
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = int(T.Q4_0), int(T.Q4_1), int(T.Q5_0), int(T.Q5_1), int(T.Q8_0)
@@ -35,6 +39,12 @@ NATIVE_TYPES = frozenset((F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3
 N16 = 16  # what callers pass as n16
 
 idx = np.uint64
+
+
+@njit(**KERNEL)
+def span(n16, n):
+    """n (16 or 32) computed from n16 == 16: at most n and a multiple of n, but not a constant."""
+    return min(n16 * (n // 16), n) & -n
 
 
 @njit(**KERNEL)
@@ -81,7 +91,7 @@ def q3_k_scale(row, o, g):
 # --- float formats ----------------------------------------------------------
 
 
-@njit(**KERNEL)
+@njit(**KERNEL_ONCE)
 def decode_f32(w, ids, out, n16):
     for i in range(ids.shape[0]):
         src, dst = w[ids[i]].view(np.float32), out[i]
@@ -89,7 +99,7 @@ def decode_f32(w, ids, out, n16):
             dst[idx(c)] = src[idx(c)]
 
 
-@njit(**KERNEL)
+@njit(**KERNEL_ONCE)
 def decode_f16(w, ids, out, n16):
     for i in range(ids.shape[0]):
         src, dst = w[ids[i]].view(np.uint16), out[i]
@@ -97,7 +107,7 @@ def decode_f16(w, ids, out, n16):
             dst[idx(c)] = f16_bits_to_f32(src[idx(c)])
 
 
-@njit(**KERNEL)
+@njit(**KERNEL_ONCE)
 def decode_bf16(w, ids, out, n16):
     for i in range(ids.shape[0]):
         src, dst = w[ids[i]].view(np.uint16), out[i].view(np.uint32)
@@ -108,7 +118,7 @@ def decode_bf16(w, ids, out, n16):
 # --- 32-weight blocks -------------------------------------------------------
 
 
-@njit(**KERNEL)
+@njit(**KERNEL_ONCE)
 def decode_q4_0(w, ids, out, n16):
     # d:f16, qs[16]: weight j in the low nibble of qs[j], weight j+16 in its high nibble; d*(q-8)
     for i in range(ids.shape[0]):
@@ -117,13 +127,13 @@ def decode_q4_0(w, ids, out, n16):
             o, e = b * 18, b * 32
             d = load_f16(row, o)
             d8 = d * np.float32(8)
-            for j in range(min(n16, 16)):
+            for j in range(span(n16, 16)):
                 q = row[idx(o + 2 + j)]
                 dst[idx(e + j)] = d * np.float32(bits(q, 0, 15)) - d8
                 dst[idx(e + 16 + j)] = d * np.float32(bits(q, 4, 15)) - d8
 
 
-@njit(**KERNEL)
+@njit(**KERNEL_ONCE)
 def decode_q4_1(w, ids, out, n16):
     # d:f16, m:f16, qs[16] as Q4_0; d*q + m
     for i in range(ids.shape[0]):
@@ -131,13 +141,13 @@ def decode_q4_1(w, ids, out, n16):
         for b in range(row.shape[0] // 20):
             o, e = b * 20, b * 32
             d, m = load_f16(row, o), load_f16(row, o + 2)
-            for j in range(min(n16, 16)):
+            for j in range(span(n16, 16)):
                 q = row[idx(o + 4 + j)]
                 dst[idx(e + j)] = d * np.float32(bits(q, 0, 15)) + m
                 dst[idx(e + 16 + j)] = d * np.float32(bits(q, 4, 15)) + m
 
 
-@njit(**KERNEL)
+@njit(**KERNEL_ONCE)
 def decode_q5_0(w, ids, out, n16):
     # d:f16, qh:u32 (bit j is the 5th bit of weight j), qs[16] as Q4_0; d*(q-16)
     for i in range(ids.shape[0]):
@@ -146,13 +156,13 @@ def decode_q5_0(w, ids, out, n16):
             o, e = b * 22, b * 32
             d, qh = load_f16(row, o), load_u32(row, o + 2)
             d16 = d * np.float32(16)
-            for j in range(min(n16, 16)):
+            for j in range(span(n16, 16)):
                 q = row[idx(o + 6 + j)]
                 dst[idx(e + j)] = d * np.float32(join(bits(q, 0, 15), bits(qh, j, 1), 4)) - d16
                 dst[idx(e + 16 + j)] = d * np.float32(join(bits(q, 4, 15), bits(qh, j + 16, 1), 4)) - d16
 
 
-@njit(**KERNEL)
+@njit(**KERNEL_ONCE)
 def decode_q5_1(w, ids, out, n16):
     # d:f16, m:f16, qh:u32, qs[16] as Q5_0; d*q + m
     for i in range(ids.shape[0]):
@@ -160,13 +170,13 @@ def decode_q5_1(w, ids, out, n16):
         for b in range(row.shape[0] // 24):
             o, e = b * 24, b * 32
             d, m, qh = load_f16(row, o), load_f16(row, o + 2), load_u32(row, o + 4)
-            for j in range(min(n16, 16)):
+            for j in range(span(n16, 16)):
                 q = row[idx(o + 8 + j)]
                 dst[idx(e + j)] = d * np.float32(join(bits(q, 0, 15), bits(qh, j, 1), 4)) + m
                 dst[idx(e + 16 + j)] = d * np.float32(join(bits(q, 4, 15), bits(qh, j + 16, 1), 4)) + m
 
 
-@njit(**KERNEL)
+@njit(**KERNEL_ONCE)
 def decode_q8_0(w, ids, out, n16):
     # d:f16, qs[32] int8
     for i in range(ids.shape[0]):
@@ -174,14 +184,14 @@ def decode_q8_0(w, ids, out, n16):
         for b in range(row.shape[0] // 34):
             o, e = b * 34, b * 32
             d = load_f16(row, o)
-            for j in range(2 * n16):
+            for j in range(span(n16, 32)):
                 dst[idx(e + j)] = d * np.float32(np.int8(row[idx(o + 2 + j)]))
 
 
 # --- K-quants: 256-weight super-blocks --------------------------------------
 
 
-@njit(**KERNEL)
+@njit(**KERNEL_ONCE)
 def decode_q2_k(w, ids, out, n16):
     # scales[16] (per 16 weights: scale in the low nibble, min in the high), qs[64], d:f16,
     # dmin:f16; d*sc*q - dmin*m. Weight h*128 + s*32 + l is bits 2s..2s+1 of qs[h*32 + l].
@@ -196,11 +206,11 @@ def decode_q2_k(w, ids, out, n16):
                         sc = row[o + h * 8 + s * 2 + k]
                         dl, ml = d * np.float32(sc & 15), dmin * np.float32(sc >> 4)
                         qo, eo = o + 16 + h * 32 + k * 16, e + h * 128 + s * 32 + k * 16
-                        for l in range(min(n16, 16)):
+                        for l in range(span(n16, 16)):
                             dst[idx(eo + l)] = dl * np.float32(bits(row[idx(qo + l)], 2 * s, 3)) - ml
 
 
-@njit(**KERNEL)
+@njit(**KERNEL_ONCE)
 def decode_q3_k(w, ids, out, n16):
     # hmask[32], qs[64], scales[12] (16 x 6-bit), d:f16; d*sc*q. Weight h*128 + s*32 + l takes
     # its low 2 bits from qs[h*32 + l] as Q2_K, and subtracts 4 unless bit 4h+s of hmask[l] is set.
@@ -216,12 +226,12 @@ def decode_q3_k(w, ids, out, n16):
                         dl4 = dl * np.float32(4)
                         mo, qo = o + k * 16, o + 32 + h * 32 + k * 16
                         eo = e + h * 128 + s * 32 + k * 16
-                        for l in range(min(n16, 16)):
+                        for l in range(span(n16, 16)):
                             q = join(bits(row[idx(qo + l)], 2 * s, 3), bits(row[idx(mo + l)], 4 * h + s, 1), 2)
                             dst[idx(eo + l)] = dl * np.float32(q) - dl4
 
 
-@njit(**KERNEL)
+@njit(**KERNEL_ONCE)
 def decode_q4_k(w, ids, out, n16):
     # d:f16, dmin:f16, scales[12] (8 x 6-bit scale and min), qs[128]: sub-blocks 2c and 2c+1
     # are the low and high nibbles of qs[32c : 32c+32]; d*sc*q - dmin*m
@@ -235,13 +245,13 @@ def decode_q4_k(w, ids, out, n16):
                 sc2, m2 = k_scale_min(row, o + 4, 2 * c + 1)
                 d1, dm1, d2, dm2 = d * sc1, dmin * m1, d * sc2, dmin * m2
                 qo, eo = o + 16 + 32 * c, e + 64 * c
-                for l in range(2 * n16):
+                for l in range(span(n16, 32)):
                     q = row[idx(qo + l)]
                     dst[idx(eo + l)] = d1 * np.float32(bits(q, 0, 15)) - dm1
                     dst[idx(eo + 32 + l)] = d2 * np.float32(bits(q, 4, 15)) - dm2
 
 
-@njit(**KERNEL)
+@njit(**KERNEL_ONCE)
 def decode_q5_k(w, ids, out, n16):
     # Q4_K plus qh[32] before qs: bit j of qh[l] is the 5th bit of weight l of sub-block j
     for i in range(ids.shape[0]):
@@ -254,13 +264,13 @@ def decode_q5_k(w, ids, out, n16):
                 sc2, m2 = k_scale_min(row, o + 4, 2 * c + 1)
                 d1, dm1, d2, dm2 = d * sc1, dmin * m1, d * sc2, dmin * m2
                 qo, eo = o + 48 + 32 * c, e + 64 * c
-                for l in range(2 * n16):
+                for l in range(span(n16, 32)):
                     q, hb = row[idx(qo + l)], row[idx(o + 16 + l)]
                     dst[idx(eo + l)] = d1 * np.float32(join(bits(q, 0, 15), bits(hb, 2 * c, 1), 4)) - dm1
                     dst[idx(eo + 32 + l)] = d2 * np.float32(join(bits(q, 4, 15), bits(hb, 2 * c + 1, 1), 4)) - dm2
 
 
-@njit(**KERNEL)
+@njit(**KERNEL_ONCE)
 def decode_q6_k(w, ids, out, n16):
     # ql[128] low nibbles, qh[64] high 2 bits, scales[16] int8, d:f16; d*sc*(q-32).
     # In half h, weights l, l+32, l+64, l+96 come from ql[64h+l], ql[64h+32+l] (low, then
@@ -277,7 +287,7 @@ def decode_q6_k(w, ids, out, n16):
                     d3, d4 = d * np.float32(np.int8(row[so + 4])), d * np.float32(np.int8(row[so + 6]))
                     lo, ho, eo = o + 64 * h + 16 * k, o + 128 + 32 * h + 16 * k, e + 128 * h + 16 * k
                     c32 = np.float32(32)
-                    for l in range(min(n16, 16)):
+                    for l in range(span(n16, 16)):
                         a, c, hq = row[idx(lo + l)], row[idx(lo + 32 + l)], row[idx(ho + l)]
                         dst[idx(eo + l)] = d1 * (np.float32(join(bits(a, 0, 15), bits(hq, 0, 3), 4)) - c32)
                         dst[idx(eo + 32 + l)] = d2 * (np.float32(join(bits(c, 0, 15), bits(hq, 2, 3), 4)) - c32)
@@ -317,11 +327,3 @@ def decode_rows(qtype, w, ids, out, n16):
         decode_f16(w, ids, out, n16)
     elif qtype == BF16:
         decode_bf16(w, ids, out, n16)
-
-
-@njit(parallel=True, **KERNEL)
-def decode_parallel(qtype, w, ids, out, n16, chunks):
-    n = ids.shape[0]
-    for c in prange(chunks):
-        lo, hi = c * n // chunks, (c + 1) * n // chunks
-        decode_rows(qtype, w, ids[lo:hi], out[lo:hi], n16)

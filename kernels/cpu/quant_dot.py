@@ -19,8 +19,8 @@ from numba import njit, prange
 
 from kernels.cpu.f16 import f16_bits_to_f32
 from kernels.cpu.quant_blocks import (
-    BF16, F16, F32, KERNEL, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
-    bits, idx, join, k_scale_min, load_f16, load_u32, q3_k_scale,
+    BF16, F16, F32, KERNEL, KERNEL_ONCE, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
+    bits, idx, join, k_scale_min, load_f16, load_u32, q3_k_scale, span,
 )
 
 _4, _8, _16, _32 = np.float32(4), np.float32(8), np.float32(16), np.float32(32)
@@ -35,7 +35,7 @@ def _sum32(xs, e):
 # --- float formats ----------------------------------------------------------
 
 
-@njit(**KERNEL)
+@njit(**KERNEL_ONCE)
 def dot_f32(w, x, xs, out, n16):
     for r in range(w.shape[0]):
         row = w[r].view(np.float32)
@@ -45,7 +45,7 @@ def dot_f32(w, x, xs, out, n16):
         out[r] = acc
 
 
-@njit(**KERNEL)
+@njit(**KERNEL_ONCE)
 def dot_f16(w, x, xs, out, n16):
     for r in range(w.shape[0]):
         row = w[r].view(np.uint16)
@@ -55,7 +55,7 @@ def dot_f16(w, x, xs, out, n16):
         out[r] = acc
 
 
-@njit(**KERNEL)
+@njit(**KERNEL_ONCE)
 def dot_bf16(w, x, xs, out, n16):
     for r in range(w.shape[0]):
         row = w[r].view(np.uint16)
@@ -69,7 +69,7 @@ def dot_bf16(w, x, xs, out, n16):
 # --- 32-weight blocks -------------------------------------------------------
 
 
-@njit(**KERNEL)
+@njit(**KERNEL_ONCE)
 def dot_q4_0(w, x, xs, out, n16):
     for r in range(w.shape[0]):
         row = w[r]
@@ -77,14 +77,14 @@ def dot_q4_0(w, x, xs, out, n16):
         for b in range(row.shape[0] // 18):
             o, e = b * 18, b * 32
             s = np.float32(0)
-            for j in range(min(n16, 16)):
+            for j in range(span(n16, 16)):
                 q = row[idx(o + 2 + j)]
                 s += np.float32(bits(q, 0, 15)) * x[idx(e + j)] + np.float32(bits(q, 4, 15)) * x[idx(e + 16 + j)]
             acc += load_f16(row, o) * (s - _8 * _sum32(xs, e))
         out[r] = acc
 
 
-@njit(**KERNEL)
+@njit(**KERNEL_ONCE)
 def dot_q4_1(w, x, xs, out, n16):
     for r in range(w.shape[0]):
         row = w[r]
@@ -92,14 +92,14 @@ def dot_q4_1(w, x, xs, out, n16):
         for b in range(row.shape[0] // 20):
             o, e = b * 20, b * 32
             s = np.float32(0)
-            for j in range(min(n16, 16)):
+            for j in range(span(n16, 16)):
                 q = row[idx(o + 4 + j)]
                 s += np.float32(bits(q, 0, 15)) * x[idx(e + j)] + np.float32(bits(q, 4, 15)) * x[idx(e + 16 + j)]
             acc += load_f16(row, o) * s + load_f16(row, o + 2) * _sum32(xs, e)
         out[r] = acc
 
 
-@njit(**KERNEL)
+@njit(**KERNEL_ONCE)
 def dot_q5_0(w, x, xs, out, n16):
     for r in range(w.shape[0]):
         row = w[r]
@@ -108,7 +108,7 @@ def dot_q5_0(w, x, xs, out, n16):
             o, e = b * 22, b * 32
             qh = load_u32(row, o + 2)
             s = np.float32(0)
-            for j in range(min(n16, 16)):
+            for j in range(span(n16, 16)):
                 q = row[idx(o + 6 + j)]
                 s += np.float32(join(bits(q, 0, 15), bits(qh, j, 1), 4)) * x[idx(e + j)]
                 s += np.float32(join(bits(q, 4, 15), bits(qh, j + 16, 1), 4)) * x[idx(e + 16 + j)]
@@ -116,7 +116,7 @@ def dot_q5_0(w, x, xs, out, n16):
         out[r] = acc
 
 
-@njit(**KERNEL)
+@njit(**KERNEL_ONCE)
 def dot_q5_1(w, x, xs, out, n16):
     for r in range(w.shape[0]):
         row = w[r]
@@ -125,7 +125,7 @@ def dot_q5_1(w, x, xs, out, n16):
             o, e = b * 24, b * 32
             qh = load_u32(row, o + 4)
             s = np.float32(0)
-            for j in range(min(n16, 16)):
+            for j in range(span(n16, 16)):
                 q = row[idx(o + 8 + j)]
                 s += np.float32(join(bits(q, 0, 15), bits(qh, j, 1), 4)) * x[idx(e + j)]
                 s += np.float32(join(bits(q, 4, 15), bits(qh, j + 16, 1), 4)) * x[idx(e + 16 + j)]
@@ -133,7 +133,7 @@ def dot_q5_1(w, x, xs, out, n16):
         out[r] = acc
 
 
-@njit(**KERNEL)
+@njit(**KERNEL_ONCE)
 def dot_q8_0(w, x, xs, out, n16):
     for r in range(w.shape[0]):
         row = w[r]
@@ -141,7 +141,7 @@ def dot_q8_0(w, x, xs, out, n16):
         for b in range(row.shape[0] // 34):
             o, e = b * 34, b * 32
             s = np.float32(0)
-            for j in range(2 * n16):
+            for j in range(span(n16, 32)):
                 s += np.float32(np.int8(row[idx(o + 2 + j)])) * x[idx(e + j)]
             acc += load_f16(row, o) * s
         out[r] = acc
@@ -152,7 +152,7 @@ def dot_q8_0(w, x, xs, out, n16):
 # groups its bit fields belong to, each with its own scale.
 
 
-@njit(**KERNEL)
+@njit(**KERNEL_ONCE)
 def dot_q2_k(w, x, xs, out, n16):
     for r in range(w.shape[0]):
         row = w[r]
@@ -164,7 +164,7 @@ def dot_q2_k(w, x, xs, out, n16):
                 for k in range(2):
                     qo, eo = o + 16 + h * 32 + k * 16, e + h * 128 + k * 16
                     t0 = t1 = t2 = t3 = np.float32(0)
-                    for l in range(min(n16, 16)):
+                    for l in range(span(n16, 16)):
                         q = row[idx(qo + l)]
                         t0 += np.float32(bits(q, 0, 3)) * x[idx(eo + l)]
                         t1 += np.float32(bits(q, 2, 3)) * x[idx(eo + 32 + l)]
@@ -186,7 +186,7 @@ def dot_q2_k(w, x, xs, out, n16):
         out[r] = acc
 
 
-@njit(**KERNEL)
+@njit(**KERNEL_ONCE)
 def dot_q3_k(w, x, xs, out, n16):
     for r in range(w.shape[0]):
         row = w[r]
@@ -198,7 +198,7 @@ def dot_q3_k(w, x, xs, out, n16):
                 for k in range(2):
                     mo, qo, eo = o + k * 16, o + 32 + h * 32 + k * 16, e + h * 128 + k * 16
                     t0 = t1 = t2 = t3 = np.float32(0)
-                    for l in range(min(n16, 16)):
+                    for l in range(span(n16, 16)):
                         # the weight + 4: low bits from qs, bit 2 from the mask
                         q, m = row[idx(qo + l)], row[idx(mo + l)]
                         t0 += np.float32(join(bits(q, 0, 3), bits(m, 4 * h, 1), 2)) * x[idx(eo + l)]
@@ -215,7 +215,7 @@ def dot_q3_k(w, x, xs, out, n16):
         out[r] = acc
 
 
-@njit(**KERNEL)
+@njit(**KERNEL_ONCE)
 def dot_q4_k(w, x, xs, out, n16):
     for r in range(w.shape[0]):
         row = w[r]
@@ -226,7 +226,7 @@ def dot_q4_k(w, x, xs, out, n16):
             for c in range(4):
                 qo, eo = o + 16 + 32 * c, e + 64 * c
                 lo = hi = np.float32(0)
-                for l in range(2 * n16):
+                for l in range(span(n16, 32)):
                     q = row[idx(qo + l)]
                     lo += np.float32(bits(q, 0, 15)) * x[idx(eo + l)]
                     hi += np.float32(bits(q, 4, 15)) * x[idx(eo + 32 + l)]
@@ -236,7 +236,7 @@ def dot_q4_k(w, x, xs, out, n16):
         out[r] = acc
 
 
-@njit(**KERNEL)
+@njit(**KERNEL_ONCE)
 def dot_q5_k(w, x, xs, out, n16):
     for r in range(w.shape[0]):
         row = w[r]
@@ -247,7 +247,7 @@ def dot_q5_k(w, x, xs, out, n16):
             for c in range(4):
                 qo, eo = o + 48 + 32 * c, e + 64 * c
                 lo = hi = np.float32(0)
-                for l in range(2 * n16):
+                for l in range(span(n16, 32)):
                     q, hb = row[idx(qo + l)], row[idx(o + 16 + l)]
                     lo += np.float32(join(bits(q, 0, 15), bits(hb, 2 * c, 1), 4)) * x[idx(eo + l)]
                     hi += np.float32(join(bits(q, 4, 15), bits(hb, 2 * c + 1, 1), 4)) * x[idx(eo + 32 + l)]
@@ -257,7 +257,7 @@ def dot_q5_k(w, x, xs, out, n16):
         out[r] = acc
 
 
-@njit(**KERNEL)
+@njit(**KERNEL_ONCE)
 def dot_q6_k(w, x, xs, out, n16):
     for r in range(w.shape[0]):
         row = w[r]
@@ -269,7 +269,7 @@ def dot_q6_k(w, x, xs, out, n16):
                 for k in range(2):
                     lo, ho, eo = o + 64 * h + 16 * k, o + 128 + 32 * h + 16 * k, e + 128 * h + 16 * k
                     t0 = t1 = t2 = t3 = np.float32(0)
-                    for l in range(min(n16, 16)):
+                    for l in range(span(n16, 16)):
                         a, c, hq = row[idx(lo + l)], row[idx(lo + 32 + l)], row[idx(ho + l)]
                         t0 += np.float32(join(bits(a, 0, 15), bits(hq, 0, 3), 4)) * x[idx(eo + l)]
                         t1 += np.float32(join(bits(c, 0, 15), bits(hq, 2, 3), 4)) * x[idx(eo + 32 + l)]
@@ -327,19 +327,6 @@ def _sums16(x):
     for c in range(xs.shape[0] * 16):
         xs[c >> 4] += x[c]
     return xs
-
-
-@njit(parallel=True, **KERNEL)
-def matvec_parallel(qtype, ws, starts, x, out, n16, chunks):
-    """dot_rows over the weights stacked in ws (weight i owns out[starts[i]:starts[i+1]]),
-    split into `chunks` equal row ranges across all of them."""
-    total = starts[-1]
-    for c in prange(chunks):
-        lo, hi = c * total // chunks, (c + 1) * total // chunks
-        for i in range(len(ws)):
-            a, b = max(lo, starts[i]), min(hi, starts[i + 1])
-            if a < b:
-                dot_rows(qtype, ws[i][a - starts[i] : b - starts[i]], x, out[a:b], n16)
 
 
 @njit(parallel=True, **KERNEL)
