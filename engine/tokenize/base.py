@@ -26,7 +26,7 @@ class Tokenizer(ABC):
     def __init__(self, vocab: Vocab):
         self.vocab = vocab
         self._matchers: dict[bool, SpecialMatcher] = {True: SpecialMatcher(vocab.specials(parse_special=True))}
-        self._words = _WordCache(self._encode_word)
+        self._words: dict[str, tuple[int, ...]] = {}
         self._pieces: dict[int, bytes] = {}
 
     # -- identity -------------------------------------------------------------------------------------
@@ -67,17 +67,18 @@ class Tokenizer(ABC):
         Lone surrogates, which UTF-8 cannot carry, are encoded as U+FFFD.
         """
         text = _utf8_safe(text)
-        ids: list[int] = []
-        if add_special and self.vocab.add_bos:
-            ids.append(_required(self.vocab.bos_id, "BOS"))
+        segments: list[int | list[str]] = []  # special-token ids and the words of plain fragments
         after_special = True
         for fragment in self._matcher(parse_special).partition(text):
             if isinstance(fragment, int):
-                ids.append(fragment)
+                segments.append(fragment)
                 after_special = True
             else:
-                ids.extend(self._encode_text(fragment, after_special))
+                segments.append(self._split_words(fragment, after_special))
                 after_special = False
+        ids = self._ids(segments)
+        if add_special and self.vocab.add_bos:
+            ids.insert(0, _required(self.vocab.bos_id, "BOS"))
         if add_special and self.vocab.add_eos:
             ids.append(_required(self.vocab.eos_id, "EOS"))
         return ids
@@ -85,7 +86,26 @@ class Tokenizer(ABC):
     def encode_plain(self, text: str) -> list[int]:
         """Token ids for `text` with no special-token matching and no BOS/EOS: for callers that insert
         control tokens themselves and must never have them injected by user text."""
-        return self._encode_text(_utf8_safe(text), True) if text else []
+        return self._ids([self._split_words(_utf8_safe(text), True)]) if text else []
+
+    def _ids(self, segments: list[int | list[str]]) -> list[int]:
+        """Ids of special tokens and words in order; words not cached yet are encoded in one batch."""
+        cache = self._words
+        words = [seg for seg in segments if not isinstance(seg, int)]
+        missing = set().union(*words).difference(cache)
+        if missing:
+            if len(cache) + len(missing) > _CACHE_LIMIT:  # start over rather than grow without bound
+                cache.clear()
+                missing = set().union(*words)
+            missing = list(missing)
+            cache.update(zip(missing, self._encode_new_words(missing)))
+        ids: list[int] = []
+        for seg in segments:
+            if isinstance(seg, int):
+                ids.append(seg)
+            else:
+                ids.extend(chain.from_iterable(map(cache.__getitem__, seg)))
+        return ids
 
     def clear_cache(self) -> None:
         """Forget the cached word encodings (they are rebuilt on demand)."""
@@ -97,15 +117,13 @@ class Tokenizer(ABC):
         return self._matchers[parse_special]
 
     @abstractmethod
-    def _encode_text(self, text: str, after_special: bool) -> list[int]:
-        """Ids for one plain fragment; `after_special` is true at the start and after a special token."""
-
-    def _encode_words(self, words: Iterable[str]) -> list[int]:
-        return list(chain.from_iterable(map(self._words.__getitem__, words)))
+    def _split_words(self, text: str, after_special: bool) -> list[str]:
+        """One plain fragment cut into independently encodable words (the unit of caching);
+        `after_special` is true at the start of the text and after a special token."""
 
     @abstractmethod
-    def _encode_word(self, word: str) -> tuple[int, ...]:
-        """Ids for one independently mergeable piece of a fragment (the unit of caching)."""
+    def _encode_new_words(self, words: list[str]) -> list[tuple[int, ...]]:
+        """The ids of each word."""
 
     # -- decoding -------------------------------------------------------------------------------------
     def token_bytes(self, token: int) -> bytes:
@@ -147,20 +165,6 @@ class Tokenizer(ABC):
     @abstractmethod
     def _normal_bytes(self, text: str) -> bytes:
         """The bytes a NORMAL token's vocabulary text stands for."""
-
-
-class _WordCache(dict):
-    """word -> ids, computing misses; starts over when full so huge inputs cannot grow it unbounded."""
-
-    def __init__(self, encode_word):
-        super().__init__()
-        self._encode_word = encode_word
-
-    def __missing__(self, word: str) -> tuple[int, ...]:
-        if len(self) >= _CACHE_LIMIT:
-            self.clear()
-        ids = self[word] = self._encode_word(word)
-        return ids
 
 
 def _utf8_safe(text: str) -> str:

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
 from engine.errors import TokenizerError
 from engine.tokenize.base import Tokenizer
-from engine.tokenize.merge import merge
+from engine.tokenize.merge import SpanTable, encode_words
 from engine.tokenize.pretokenize import pretokenizer_for
 from engine.tokenize.vocab import Vocab, read_vocab
 
@@ -39,11 +41,20 @@ class BPETokenizer(Tokenizer):
         super().__init__(vocab)
         self.pretokenizer, self.pre_mismatch = pretokenizer_for(pre)
         self._ignore_merges = pre in _IGNORE_MERGES
-        self._ranks: dict[tuple[str, str], int] = {}
+        texts, splits, ranks = [], [], []
         for rank, rule in enumerate(merges):
             cut = rule.find(" ", 1)  # llama.cpp: the first space after the first character
-            pair = (rule[:cut], rule[cut + 1:]) if cut > 0 else ("", "")
-            self._ranks.setdefault(pair, rank)
+            if cut > 0:
+                texts.append(rule[:cut] + rule[cut + 1:])
+                splits.append(cut)
+                ranks.append(rank)
+        self._merges = SpanTable(texts, splits)
+        self._ranks = np.array(ranks, dtype=np.float64)
+        self._tokens = SpanTable(vocab.tokens)
+        # llama.cpp's fallback for a merge result missing from the vocabulary: each UTF-8 byte of the
+        # spelled symbol as a one-byte token, dropped when there is none
+        single = [bytes([b]).decode("utf-8", "surrogateescape") for b in range(256)]
+        self._byte_ids = np.array([vocab.ids.get(c, -1) for c in single], dtype=np.int64)
 
     @classmethod
     def from_metadata(cls, metadata: dict) -> BPETokenizer:
@@ -55,24 +66,16 @@ class BPETokenizer(Tokenizer):
         vocab = read_vocab(metadata, bos=None if pre in _GLM else 11, eos=11, unk=None, add_bos=pre in _LLAMA3)
         return cls(vocab, merges, pre)
 
-    def _encode_text(self, text: str, after_special: bool) -> list[int]:
-        return self._encode_words(self.pretokenizer.split(text))
+    def _split_words(self, text: str, after_special: bool) -> list[str]:
+        return self.pretokenizer.split(text)
 
-    def _encode_word(self, word: str) -> tuple[int, ...]:
-        spelled = word.encode("utf-8").decode("latin-1").translate(_TO_ALPHABET)
+    def _encode_new_words(self, words: list[str]) -> list[tuple[int, ...]]:
+        spelled = [w.encode("utf-8").decode("latin-1").translate(_TO_ALPHABET) for w in words]
         token_ids = self.vocab.ids
-        if self._ignore_merges and spelled in token_ids:
-            return (token_ids[spelled],)
-        ids = []
-        for symbol in merge(list(spelled), self._ranks, by_text=False):
-            token = token_ids.get(symbol)
-            if token is not None:
-                ids.append(token)
-            else:
-                # llama.cpp's fallback for a merge result missing from the vocabulary: look up each
-                # UTF-8 byte of the spelled symbol as a one-byte token, dropping those that are not
-                ids.extend(token_ids[c] for c in _single_bytes(symbol) if c in token_ids)
-        return tuple(ids)
+        # with ignore_merges a word that is a token stays whole
+        todo = [s for s in spelled if not (self._ignore_merges and s in token_ids)]
+        merged = dict(zip(todo, encode_words(todo, self._merges, self._ranks, self._tokens, self._byte_ids)))
+        return [merged[s] if s in merged else (token_ids[s],) for s in spelled]
 
     def _normal_bytes(self, text: str) -> bytes:
         # a character outside the byte alphabet (a malformed vocabulary) stands for its own UTF-8
@@ -80,7 +83,3 @@ class BPETokenizer(Tokenizer):
             bytes([_FROM_ALPHABET[c]]) if c in _FROM_ALPHABET else c.encode("utf-8", "surrogateescape")
             for c in text
         )
-
-
-def _single_bytes(symbol: str) -> list[str]:
-    return [bytes([b]).decode("utf-8", "surrogateescape") for b in symbol.encode("utf-8")]

@@ -14,7 +14,7 @@ import numpy as np
 
 from engine.errors import TokenizerError
 from engine.tokenize.base import Tokenizer
-from engine.tokenize.merge import merge
+from engine.tokenize.merge import SpanTable, encode_words
 from engine.tokenize.vocab import Vocab, read_vocab
 
 SPACE = "\u2581"  # "▁"
@@ -26,12 +26,12 @@ class SPMTokenizer(Tokenizer):
         scores = np.asarray(scores, dtype=np.float32)
         if len(scores) < len(vocab):
             raise TokenizerError(f"tokenizer.ggml.scores has {len(scores)} entries for {len(vocab)} tokens")
-        # merged text -> priority (highest score merges first); reversed so duplicates keep the lowest id
-        negated = (-scores[: len(vocab)].astype(np.float64)).tolist()
-        self._priority = dict(zip(reversed(vocab.tokens), reversed(negated)))
+        # a pair merges when it spells a token; the highest score goes first
+        self._tokens = SpanTable(vocab.tokens)
+        self._priorities = -scores[: len(vocab)].astype(np.float64)
         self._add_space_prefix = add_space_prefix
         self._strips_space_prefix = add_space_prefix
-        self._byte_ids = [self._byte_token(b) for b in range(256)]
+        self._byte_ids = np.array([self._byte_token(b) for b in range(256)], dtype=np.int64)
         self._word_starts = _word_boundary(vocab.tokens)
 
     @classmethod
@@ -43,28 +43,21 @@ class SPMTokenizer(Tokenizer):
         vocab = read_vocab(metadata, bos=1, eos=2, unk=0, add_bos=True)
         return cls(vocab, scores, add_space_prefix=bool(metadata.get("tokenizer.ggml.add_space_prefix", True)))
 
-    def _byte_token(self, byte: int) -> int | None:
+    def _byte_token(self, byte: int) -> int:
+        """llama.cpp's byte fallback: <0xXX>, else the byte as a one-character token (else unknown)."""
         ids = self.vocab.ids
         for text in (f"<0x{byte:02X}>", bytes([byte]).decode("utf-8", "surrogateescape")):
             if text in ids:
                 return ids[text]
-        return self.vocab.unk_id
+        return -1 if self.vocab.unk_id is None else self.vocab.unk_id
 
-    def _encode_text(self, text: str, after_special: bool) -> list[int]:
+    def _split_words(self, text: str, after_special: bool) -> list[str]:
         if self._add_space_prefix and after_special:
             text = " " + text
-        return self._encode_words(filter(None, self._word_starts.split(text.replace(" ", SPACE))))
+        return [w for w in self._word_starts.split(text.replace(" ", SPACE)) if w]
 
-    def _encode_word(self, word: str) -> tuple[int, ...]:
-        token_ids = self.vocab.ids
-        ids = []
-        for symbol in merge(list(word), self._priority, by_text=True):
-            token = token_ids.get(symbol)
-            if token is not None:
-                ids.append(token)
-            else:
-                ids.extend(self._byte_ids[b] for b in symbol.encode("utf-8") if self._byte_ids[b] is not None)
-        return tuple(ids)
+    def _encode_new_words(self, words: list[str]) -> list[tuple[int, ...]]:
+        return encode_words(words, self._tokens, self._priorities, self._tokens, self._byte_ids)
 
     def _normal_bytes(self, text: str) -> bytes:
         return text.replace(SPACE, " ").encode("utf-8", "surrogateescape")
