@@ -8,7 +8,9 @@ n=512 input rows) GFLOP/s next to NumPy's own f32 sgemm on the same shape.
     python3 -m benchmarks.bench_quant_kernels [--formats Q4_K,Q8_0] [--shapes 896x896] [--threads 2]
 
 Timings are the best of several runs (other processes on the machine only ever
-slow a run down). Weights are random blocks with sane f16 scales (from
+slow a run down). On a machine shared with other busy processes, set
+OMP_WAIT_POLICY=passive: OpenMP's default spin-waiting then stalls threaded
+calls for milliseconds. Weights are random blocks with sane f16 scales (from
 tests/quant_weights.py). K-quant rows hold whole 256-weight super-blocks, so
 for them 896 columns become 1024.
 """
@@ -72,9 +74,9 @@ def main() -> None:
             out = np.empty(rows, np.float32)
             t_mv = best_time(lambda: quant.matvec(qtype, w, x, out), args.repeat)
             t_mm = best_time(lambda: quant.matmul(qtype, w, X), 3, budget_s=3.0)
-            print(f"{name:6} {f'{rows}x{cols}':>11} {w.nbytes / 1e6:7.1f} | {t_mv * 1e6:9.0f} {w.nbytes / t_mv / 1e9:6.1f}"
-                  f" {flops_mv / t_mv / 1e9:7.1f} | {t_mm * 1e3:9.1f} {flops_mm / t_mm / 1e9:7.1f}"
-                  f" {sgemm_cache[rows, cols]:6.0f}", flush=True)
+            print(f"{name:6} {f'{rows}x{cols}':>11} {w.nbytes / 1e6:7.1f} |"
+                  f" {t_mv * 1e6:9.0f} {w.nbytes / t_mv / 1e9:6.1f} {flops_mv / t_mv / 1e9:7.1f} |"
+                  f" {t_mm * 1e3:9.1f} {flops_mm / t_mm / 1e9:7.1f} {sgemm_cache[rows, cols]:6.0f}", flush=True)
             del w
 
 

@@ -12,6 +12,9 @@ dequantizes row tiles of a few MB and hands them to OpenBLAS sgemm.
 
 from __future__ import annotations
 
+import functools
+from itertools import accumulate
+
 import numba
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -62,10 +65,13 @@ def _type_name(qtype: int) -> str:
         return f"unknown type id {qtype}"
 
 
+@functools.cache
 def _block_geometry(qtype: int) -> tuple[int, int]:
     """(weights, bytes) per block, or UnsupportedQuantType."""
     if not (has_native_kernel(qtype) or generic.supports(qtype)):
-        raise UnsupportedQuantType(f"GGML type {_type_name(qtype)} has no CPU kernel and gguf.quants cannot dequantize it")
+        raise UnsupportedQuantType(
+            f"GGML type {_type_name(qtype)} has no CPU kernel and gguf.quants cannot dequantize it"
+        )
     return GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
 
 
@@ -81,15 +87,16 @@ def _readonly(a: np.ndarray) -> np.ndarray:
 def _weight(qtype: int, w: np.ndarray) -> tuple[np.ndarray, int]:
     """Checked weight (read-only view) and its column count."""
     block_elems, block_bytes = _block_geometry(qtype)
-    name = _type_name(qtype)
     if not isinstance(w, np.ndarray) or w.dtype != np.uint8 or w.ndim != 2:
         shape, dtype = getattr(w, "shape", None), getattr(w, "dtype", type(w).__name__)
-        raise ValueError(f"a {name} weight must be a uint8 [rows, row_bytes] array, got {dtype} with shape {shape}")
+        raise ValueError(
+            f"a {_type_name(qtype)} weight must be a uint8 [rows, row_bytes] array, got {dtype} with shape {shape}"
+        )
     if not w.flags.c_contiguous:
-        raise ValueError(f"a {name} weight must be C-contiguous (shape {w.shape}, strides {w.strides})")
+        raise ValueError(f"a {_type_name(qtype)} weight must be C-contiguous (shape {w.shape}, strides {w.strides})")
     if w.shape[1] % block_bytes:
         raise ValueError(
-            f"a {name} weight of shape {w.shape} has rows of {w.shape[1]} bytes, "
+            f"a {_type_name(qtype)} weight of shape {w.shape} has rows of {w.shape[1]} bytes, "
             f"not a whole number of {block_bytes}-byte blocks"
         )
     return _readonly(w), w.shape[1] // block_bytes * block_elems
@@ -145,10 +152,10 @@ def matvec_group(qtype: int, ws: tuple[np.ndarray, ...], x: np.ndarray) -> list[
             )
     ws = tuple(w for w, _ in checked)
     x = _inputs(x, 1, cols, ws[0], qtype)
-    starts = np.cumsum([0] + [w.shape[0] for w in ws])
+    starts = _row_starts(ws)
     out = np.empty(starts[-1], np.float32)
     _matvec_into(qtype, ws, x, out)
-    return [out[a:b] for a, b in zip(starts[:-1], starts[1:])]
+    return [out[a:b] for a, b in zip(starts, starts[1:])]
 
 
 def matmul(qtype: int, w: np.ndarray, X: np.ndarray) -> np.ndarray:
@@ -186,23 +193,23 @@ def dequantize(qtype: int, w: np.ndarray, row_start: int = 0, row_stop: int | No
 # --- paths ----------------------------------------------------------------------
 
 
+def _row_starts(ws: tuple[np.ndarray, ...]) -> list[int]:
+    """Where each weight's rows start in the stacked output, plus the total."""
+    return list(accumulate((w.shape[0] for w in ws), initial=0))
+
+
 def _matvec_into(qtype: int, ws: tuple[np.ndarray, ...], x: np.ndarray, out: np.ndarray) -> None:
+    """out = the stacked matvecs of ws (out[starts[i]:starts[i+1]] for weight i)."""
+    starts = _row_starts(ws)
     if not has_native_kernel(qtype):
-        row0 = 0
-        for w in ws:
+        for w, row0 in zip(ws, starts):
             for r0, r1, tile in _dequantized_tiles(qtype, w, x.shape[0]):
                 np.matmul(tile, x, out=out[row0 + r0 : row0 + r1])
-            row0 += w.shape[0]
-        return
-    chunks = _chunks_for(sum(w.nbytes for w in ws))
-    if chunks > 1:
-        starts = np.cumsum([0] + [w.shape[0] for w in ws])
-        dot.matvec_parallel(qtype, ws, starts, x, out, blocks.N16, chunks)
-        return
-    row0 = 0
-    for w in ws:
-        dot.dot_rows(qtype, w, x, out[row0 : row0 + w.shape[0]], blocks.N16)
-        row0 += w.shape[0]
+    elif (chunks := _chunks_for(sum(w.nbytes for w in ws))) > 1:
+        dot.matvec_parallel(qtype, ws, np.array(starts), x, out, blocks.N16, chunks)
+    else:
+        for w, row0 in zip(ws, starts):
+            dot.dot_rows(qtype, w, x, out[row0 : row0 + w.shape[0]], blocks.N16)
 
 
 def _decode(qtype: int, w: np.ndarray, ids: np.ndarray, cols: int) -> np.ndarray:
@@ -217,7 +224,7 @@ def _decode(qtype: int, w: np.ndarray, ids: np.ndarray, cols: int) -> np.ndarray
 def _dequantized_tiles(qtype: int, w: np.ndarray, cols: int):
     """Yield (r0, r1, float32 rows r0..r1) in tiles of about _TILE_BYTES, reusing one buffer."""
     rows = w.shape[0]
-    tile_rows = max(1, min(rows, _TILE_BYTES // (4 * cols)))
+    tile_rows = max(1, min(rows, _TILE_BYTES // max(1, 4 * cols)))
     buf = np.empty((tile_rows, cols), np.float32) if has_native_kernel(qtype) else None
     for r0 in range(0, rows, tile_rows):
         r1 = min(rows, r0 + tile_rows)

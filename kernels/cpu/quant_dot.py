@@ -23,6 +23,7 @@ from kernels.cpu.quant_blocks import (
     bits, idx, join, k_scale_min, load_f16, load_u32, q3_k_scale, span,
 )
 
+# float32 constants: an int literal would turn the float32 block arithmetic into float64
 _4, _8, _16, _32 = np.float32(4), np.float32(8), np.float32(16), np.float32(32)
 
 
