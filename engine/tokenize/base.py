@@ -4,6 +4,7 @@ policy, a per-word cache, and decoding through per-token bytes."""
 from __future__ import annotations
 
 import re
+import threading
 from abc import ABC, abstractmethod
 from itertools import chain
 from typing import Iterable
@@ -27,6 +28,7 @@ class Tokenizer(ABC):
         self.vocab = vocab
         self._matchers: dict[bool, SpecialMatcher] = {True: SpecialMatcher(vocab.specials(parse_special=True))}
         self._words: dict[str, tuple[int, ...]] = {}
+        self._words_lock = threading.Lock()  # the GUI and the generation worker may encode at once
         self._pieces: dict[int, bytes] = {}
 
     # -- identity -------------------------------------------------------------------------------------
@@ -92,24 +94,26 @@ class Tokenizer(ABC):
         """Ids of special tokens and words in order; words not cached yet are encoded in one batch."""
         cache = self._words
         words = [seg for seg in segments if not isinstance(seg, int)]
-        missing = set().union(*words).difference(cache)
-        if missing:
-            if len(cache) + len(missing) > _CACHE_LIMIT:  # start over rather than grow without bound
-                cache.clear()
-                missing = set().union(*words)
-            missing = list(missing)
-            cache.update(zip(missing, self._encode_new_words(missing)))
         ids: list[int] = []
-        for seg in segments:
-            if isinstance(seg, int):
-                ids.append(seg)
-            else:
-                ids.extend(chain.from_iterable(map(cache.__getitem__, seg)))
+        with self._words_lock:
+            missing = set().union(*words).difference(cache)
+            if missing:
+                if len(cache) + len(missing) > _CACHE_LIMIT:  # start over rather than grow without bound
+                    cache.clear()
+                    missing = set().union(*words)
+                missing = list(missing)
+                cache.update(zip(missing, self._encode_new_words(missing)))
+            for seg in segments:
+                if isinstance(seg, int):
+                    ids.append(seg)
+                else:
+                    ids.extend(chain.from_iterable(map(cache.__getitem__, seg)))
         return ids
 
     def clear_cache(self) -> None:
         """Forget the cached word encodings (they are rebuilt on demand)."""
-        self._words.clear()
+        with self._words_lock:
+            self._words.clear()
 
     def _matcher(self, parse_special: bool) -> SpecialMatcher:
         if parse_special not in self._matchers:

@@ -98,3 +98,15 @@ def test_metadata_defaults_follow_llama_cpp():
     md["tokenizer.ggml.bos_token_id"] = np.uint32(3)
     tok = load_tokenizer(md)
     assert (tok.bos_id, tok.add_bos) == (3, False)
+
+
+def test_word_cache_starts_over_when_full(monkeypatch):
+    from engine.tokenize import base
+
+    monkeypatch.setattr(base, "_CACHE_LIMIT", 4)
+    tok = tiny_bpe(list(BYTE_CHARS), [])
+    first, second = "ab cd", "ef gh ij kl"
+    assert tok.decode(tok.encode(first)) == first
+    assert tok.decode(tok.encode(second)) == second  # overflows: the cache is rebuilt for this text
+    assert set(tok._words) == {"ef", " gh", " ij", " kl"}
+    assert tok.decode(tok.encode(first)) == first
