@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import sys
 
-import numpy as np
-
 from app.cli_models import ProgressBar
 from engine import generate
 from engine.catalog import resolve_model
 from engine.errors import FucinaError
 from engine.models import load_model
 from engine.runtime import configure_threads
+from engine.tokenize import StreamDecoder, load_tokenizer
 
 
 def parse_ids(text: str) -> list[int]:
@@ -42,9 +41,22 @@ def open_model(args):
     return load_model(resolve_model_path(args.model))
 
 
+def prompt_tokens(args, model, tokenizer) -> list[int]:
+    """The prompt as ids: given directly, or the text encoded with the model's own tokenizer."""
+    if args.prompt is not None:
+        ids = tokenizer.encode(args.prompt)
+        if not ids:
+            raise FucinaError("the prompt is empty")
+        return ids
+    return parse_ids(args.ids)
+
+
 def run_eval(args) -> int:
-    ids = parse_ids(args.ids)
     model = open_model(args)
+    tokenizer = load_tokenizer(model.file.metadata)
+    ids = prompt_tokens(args, model, tokenizer)
+    if args.top < 1:
+        raise FucinaError("--top must be at least 1")
     rows = []
     for logits in generate.teacher_forced(model, ids, args.kv):
         top_ids, top_vals = generate.top_k(logits, args.top)
@@ -56,42 +68,47 @@ def run_eval(args) -> int:
     else:
         for pos, (tok, row) in enumerate(zip(ids, rows)):
             pairs = " ".join(f"{i}:{v:.3f}" for i, v in zip(row["top_ids"], row["top_logits"]))
-            print(f"{pos:5d} {tok:7d} -> {pairs}")
+            print(f"{pos:5d} {tok:7d} {tokenizer.token_bytes(tok)!r:>14} -> {pairs}")
     return 0
 
 
 def run_generate(args) -> int:
-    prompt = parse_ids(args.prompt_ids)
     model = open_model(args)
-    stops = [] if args.no_stop else _eos_ids(model)
+    tokenizer = load_tokenizer(model.file.metadata)
+    prompt = prompt_tokens(args, model, tokenizer)
+    stops = () if args.no_stop else tokenizer.eog_ids
+    stream = StreamDecoder(tokenizer)
     out = []
     for tok in generate.greedy(model, prompt, args.max_tokens, stops, args.kv):
+        if tok in stops:
+            break
         out.append(tok)
         if not args.json:
-            print(tok, end=" ", flush=True)
+            print(stream.push(tok), end="", flush=True)
     if args.json:
-        json.dump({"prompt_ids": prompt, "ids": out}, sys.stdout)
+        json.dump({"prompt_ids": prompt, "ids": out, "text": tokenizer.decode(out)}, sys.stdout)
+    else:
+        print(stream.flush(), end="")
     print()
     return 0
-
-
-def _eos_ids(model) -> list[int]:
-    eos = model.file.metadata.get("tokenizer.ggml.eos_token_id")
-    return [int(eos)] if isinstance(eos, (int, np.integer)) else []
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("eval", help="teacher-forced top-k logits at every position")
     add_model_options(p)
-    p.add_argument("--ids", required=True, help="comma-separated token ids")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--ids", help="comma-separated token ids")
+    source.add_argument("--prompt", help="text, encoded with the model's tokenizer")
     p.add_argument("--top", type=int, default=10, help="how many logits per position (default 10)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run_eval)
 
     p = subparsers.add_parser("generate", help="greedy continuation of a prompt")
     add_model_options(p)
-    p.add_argument("--prompt-ids", required=True, help="comma-separated prompt token ids")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt-ids", dest="ids", help="comma-separated prompt token ids")
+    source.add_argument("--prompt", help="prompt text, encoded with the model's tokenizer")
     p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--no-stop", action="store_true", help="do not stop at the end-of-sequence token")
+    p.add_argument("--no-stop", action="store_true", help="do not stop at an end-of-generation token")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run_generate)
