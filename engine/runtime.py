@@ -6,6 +6,8 @@ import os
 
 import numba
 
+from kernels.cpu import quant
+
 from engine.errors import FucinaError
 
 
@@ -22,5 +24,5 @@ def configure_threads(n: int | None = None) -> int:
     n = cores if n is None else n
     if not 1 <= n <= cores:
         raise FucinaError(f"thread count must be between 1 and {cores}, got {n}")
-    numba.set_num_threads(n)
+    quant.set_num_threads(n)  # numba's thread count is per calling thread; quant remembers it for all
     return n

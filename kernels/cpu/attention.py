@@ -94,6 +94,8 @@ def attention_prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos0: int, 
         masked = rel < 0
         if window > 0:
             masked |= rel >= window
+        # an additive mask (0 or -inf) is far cheaper than boolean indexing of the scores
+        bias = np.where(masked, np.float32(-np.inf), np.float32(0.0))[:, None, :]
         for kvh in range(kv_heads):
             kt = k[lo:hi, kvh, :]
             vt = v[lo:hi, kvh, :]
@@ -102,7 +104,7 @@ def attention_prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos0: int, 
             qg = q[c0:c1, heads, :].reshape(-1, d)
             s = (qg @ kt.T).reshape(c1 - c0, group, hi - lo)
             s *= np.float32(scale)
-            s[np.broadcast_to(masked[:, None, :], s.shape)] = -np.inf
+            s += bias
             s -= s.max(axis=2, keepdims=True)
             np.exp(s, out=s)
             s /= s.sum(axis=2, keepdims=True)
