@@ -55,3 +55,35 @@ class DownloadCancelled(ModelDownloadError):
 
 class TokenizerError(FucinaError):
     """Tokenizer metadata that is missing, malformed or of a kind the engine does not implement."""
+
+
+class InvalidSamplerConfig(FucinaError):
+    """A sampler setting outside its range (temperature, top-k, top-p, min-p, penalties)."""
+
+
+class AllTokensMasked(FucinaError):
+    """No token is left to sample: a logit processor masked every one (or the logits are all NaN)."""
+
+
+class ChatTemplateError(FucinaError):
+    """A chat that the template cannot render, or a model's own Jinja template that fails or runs away."""
+
+
+class EmptyMessages(ChatTemplateError):
+    """Rendering an empty message list."""
+
+
+class TrailingAssistantMessage(ChatTemplateError):
+    """A history that ends with an assistant message: rendering would open a second assistant turn."""
+
+
+class SystemMidConversation(ChatTemplateError):
+    """A system message after the conversation started, in a format with a single system slot (Gemma)."""
+
+
+class ContextFull(FucinaError):
+    """The conversation no longer fits the KV cache (its context size)."""
+
+
+class InvalidPrefix(FucinaError):
+    """A preloaded KV prefix declared on a conversation that is not fresh or whose cache disagrees."""
