@@ -1,0 +1,384 @@
+"""Multi-turn chat over one KV cache (spec 13.8.2).
+
+A Conversation keeps a model's KV cache across turns: each turn prefills only tokens the cache does not
+hold yet, then decodes token by token (sample -> stop check -> stream -> forward). Replies stream as a
+generator of text pieces; a `threading.Event` cancels between tokens.
+
+State: `history` is every committed token after the preloaded prefix. The cache holds
+positions [0, prefix_rows) for the prefix and the first `cache.len - prefix_rows` history tokens; history
+may run one token ahead (a turn that ended on its token budget never forwarded its last token), and the
+next prefill feeds it first. Any error leaves that invariant intact, so a conversation stays resendable.
+The stop token that ends a reply is never committed: the next turn's render closes the turn itself.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+
+from engine.chat.jinja_template import JinjaTemplate
+from engine.chat.model_template import template_for_model
+from engine.chat.templates import Message, Template
+from engine.errors import ContextFull, InvalidPrefix
+from engine.kv.cache import KvCache, KvDtype
+from engine.models.transformer import Transformer
+from engine.sampling import LogitProcessor, Sampler, SamplerConfig
+from engine.tokenize import StreamDecoder, Tokenizer, load_tokenizer
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    system: str | None = None
+    capacity: int = 4096                 # KV positions; the whole conversation must fit
+    kv_dtype: KvDtype | str = KvDtype.F16
+    max_tokens: int = 1024               # per reply
+    think_off: bool = False              # render with the reasoning channel closed (ChatML, Gemma 4)
+    sampler: SamplerConfig = SamplerConfig()
+    extra_stop_ids: tuple[int, ...] = ()
+    stop_sequences: tuple[str, ...] = ()  # a reply stops before the token that completes one
+    processor: LogitProcessor | None = None  # re-armed (reset) at every turn start
+
+    def __post_init__(self):
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if any(not s for s in self.stop_sequences):
+            raise ValueError("stop sequences must not be empty")
+
+
+@dataclass
+class TurnStats:
+    prompt_tokens: int = 0     # the context the reply is conditioned on (after the prefix): reused + prefilled
+    reused_tokens: int = 0     # already in the KV cache, not prefilled again
+    prefilled_tokens: int = 0
+    generated_tokens: int = 0  # committed reply tokens (a stop token is not one)
+    prefill_ms: float = 0.0
+    ttft_ms: float = 0.0       # turn start to the first sampled token
+    decode_tps: float = 0.0    # sampled tokens per second after the first
+
+
+@dataclass
+class TurnResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # stop | stop_sequence | length | context | cancelled | error
+    fired_stop: int | None = None  # index into stop_sequences when one ended the reply
+    stats: TurnStats = field(default_factory=TurnStats)
+    error: BaseException | None = None
+
+
+@dataclass
+class WarmState:
+    """A KV cache and the tokens behind its positions [prefix_rows, cache.len), to resume a conversation."""
+    cache: KvCache
+    tokens: Sequence[int]
+    prefix_rows: int = 0
+
+
+@dataclass
+class _Request:
+    ids: list[int]
+    reuse: bool             # reconcile with the cache by longest common prefix (ids are a full render)
+    user: str | None = None  # the user message, when the turn came from send()
+
+
+class Conversation:
+    """One chat's KV cache, token history and sampler. Single-threaded mutable state."""
+
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, template: Template | JinjaTemplate,
+                 options: ChatOptions | None = None, *, warm: WarmState | None = None):
+        self.model, self.tokenizer, self.template = model, tokenizer, template
+        self.options = options or ChatOptions()
+        self.system = self.options.system
+        self.sampler = Sampler(self.options.sampler, self.options.processor)
+        self.messages: list[Message] = []  # the chat as send() saw it
+        self.last_turn: TurnResult | None = None
+        if warm is None:
+            self.cache, self.prefix_rows, self._history = model.new_cache(
+                self.options.capacity, self.options.kv_dtype), 0, []
+        else:
+            if not 0 <= warm.prefix_rows <= warm.cache.len:
+                raise InvalidPrefix(f"warm prefix of {warm.prefix_rows} rows, but the cache holds {warm.cache.len}")
+            self.cache, self.prefix_rows = warm.cache, warm.prefix_rows
+            self._history = list(warm.tokens[: warm.cache.len - warm.prefix_rows])
+            self.cache.truncate(self.prefix_rows + len(self._history))
+        marker = template.stop_marker and tokenizer.token_id(template.stop_marker)
+        stop = marker if marker is not None else tokenizer.eos_id
+        self._stop_ids = frozenset(tokenizer.eog_ids) | set(self.options.extra_stop_ids)
+        if stop is not None:
+            self._stop_ids |= {stop}
+        self._stop_sequences = [s.encode("utf-8") for s in self.options.stop_sequences]
+        self._decoder = StreamDecoder(tokenizer)
+
+    @classmethod
+    def for_model(cls, model: Transformer, options: ChatOptions | None = None, *,
+                  tokenizer: Tokenizer | None = None, warm: WarmState | None = None) -> "Conversation":
+        """A conversation with the model's own tokenizer and chat template (engine.chat.model_template)."""
+        tokenizer = tokenizer or load_tokenizer(model.file.metadata)
+        return cls(model, tokenizer, template_for_model(model.file.metadata, tokenizer), options, warm=warm)
+
+    # -- state ----------------------------------------------------------------------------------------
+    @property
+    def history(self) -> list[int]:
+        return list(self._history)
+
+    def reset(self) -> None:
+        """Forget the chat (the preloaded prefix stays)."""
+        self._live_cache().truncate(self.prefix_rows)
+        self._history, self.messages = [], []
+
+    def declare_prefix(self, rows: int) -> None:
+        """Declare cache positions [0, rows) a preloaded prefix with no tokens behind them (a cartridge):
+        once, on a fresh conversation whose cache holds exactly those rows. No reuse rewinds into it."""
+        cache = self._live_cache()
+        if self.prefix_rows or self._history or rows <= 0 or cache.len != rows:
+            raise InvalidPrefix(f"a prefix must be declared once, before any turn, over exactly the rows the "
+                                f"cache holds ({cache.len}); got {rows}")
+        self.prefix_rows = rows
+
+    def take_cache(self) -> WarmState:
+        """Release the cache and the tokens behind it (for another Conversation's `warm`); this
+        conversation cannot send afterwards."""
+        cache = self._live_cache()
+        state = WarmState(cache, self._history[: cache.len - self.prefix_rows], self.prefix_rows)
+        self.cache = None
+        return state
+
+    def _live_cache(self) -> KvCache:
+        if self.cache is None:
+            raise RuntimeError("this conversation's KV cache was taken (take_cache)")
+        return self.cache
+
+    # -- turns ----------------------------------------------------------------------------------------
+    def send(self, user: str, cancel: threading.Event | None = None) -> Iterator[str]:
+        """Stream the reply to one user message. Built-in formats render just the new turn; a model's own
+        Jinja template renders the whole chat and reuses the cached common prefix."""
+        return self._stream(self._user_request(user), cancel)
+
+    def send_rendered(self, rendered: str, cancel: threading.Event | None = None, *,
+                      reuse: bool = False) -> Iterator[str]:
+        """Stream the reply to caller-rendered template text (e.g. Template.render_messages). With `reuse`,
+        `rendered` is a full-history render: the cache keeps its longest common token prefix with it and
+        only the rest is prefilled (last_turn.stats.reused_tokens says how much was kept)."""
+        add_special = self.prefix_rows == 0 and (reuse or not self._history)
+        return self.send_tokens(self.tokenizer.encode(rendered, add_special=add_special), cancel, reuse=reuse)
+
+    def send_tokens(self, ids: Sequence[int], cancel: threading.Event | None = None, *,
+                    reuse: bool = False) -> Iterator[str]:
+        """send_rendered over pre-encoded ids."""
+        if not len(ids):
+            raise ValueError("the prompt is empty")
+        return self._stream(_Request([int(t) for t in ids], reuse), cancel)
+
+    def _user_request(self, user: str) -> _Request:
+        if isinstance(self.template, Template):
+            first = not self._history
+            text = self.template.render_turn(user, system=self.system, first=first,
+                                             think_off=self.options.think_off)
+            ids = self.tokenizer.encode(text, add_special=first and self.prefix_rows == 0)
+            return _Request(ids, reuse=False, user=user)
+        system = [Message("system", self.system)] if self.system is not None else []
+        text = self.template.render_messages([*system, *self.messages, Message("user", user)],
+                                             think_off=self.options.think_off)
+        return _Request(self.tokenizer.encode(text, add_special=self.prefix_rows == 0), reuse=True, user=user)
+
+    def _stream(self, request: _Request, cancel: threading.Event | None) -> Iterator[str]:
+        turn = _Turn(self, request, cancel)
+        logits = turn.prefill()
+        try:
+            while True:
+                text = turn.accept(logits)
+                if text:
+                    yield text
+                if turn.done:
+                    return
+                logits = self.model.forward([turn.next_token], self.cache)
+        except BaseException as e:  # the consumer closed the stream (GeneratorExit), Ctrl-C, a failing step
+            if not turn.done:
+                turn.end("cancelled" if isinstance(e, (GeneratorExit, KeyboardInterrupt)) else "error", e)
+            raise
+
+    def _prefill(self, request: _Request) -> tuple[np.ndarray, int, int]:
+        """Reconcile the cache with the request and feed what it lacks: (last logits, reused, fed)."""
+        cache = self._live_cache()
+        cached = cache.len - self.prefix_rows
+        if request.reuse:  # logits are not cached state: at least the last prompt token is fed again
+            keep = min(_common_prefix_len(request.ids, self._history[:cached]), len(request.ids) - 1)
+            history = request.ids
+        else:
+            keep, history = cached, self._history + request.ids
+        need = self.prefix_rows + len(history)
+        if need > cache.capacity:
+            raise ContextFull(f"context full: the conversation needs {need} positions but its context holds "
+                              f"{cache.capacity}; start over (reset) or use a larger context")
+        cache.truncate(self.prefix_rows + keep)
+        feed = history[keep:]
+        logits = self.model.forward(feed, cache)
+        self._history = list(history)
+        return logits, keep, len(feed)
+
+    def _stop_sequence_completed(self, reply: bytes, piece: bytes) -> int | None:
+        """The first stop sequence that the reply completes with `piece`, if any."""
+        for i, seq in enumerate(self._stop_sequences):
+            if seq in reply[max(0, len(reply) - len(seq) + 1):] + piece:
+                return i
+        return None
+
+
+class _Turn:
+    """One reply in progress: sampling, stop checks, streaming and statistics for one conversation."""
+
+    def __init__(self, convo: Conversation, request: _Request, cancel: threading.Event | None):
+        self.convo, self.request, self.cancel = convo, request, cancel
+        self.ids: list[int] = []
+        self.reply = b""
+        self.parts: list[str] = []
+        self.done = False
+        self.stats = TurnStats()
+        self._start = time.perf_counter()
+        self._sampled = 0
+        self._first_at = self._last_at = 0.0
+
+    @property
+    def next_token(self) -> int:
+        return self.ids[-1]
+
+    def prefill(self) -> np.ndarray:
+        c = self.convo
+        if c.sampler.processor is not None:
+            c.sampler.processor.reset()
+        c._decoder.reset()
+        logits, reused, fed = c._prefill(self.request)
+        self.stats.prefill_ms = (time.perf_counter() - self._start) * 1e3
+        self.stats.reused_tokens, self.stats.prefilled_tokens = reused, fed
+        self.stats.prompt_tokens = reused + fed
+        return logits
+
+    def accept(self, logits: np.ndarray) -> str:
+        """Sample the next token; return the text it completes (possibly ""), plus the decoder's tail when
+        the turn ends here."""
+        c = self.convo
+        if self.cancel is not None and self.cancel.is_set():
+            return self.end("cancelled")
+        token = c.sampler.sample(logits, c._history)
+        self._count_sample()
+        if token in c._stop_ids:
+            return self.end("stop")
+        piece = c.tokenizer.token_bytes(token)
+        fired = c._stop_sequence_completed(self.reply, piece)
+        if fired is not None:
+            return self.end("stop_sequence", fired=fired)
+        c._history.append(token)
+        self.ids.append(token)
+        self.reply += piece
+        text = c._decoder.push(token)
+        self.parts.append(text)
+        if len(self.ids) >= c.options.max_tokens:
+            return text + self.end("length")
+        if c.cache.len >= c.cache.capacity:  # no room to forward the token just committed
+            return text + self.end("context")
+        return text
+
+    def end(self, reason: str, error: BaseException | None = None, fired: int | None = None) -> str:
+        c = self.convo
+        tail = c._decoder.flush()
+        self.parts.append(tail)
+        self.done = True
+        s = self.stats
+        s.generated_tokens = len(self.ids)
+        if self._sampled > 1:
+            s.decode_tps = (self._sampled - 1) / max(self._last_at - self._first_at, 1e-9)
+        text = "".join(self.parts)
+        c.last_turn = TurnResult(text, self.ids, reason, fired, s, error)
+        if self.request.user is not None:
+            c.messages += [Message("user", self.request.user), Message("assistant", text)]
+        return tail
+
+    def _count_sample(self) -> None:
+        now = time.perf_counter()
+        if not self._sampled:
+            self._first_at = now
+            self.stats.ttft_ms = (now - self._start) * 1e3
+        self._last_at = now
+        self._sampled += 1
+
+
+def send_batch(conversations: Sequence[Conversation], users: Sequence[str], *,
+               sinks: Sequence[Callable[[str], None]] | None = None,
+               cancel: threading.Event | None = None) -> list[TurnResult]:
+    """One user message on each of several conversations of one model, decoded in lockstep: each step
+    forwards one token per live stream in a single weight pass (model.decode_batch). Per stream it behaves
+    as send(); `sinks[i]` receives stream i's text pieces. A stream that fails (its render, context, sampler
+    or sink) ends with its error recorded while the others go on; only a failing batched forward ends all."""
+    return _lockstep(conversations, [c._user_request for c in conversations], users, sinks, cancel)
+
+
+def send_batch_rendered(conversations: Sequence[Conversation], rendered: Sequence[str], *,
+                        sinks: Sequence[Callable[[str], None]] | None = None,
+                        cancel: threading.Event | None = None) -> list[TurnResult]:
+    """send_batch over full-history renders, each reconciled with its conversation's cache (reuse)."""
+    def request(c: Conversation) -> Callable[[str], _Request]:
+        return lambda text: _Request(c.tokenizer.encode(text, add_special=c.prefix_rows == 0), reuse=True)
+
+    return _lockstep(conversations, [request(c) for c in conversations], rendered, sinks, cancel)
+
+
+def _lockstep(convos: Sequence[Conversation], make_requests: Sequence[Callable], prompts: Sequence,
+              sinks: Sequence[Callable[[str], None]] | None, cancel: threading.Event | None) -> list[TurnResult]:
+    _check_batch(convos, prompts, sinks)
+    turns: list[_Turn | None] = [None] * len(convos)
+    failed: dict[int, TurnResult] = {}
+
+    def advance(i: int, logits: np.ndarray) -> None:
+        try:
+            text = turns[i].accept(logits)
+            if text and sinks is not None:
+                sinks[i](text)
+        except Exception as e:  # isolated: a sampler or sink failure ends only this stream
+            if not turns[i].done:
+                turns[i].end("error", e)
+
+    for i, (convo, make_request, prompt) in enumerate(zip(convos, make_requests, prompts)):
+        try:  # turn prefills run per stream
+            turn = _Turn(convo, make_request(prompt), cancel)
+            logits = turn.prefill()
+        except Exception as e:  # isolated: this stream never started
+            failed[i] = TurnResult("", [], "error", error=e)
+            continue
+        turns[i] = turn
+        advance(i, logits)
+    live = [i for i, t in enumerate(turns) if t is not None and not t.done]
+    while live:
+        try:
+            rows = convos[0].model.decode_batch([turns[i].next_token for i in live],
+                                                [convos[i].cache for i in live])
+        except BaseException as e:  # shared compute: every live stream ends with it
+            for i in live:
+                turns[i].end("error", e)
+            raise
+        for i, row in zip(live, rows):
+            advance(i, row)
+        live = [i for i in live if not turns[i].done]
+    return [failed[i] if t is None else convos[i].last_turn for i, t in enumerate(turns)]
+
+
+def _check_batch(convos: Sequence[Conversation], prompts: Sequence, sinks) -> None:
+    if not convos:
+        raise ValueError("a batch needs at least one conversation")
+    if len(prompts) != len(convos) or (sinks is not None and len(sinks) != len(convos)):
+        raise ValueError("a batch needs one prompt (and one sink, when given) per conversation")
+    if len({id(c) for c in convos}) != len(convos):
+        raise ValueError("a conversation appears twice in the batch")
+    if any(c.model is not convos[0].model for c in convos):
+        raise ValueError("every conversation in a batch must use the same model")
+
+
+def _common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    if not n:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if diff.size else n
