@@ -6,11 +6,14 @@ import json
 import sys
 
 from app.cli_models import ProgressBar
+from app.cli_sampling import add_sampler_options, sampler_config
 from engine import generate
-from engine.catalog import resolve_model
+from engine.catalog import default_model_name, resolve_model
+from engine.chat import Message, template_for_model
 from engine.errors import FucinaError
 from engine.models import load_model
 from engine.runtime import configure_threads
+from engine.sampling import Sampler
 from engine.tokenize import StreamDecoder, load_tokenizer
 
 
@@ -24,8 +27,12 @@ def parse_ids(text: str) -> list[int]:
     return ids
 
 
-def add_model_options(p) -> None:
-    p.add_argument("model", help="a starter model name or a path to a .gguf file")
+def add_model_options(p, optional: bool = False) -> None:
+    if optional:
+        p.add_argument("model", nargs="?", default=None,
+                       help="a starter model name or a path to a .gguf file (default: the default starter model)")
+    else:
+        p.add_argument("model", help="a starter model name or a path to a .gguf file")
     p.add_argument("--threads", type=int, default=None, help="kernel threads (default: $FUCINA_THREADS or all cores)")
     p.add_argument("--kv", choices=["f16", "q8_0"], default="f16", help="KV cache type")
 
@@ -38,11 +45,17 @@ def resolve_model_path(name: str):
 
 def open_model(args):
     configure_threads(args.threads)
-    return load_model(resolve_model_path(args.model))
+    return load_model(resolve_model_path(args.model or default_model_name()))
 
 
 def prompt_tokens(args, model, tokenizer) -> list[int]:
-    """The prompt as ids: given directly, or the text encoded with the model's own tokenizer."""
+    """The prompt as ids: given directly, or the text encoded with the model's own tokenizer (rendered as
+    a one-turn chat with the model's chat template first, with --chat)."""
+    if getattr(args, "chat", False):
+        if args.prompt is None:
+            raise FucinaError("--chat needs the prompt as text (--prompt)")
+        return tokenizer.encode(template_for_model(model.file.metadata, tokenizer).render_messages(
+            [Message("user", args.prompt)]))
     if args.prompt is not None:
         ids = tokenizer.encode(args.prompt)
         if not ids:
@@ -79,7 +92,7 @@ def run_generate(args) -> int:
     stops = () if args.no_stop else tokenizer.eog_ids
     stream = StreamDecoder(tokenizer)
     out = []
-    for tok in generate.greedy(model, prompt, args.max_tokens, stops, args.kv):
+    for tok in generate.sample(model, prompt, args.max_tokens, Sampler(sampler_config(args)), stops, args.kv):
         if tok in stops:
             break
         out.append(tok)
@@ -103,12 +116,14 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run_eval)
 
-    p = subparsers.add_parser("generate", help="greedy continuation of a prompt")
+    p = subparsers.add_parser("generate", help="continuation of a prompt (greedy unless sampling is asked for)")
     add_model_options(p)
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt-ids", dest="ids", help="comma-separated prompt token ids")
     source.add_argument("--prompt", help="prompt text, encoded with the model's tokenizer")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--no-stop", action="store_true", help="do not stop at an end-of-generation token")
+    p.add_argument("--chat", action="store_true", help="render the prompt as a one-turn chat with the model's template")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_sampler_options(p)
     p.set_defaults(func=run_generate)

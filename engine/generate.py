@@ -1,4 +1,4 @@
-"""Model-level loops over token ids: teacher-forced scoring and greedy generation."""
+"""Model-level loops over token ids: teacher-forced scoring, greedy and sampled generation."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import numpy as np
 
 from engine.kv.cache import KvDtype
 from engine.models.transformer import Transformer
+from engine.sampling import Sampler
 
 
 def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -30,12 +31,21 @@ def teacher_forced(model: Transformer, ids: Sequence[int], kv: KvDtype | str = K
 def greedy(model: Transformer, prompt: Sequence[int], max_tokens: int, stop_ids: Iterable[int] = (),
            kv: KvDtype | str = KvDtype.F16, capacity: int | None = None) -> Iterator[int]:
     """Yield greedily decoded ids (argmax, no sampling); a stop id ends generation and is yielded."""
+    return sample(model, prompt, max_tokens, Sampler(), stop_ids, kv, capacity)
+
+
+def sample(model: Transformer, prompt: Sequence[int], max_tokens: int, sampler: Sampler,
+           stop_ids: Iterable[int] = (), kv: KvDtype | str = KvDtype.F16,
+           capacity: int | None = None) -> Iterator[int]:
+    """Yield the ids `sampler` chooses after the prompt; a stop id ends generation and is yielded."""
     stops = set(stop_ids)
     cache = model.new_cache(capacity or len(prompt) + max_tokens, kv)
+    history = list(prompt)
     logits = model.forward(prompt, cache)
     for _ in range(max_tokens):
-        tok = int(np.argmax(logits))
+        tok = sampler.sample(logits, history)
         yield tok
         if tok in stops or cache.len >= cache.capacity:
             return
+        history.append(tok)
         logits = model.forward([tok], cache)
