@@ -374,6 +374,9 @@ def _check_batch(convos: Sequence[Conversation], prompts: Sequence, sinks) -> No
         raise ValueError("a conversation appears twice in the batch")
     if any(c.model is not convos[0].model for c in convos):
         raise ValueError("every conversation in a batch must use the same model")
+    processors = [id(c.sampler.processor) for c in convos if c.sampler.processor is not None]
+    if len(set(processors)) != len(processors):
+        raise ValueError("conversations in a batch need their own logit processor (it holds one stream's state)")
 
 
 def _common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:

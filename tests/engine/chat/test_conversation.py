@@ -292,6 +292,8 @@ def test_a_failing_batched_forward_ends_every_stream(tiny_chat, monkeypatch):
 
 def test_batch_arguments_are_checked(tiny_chat):
     c = chat(tiny_chat)
-    for convos, users in (([], []), ([c], ["a", "b"]), ([c, c], ["a", "b"])):
+    shared = MaskAll()
+    twins = [chat(tiny_chat, processor=shared), chat(tiny_chat, processor=shared)]
+    for convos, users in (([], []), ([c], ["a", "b"]), ([c, c], ["a", "b"]), (twins, ["a", "b"])):
         with pytest.raises(ValueError):
             send_batch(convos, users)
