@@ -97,19 +97,17 @@ class Conversation:
         self.messages: list[Message] = []  # the chat as send() saw it
         self.last_turn: TurnResult | None = None
         if warm is None:
-            self.cache, self.prefix_rows, self._history = model.new_cache(
-                self.options.capacity, self.options.kv_dtype), 0, []
-        else:
-            if not 0 <= warm.prefix_rows <= warm.cache.len:
-                raise InvalidPrefix(f"warm prefix of {warm.prefix_rows} rows, but the cache holds {warm.cache.len}")
-            self.cache, self.prefix_rows = warm.cache, warm.prefix_rows
-            self._history = list(warm.tokens[: warm.cache.len - warm.prefix_rows])
-            self.cache.truncate(self.prefix_rows + len(self._history))
+            warm = WarmState(model.new_cache(self.options.capacity, self.options.kv_dtype), [])
+        if not 0 <= warm.prefix_rows <= warm.cache.len:
+            raise InvalidPrefix(f"warm prefix of {warm.prefix_rows} rows, but the cache holds {warm.cache.len}")
+        # the adopted capacity governs; the tokens describe the cache and clamp it
+        self.cache, self.prefix_rows = warm.cache, warm.prefix_rows
+        self._history = list(warm.tokens[: warm.cache.len - warm.prefix_rows])
+        self.cache.truncate(self.prefix_rows + len(self._history))
+        # the template's stop marker (else EOS), every end-of-generation token, and the caller's extras
         marker = template.stop_marker and tokenizer.token_id(template.stop_marker)
-        stop = marker if marker is not None else tokenizer.eos_id
-        self._stop_ids = frozenset(tokenizer.eog_ids) | set(self.options.extra_stop_ids)
-        if stop is not None:
-            self._stop_ids |= {stop}
+        stop = {marker if marker is not None else tokenizer.eos_id} - {None}
+        self._stop_ids = frozenset(tokenizer.eog_ids) | stop | set(self.options.extra_stop_ids)
         self._stop_sequences = [s.encode("utf-8") for s in self.options.stop_sequences]
         self._decoder = StreamDecoder(tokenizer)
 
