@@ -126,7 +126,7 @@ class Sampler:
             weights = np.exp((row - top) * scale)  # masked -inf entries become 0
             ids = None
             if cfg.top_p < 1.0:
-                ids = nucleus_ids(row, weights, cfg.top_p * weights.sum(dtype=np.float64))
+                ids = nucleus_ids(row, weights, cfg.top_p * float(weights.sum()))  # pairwise f32 sum
                 weights = weights[ids]
         if cfg.min_p > 0.0:  # the best token's weight is exactly exp(0) = 1
             keep = np.flatnonzero(weights >= cfg.min_p)
