@@ -159,6 +159,11 @@ class Block:
         return x + f
 
 
+# Prompts are fed in slices of at most this many tokens, so activations stay bounded
+# (a 4k-token prompt would otherwise hold several [4096, n_ff] f32 buffers at once).
+UBATCH = 512
+
+
 class Transformer:
     """The model interface used by chat, speculation and cartridges."""
 
@@ -197,10 +202,7 @@ class Transformer:
             self._check_cache(cache)
             if len(toks) == 0:
                 raise ValueError("empty token span")
-            if cache.len + len(toks) > cache.capacity:
-                raise KvCacheOverflow(
-                    f"context full: {cache.len} + {len(toks)} tokens exceed the context of {cache.capacity}"
-                )
+            self._check_room(len(toks), cache)
             segments.append((r, r + len(toks), cache))
             r += len(toks)
         ids = np.fromiter((t for toks in token_spans for t in toks), dtype=np.int64, count=r)
@@ -220,11 +222,23 @@ class Transformer:
 
     def forward(self, tokens: Sequence[int], cache: KvCache) -> np.ndarray:
         """Feed tokens at position cache.len; return the last row's logits [vocab]."""
-        return self._run([tokens], [cache], all_rows=False)[0]
+        self._check_room(len(tokens), cache)
+        for start in range(0, len(tokens) - UBATCH, UBATCH):
+            self._run([tokens[start : start + UBATCH]], [cache], all_rows=False)
+        last = (max(len(tokens) - 1, 0) // UBATCH) * UBATCH
+        return self._run([tokens[last:]], [cache], all_rows=False)[0]
 
     def forward_all(self, tokens: Sequence[int], cache: KvCache) -> np.ndarray:
         """Feed tokens at position cache.len; return logits for every row [n, vocab]."""
-        return self._run([tokens], [cache], all_rows=True)
+        self._check_room(len(tokens), cache)
+        return np.concatenate([self._run([tokens[s : s + UBATCH]], [cache], all_rows=True)
+                               for s in range(0, max(len(tokens), 1), UBATCH)])
+
+    @staticmethod
+    def _check_room(n: int, cache: KvCache) -> None:
+        # checked up front so a long prompt fails before any of it is written
+        if cache.len + n > cache.capacity:
+            raise KvCacheOverflow(f"context full: {cache.len} + {n} tokens exceed the context of {cache.capacity}")
 
     def decode_batch(self, tokens: Sequence[int], caches: Sequence[KvCache]) -> np.ndarray:
         """One decode step for several conversations, one weight pass: logits [len(caches), vocab]."""

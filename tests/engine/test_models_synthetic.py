@@ -16,9 +16,10 @@ TOKENS = [3, 17, 99, 5, 64, 1, 2, 120, 33, 8, 77, 45, 12, 6, 90, 100, 4, 18]  # 
 @pytest.fixture(scope="module", params=FAMILIES)
 def model(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param) / "m.gguf"
-    # gemma3 with 6 layers: layers 0-4 sliding, layer 5 global
+    # gemma3 with 6 layers: layers 0-4 sliding, layer 5 global. F16 weights: decode and prefill then
+    # differ only by float rounding (block-quantized matvecs quantize activations, see below).
     write_tiny_model(path, request.param, n_layers=6 if request.param == "gemma3" else 2,
-                     head_dim=32, tied=request.param != "qwen2")
+                     head_dim=32, tied=request.param != "qwen2", qtype=T.F16)
     return load_model(path)
 
 
@@ -28,6 +29,19 @@ def test_incremental_decode_equals_full_prefill(model):
     rows = [model.forward(TOKENS[:5], cache)]
     rows += [model.forward([t], cache) for t in TOKENS[5:]]
     np.testing.assert_allclose(np.stack(rows), full[4:], rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q8_0])
+def test_quantized_decode_stays_close_to_prefill(tmp_path, qtype):
+    """Decode matvecs multiply int8-quantized activations (as llama.cpp), prefill multiplies floats."""
+    path = tmp_path / "m.gguf"
+    write_tiny_model(path, "llama", qtype=qtype)
+    model = load_model(path)
+    full = model.forward_all(TOKENS, model.new_cache(32))
+    cache = model.new_cache(32)
+    rows = np.stack([model.forward(TOKENS[:5], cache)] + [model.forward([t], cache) for t in TOKENS[5:]])
+    assert np.abs(rows - full[4:]).mean() < 0.01 * np.abs(full).mean()
+    assert (rows.argmax(axis=1) == full[4:].argmax(axis=1)).mean() > 0.9
 
 
 def test_chunked_prefill_equals_one_shot(model):
@@ -96,3 +110,14 @@ def test_every_quantizable_format_runs_a_model(tmp_path, qtype):
     write_tiny_model(path, "llama", qtype=qtype)
     logits = load_model(path).forward_all(TOKENS[:4], load_model(path).new_cache(8))
     assert np.isfinite(logits).all()
+
+
+def test_long_prompts_are_fed_in_ubatches(model, monkeypatch):
+    from engine.models import transformer
+    full = model.forward_all(TOKENS, model.new_cache(32))
+    last = model.forward(TOKENS, model.new_cache(32))
+    monkeypatch.setattr(transformer, "UBATCH", 5)
+    np.testing.assert_allclose(model.forward_all(TOKENS, model.new_cache(32)), full, rtol=1e-3, atol=1e-3)
+    cache = model.new_cache(32)
+    np.testing.assert_allclose(model.forward(TOKENS, cache), last, rtol=1e-3, atol=1e-3)
+    assert cache.len == len(TOKENS)
