@@ -6,6 +6,11 @@ import numpy as np
 from gguf import quants
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
+from kernels.cpu import int8_dot
+
+# Matvecs of these formats multiply x quantized to int8 blocks of 32 (as llama.cpp does).
+INT8_INPUTS = {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K}
+
 # Byte offsets of the f16 scale fields in one block, for formats built from random bytes
 # (every bit pattern of the quants is then exercised, and the scales stay finite).
 SCALE_FIELDS = {
@@ -31,3 +36,10 @@ def random_weight(qtype: T, rows: int, cols: int, rng: np.random.Generator) -> n
     if qtype == T.F16:
         return values.astype(np.float16).view(np.uint8)
     return quants.quantize(values, qtype)  # BF16, TQ1_0, TQ2_0, MXFP4, ...
+
+
+def matvec_input(qtype: int, X: np.ndarray) -> np.ndarray:
+    """The rows of X [n, cols] as the matvec kernels of qtype see them."""
+    if qtype not in INT8_INPUTS:
+        return X
+    return np.stack([xq * np.repeat(xd, 32) for xq, xd, _ in map(int8_dot.quantize, X)]).astype(np.float32)

@@ -1,23 +1,30 @@
 """Fused block-reading dot products: out[r] = sum_c W[r, c] * x[c] for every row of w.
 
-`dot_<format>(w, x, xs, out, n16)` writes nothing but `out`: each block's quants
-are widened to float and multiplied with x in registers, and the block sum is
-scaled once. Offsets (Q4_0's -8, the mins, Q6_K's -32, ...) are folded in through
-`xs`, the sums of x over each run of 16 elements, so the inner loops stay plain
-multiply-adds. Layouts and the vectorization idioms (`n16`, `idx`, `bits`,
-`join`) are described in quant_blocks.
+`dot_<format>(w, x, act, out, n16)` writes nothing but `out`; `act` is what
+`activations(x)` derives from the input once per matvec. Q4_0/Q4_1/Q5_0/Q5_1/
+Q8_0/Q4_K/Q6_K multiply their quants with x quantized to int8 blocks of 32 (as
+llama.cpp does), one integer dot per block (int8_dot); the other formats widen
+each block's quants to float and multiply with x in registers. Either way the
+block sum is scaled once and offsets (Q4_0's -8, the mins, Q6_K's -32, ...) are
+folded in through block sums of x, so the inner loops stay plain multiply-adds.
+Layouts and the vectorization idioms (`n16`, `idx`, `bits`, `join`) are
+described in quant_blocks.
 
 `dot_rows` dispatches on the GGML type id and `matvec_parallel` splits the rows
 of one or several weights over threads. Entry points live next to the kernels
 they inline because Numba's on-disk cache only notices edits to the file that
-defines a function (after editing quant_blocks' helpers or f16.py, delete the
-`__pycache__/*.nb*` files).
+defines a function (after editing quant_blocks' helpers, int8_dot or f16.py,
+delete the `__pycache__/*.nb*` files).
 """
 
 import numpy as np
 from numba import njit, prange
 
+from kernels.cpu import int8_dot
 from kernels.cpu.f16 import f16_bits_to_f32
+from kernels.cpu.int8_dot import (
+    dot_nibbles32, dot_q6_k32, row_dot_q4_0, row_dot_q4_1, row_dot_q5_0, row_dot_q5_1, row_dot_q8_0,
+)
 from kernels.cpu.quant_blocks import (
     BF16, F16, F32, KERNEL, KERNEL_ONCE, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
     bits, idx, join, k_scale_min, load_f16, load_u32, q3_k_scale, span,
@@ -37,7 +44,7 @@ def _sum32(xs, e):
 
 
 @njit(**KERNEL_ONCE)
-def dot_f32(w, x, xs, out, n16):
+def dot_f32(w, x, act, out, n16):
     for r in range(w.shape[0]):
         row = w[r].view(np.float32)
         acc = np.float32(0)
@@ -47,7 +54,7 @@ def dot_f32(w, x, xs, out, n16):
 
 
 @njit(**KERNEL_ONCE)
-def dot_f16(w, x, xs, out, n16):
+def dot_f16(w, x, act, out, n16):
     for r in range(w.shape[0]):
         row = w[r].view(np.uint16)
         acc = np.float32(0)
@@ -57,7 +64,7 @@ def dot_f16(w, x, xs, out, n16):
 
 
 @njit(**KERNEL_ONCE)
-def dot_bf16(w, x, xs, out, n16):
+def dot_bf16(w, x, act, out, n16):
     for r in range(w.shape[0]):
         row = w[r].view(np.uint16)
         acc = np.float32(0)
@@ -71,81 +78,38 @@ def dot_bf16(w, x, xs, out, n16):
 
 
 @njit(**KERNEL_ONCE)
-def dot_q4_0(w, x, xs, out, n16):
+def dot_q4_0(w, x, act, out, n16):
+    _, xq, xd, xsum = act
     for r in range(w.shape[0]):
-        row = w[r]
-        acc = np.float32(0)
-        for b in range(row.shape[0] // 18):
-            o, e = b * 18, b * 32
-            s = np.float32(0)
-            for j in range(span(n16, 16)):
-                q = row[idx(o + 2 + j)]
-                s += np.float32(bits(q, 0, 15)) * x[idx(e + j)] + np.float32(bits(q, 4, 15)) * x[idx(e + 16 + j)]
-            acc += load_f16(row, o) * (s - _8 * _sum32(xs, e))
-        out[r] = acc
+        out[r] = row_dot_q4_0(w[r], xq, xd, xsum)
 
 
 @njit(**KERNEL_ONCE)
-def dot_q4_1(w, x, xs, out, n16):
+def dot_q4_1(w, x, act, out, n16):
+    _, xq, xd, xsum = act
     for r in range(w.shape[0]):
-        row = w[r]
-        acc = np.float32(0)
-        for b in range(row.shape[0] // 20):
-            o, e = b * 20, b * 32
-            s = np.float32(0)
-            for j in range(span(n16, 16)):
-                q = row[idx(o + 4 + j)]
-                s += np.float32(bits(q, 0, 15)) * x[idx(e + j)] + np.float32(bits(q, 4, 15)) * x[idx(e + 16 + j)]
-            acc += load_f16(row, o) * s + load_f16(row, o + 2) * _sum32(xs, e)
-        out[r] = acc
+        out[r] = row_dot_q4_1(w[r], xq, xd, xsum)
 
 
 @njit(**KERNEL_ONCE)
-def dot_q5_0(w, x, xs, out, n16):
+def dot_q5_0(w, x, act, out, n16):
+    _, xq, xd, xsum = act
     for r in range(w.shape[0]):
-        row = w[r]
-        acc = np.float32(0)
-        for b in range(row.shape[0] // 22):
-            o, e = b * 22, b * 32
-            qh = load_u32(row, o + 2)
-            s = np.float32(0)
-            for j in range(span(n16, 16)):
-                q = row[idx(o + 6 + j)]
-                s += np.float32(join(bits(q, 0, 15), bits(qh, j, 1), 4)) * x[idx(e + j)]
-                s += np.float32(join(bits(q, 4, 15), bits(qh, j + 16, 1), 4)) * x[idx(e + 16 + j)]
-            acc += load_f16(row, o) * (s - _16 * _sum32(xs, e))
-        out[r] = acc
+        out[r] = row_dot_q5_0(w[r], xq, xd, xsum)
 
 
 @njit(**KERNEL_ONCE)
-def dot_q5_1(w, x, xs, out, n16):
+def dot_q5_1(w, x, act, out, n16):
+    _, xq, xd, xsum = act
     for r in range(w.shape[0]):
-        row = w[r]
-        acc = np.float32(0)
-        for b in range(row.shape[0] // 24):
-            o, e = b * 24, b * 32
-            qh = load_u32(row, o + 4)
-            s = np.float32(0)
-            for j in range(span(n16, 16)):
-                q = row[idx(o + 8 + j)]
-                s += np.float32(join(bits(q, 0, 15), bits(qh, j, 1), 4)) * x[idx(e + j)]
-                s += np.float32(join(bits(q, 4, 15), bits(qh, j + 16, 1), 4)) * x[idx(e + 16 + j)]
-            acc += load_f16(row, o) * s + load_f16(row, o + 2) * _sum32(xs, e)
-        out[r] = acc
+        out[r] = row_dot_q5_1(w[r], xq, xd, xsum)
 
 
 @njit(**KERNEL_ONCE)
-def dot_q8_0(w, x, xs, out, n16):
+def dot_q8_0(w, x, act, out, n16):
+    _, xq, xd, xsum = act
     for r in range(w.shape[0]):
-        row = w[r]
-        acc = np.float32(0)
-        for b in range(row.shape[0] // 34):
-            o, e = b * 34, b * 32
-            s = np.float32(0)
-            for j in range(span(n16, 32)):
-                s += np.float32(np.int8(row[idx(o + 2 + j)])) * x[idx(e + j)]
-            acc += load_f16(row, o) * s
-        out[r] = acc
+        out[r] = row_dot_q8_0(w[r], xq, xd, xsum)
 
 
 # --- K-quants ---------------------------------------------------------------
@@ -154,7 +118,8 @@ def dot_q8_0(w, x, xs, out, n16):
 
 
 @njit(**KERNEL_ONCE)
-def dot_q2_k(w, x, xs, out, n16):
+def dot_q2_k(w, x, act, out, n16):
+    xs = act[0]
     for r in range(w.shape[0]):
         row = w[r]
         acc = np.float32(0)
@@ -188,7 +153,8 @@ def dot_q2_k(w, x, xs, out, n16):
 
 
 @njit(**KERNEL_ONCE)
-def dot_q3_k(w, x, xs, out, n16):
+def dot_q3_k(w, x, act, out, n16):
+    xs = act[0]
     for r in range(w.shape[0]):
         row = w[r]
         acc = np.float32(0)
@@ -217,7 +183,8 @@ def dot_q3_k(w, x, xs, out, n16):
 
 
 @njit(**KERNEL_ONCE)
-def dot_q4_k(w, x, xs, out, n16):
+def dot_q4_k(w, x, act, out, n16):
+    _, xq, xd, xsum = act
     for r in range(w.shape[0]):
         row = w[r]
         acc = np.float32(0)
@@ -226,19 +193,19 @@ def dot_q4_k(w, x, xs, out, n16):
             d, dmin = load_f16(row, o), load_f16(row, o + 2)
             for c in range(4):
                 qo, eo = o + 16 + 32 * c, e + 64 * c
-                lo = hi = np.float32(0)
-                for l in range(span(n16, 32)):
-                    q = row[idx(qo + l)]
-                    lo += np.float32(bits(q, 0, 15)) * x[idx(eo + l)]
-                    hi += np.float32(bits(q, 4, 15)) * x[idx(eo + 32 + l)]
+                g = eo >> 5
+                lo = xd[g] * np.float32(dot_nibbles32(row, qo, 0, xq, eo))
+                hi = xd[g + 1] * np.float32(dot_nibbles32(row, qo, 4, xq, eo + 32))
                 sc1, m1 = k_scale_min(row, o + 4, 2 * c)
                 sc2, m2 = k_scale_min(row, o + 4, 2 * c + 1)
-                acc += d * (sc1 * lo + sc2 * hi) - dmin * (m1 * _sum32(xs, eo) + m2 * _sum32(xs, eo + 32))
+                mins = m1 * xd[g] * np.float32(xsum[g]) + m2 * xd[g + 1] * np.float32(xsum[g + 1])
+                acc += d * (sc1 * lo + sc2 * hi) - dmin * mins
         out[r] = acc
 
 
 @njit(**KERNEL_ONCE)
-def dot_q5_k(w, x, xs, out, n16):
+def dot_q5_k(w, x, act, out, n16):
+    xs = act[0]
     for r in range(w.shape[0]):
         row = w[r]
         acc = np.float32(0)
@@ -259,7 +226,8 @@ def dot_q5_k(w, x, xs, out, n16):
 
 
 @njit(**KERNEL_ONCE)
-def dot_q6_k(w, x, xs, out, n16):
+def dot_q6_k(w, x, act, out, n16):
+    _, xq, xd, xsum = act
     for r in range(w.shape[0]):
         row = w[r]
         acc = np.float32(0)
@@ -267,22 +235,13 @@ def dot_q6_k(w, x, xs, out, n16):
             o, e = b * 210, b * 256
             d = load_f16(row, o + 208)
             for h in range(2):
-                for k in range(2):
-                    lo, ho, eo = o + 64 * h + 16 * k, o + 128 + 32 * h + 16 * k, e + 128 * h + 16 * k
-                    t0 = t1 = t2 = t3 = np.float32(0)
-                    for l in range(span(n16, 16)):
-                        a, c, hq = row[idx(lo + l)], row[idx(lo + 32 + l)], row[idx(ho + l)]
-                        t0 += np.float32(join(bits(a, 0, 15), bits(hq, 0, 3), 4)) * x[idx(eo + l)]
-                        t1 += np.float32(join(bits(c, 0, 15), bits(hq, 2, 3), 4)) * x[idx(eo + 32 + l)]
-                        t2 += np.float32(join(bits(a, 4, 15), bits(hq, 4, 3), 4)) * x[idx(eo + 64 + l)]
-                        t3 += np.float32(join(bits(c, 4, 15), bits(hq, 6, 3), 4)) * x[idx(eo + 96 + l)]
-                    so, g = o + 192 + h * 8 + k, eo >> 4
-                    acc += d * (
-                        np.float32(np.int8(row[so])) * (t0 - _32 * xs[g])
-                        + np.float32(np.int8(row[so + 2])) * (t1 - _32 * xs[g + 2])
-                        + np.float32(np.int8(row[so + 4])) * (t2 - _32 * xs[g + 4])
-                        + np.float32(np.int8(row[so + 6])) * (t3 - _32 * xs[g + 6])
-                    )
+                # run p of 32 weights: low nibbles (p < 2) or high nibbles of the 32 bytes at
+                # 64h + 32(p & 1), bits 2p of the high bits, a scale per 16
+                for p in range(4):
+                    eo, so = e + 128 * h + 32 * p, o + 192 + 8 * h + 2 * p
+                    s0, s1 = dot_q6_k32(row, o + 64 * h + 32 * (p & 1), 4 * (p >> 1), o + 128 + 32 * h, 2 * p, xq, eo)
+                    sc0, sc1 = np.float32(np.int8(row[so])), np.float32(np.int8(row[so + 1]))
+                    acc += d * xd[eo >> 5] * (sc0 * np.float32(s0) + sc1 * np.float32(s1))
         out[r] = acc
 
 
@@ -292,42 +251,49 @@ def dot_q6_k(w, x, xs, out, n16):
 @njit(**KERNEL)
 def dot_rows(qtype, w, x, out, n16):
     """out[r] = W[r] . x for every row of w."""
-    xs = _sums16(x)
-    if qtype == Q4_K:
-        dot_q4_k(w, x, xs, out, n16)
-    elif qtype == Q6_K:
-        dot_q6_k(w, x, xs, out, n16)
-    elif qtype == Q8_0:
-        dot_q8_0(w, x, xs, out, n16)
-    elif qtype == Q5_0:
-        dot_q5_0(w, x, xs, out, n16)
-    elif qtype == Q4_0:
-        dot_q4_0(w, x, xs, out, n16)
-    elif qtype == Q4_1:
-        dot_q4_1(w, x, xs, out, n16)
-    elif qtype == Q5_1:
-        dot_q5_1(w, x, xs, out, n16)
-    elif qtype == Q5_K:
-        dot_q5_k(w, x, xs, out, n16)
-    elif qtype == Q3_K:
-        dot_q3_k(w, x, xs, out, n16)
-    elif qtype == Q2_K:
-        dot_q2_k(w, x, xs, out, n16)
-    elif qtype == F32:
-        dot_f32(w, x, xs, out, n16)
-    elif qtype == F16:
-        dot_f16(w, x, xs, out, n16)
-    elif qtype == BF16:
-        dot_bf16(w, x, xs, out, n16)
+    _dispatch(qtype, w, x, activations(x), out, n16)
 
 
 @njit(**KERNEL)
-def _sums16(x):
-    """Sums of x over consecutive runs of 16: the offset terms of the dot kernels."""
+def _dispatch(qtype, w, x, act, out, n16):
+    if qtype == Q4_K:
+        dot_q4_k(w, x, act, out, n16)
+    elif qtype == Q6_K:
+        dot_q6_k(w, x, act, out, n16)
+    elif qtype == Q8_0:
+        dot_q8_0(w, x, act, out, n16)
+    elif qtype == Q5_0:
+        dot_q5_0(w, x, act, out, n16)
+    elif qtype == Q4_0:
+        dot_q4_0(w, x, act, out, n16)
+    elif qtype == Q4_1:
+        dot_q4_1(w, x, act, out, n16)
+    elif qtype == Q5_1:
+        dot_q5_1(w, x, act, out, n16)
+    elif qtype == Q5_K:
+        dot_q5_k(w, x, act, out, n16)
+    elif qtype == Q3_K:
+        dot_q3_k(w, x, act, out, n16)
+    elif qtype == Q2_K:
+        dot_q2_k(w, x, act, out, n16)
+    elif qtype == F32:
+        dot_f32(w, x, act, out, n16)
+    elif qtype == F16:
+        dot_f16(w, x, act, out, n16)
+    elif qtype == BF16:
+        dot_bf16(w, x, act, out, n16)
+
+
+@njit(**KERNEL)
+def activations(x):
+    """What the kernels read besides the weights: the sums of x over runs of 16 (the
+    offset terms of the float kernels and the mins), and x quantized to int8 blocks
+    of 32 as (values, scales, value sums) for the integer kernels."""
     xs = np.zeros(x.shape[0] // 16, np.float32)
     for c in range(xs.shape[0] * 16):
         xs[c >> 4] += x[c]
-    return xs
+    xq, xd, xsum = int8_dot.quantize(x)
+    return xs, xq, xd, xsum
 
 
 @njit(parallel=True, **KERNEL)
@@ -335,9 +301,10 @@ def matvec_parallel(qtype, ws, starts, x, out, n16, chunks):
     """dot_rows over the weights stacked in ws (weight i owns out[starts[i]:starts[i+1]]),
     split into `chunks` equal row ranges across all of them."""
     total = starts[-1]
+    act = activations(x)
     for c in prange(chunks):
         lo, hi = c * total // chunks, (c + 1) * total // chunks
         for i in range(len(ws)):
             a, b = max(lo, starts[i]), min(hi, starts[i + 1])
             if a < b:
-                dot_rows(qtype, ws[i][a - starts[i] : b - starts[i]], x, out[a:b], n16)
+                _dispatch(qtype, ws[i][a - starts[i] : b - starts[i]], x, act, out[a:b], n16)

@@ -8,7 +8,7 @@ from gguf.constants import GGMLQuantizationType as T
 
 from engine.gguf.reader import open_gguf
 from kernels.cpu import quant
-from tests.quant_weights import random_weight
+from tests.quant_weights import matvec_input, random_weight
 
 FORMATS = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K,
            T.Q6_K, T.IQ4_NL, T.TQ2_0, T.MXFP4]
@@ -50,7 +50,7 @@ def test_weight_format_round_trip(weights_file, qtype):
 
     W = quants.dequantize(raw, qtype).astype(np.float64)
     rng = np.random.default_rng(1)
-    X = rng.standard_normal((5, COLS), dtype=np.float32)
+    X = matvec_input(qtype, rng.standard_normal((5, COLS), dtype=np.float32))  # exact for int8 inputs
     bound = 1e-4 * (np.abs(X).astype(np.float64) @ np.abs(W).T) + 1e-30
     assert np.all(np.abs(quant.matmul(info.ggml_type, raw, X) - X @ W.T) <= bound)
     assert np.all(np.abs(quant.matvec(info.ggml_type, raw, X[0]) - W @ X[0]) <= bound[0])

@@ -6,8 +6,8 @@ import pytest
 from gguf import quants
 from gguf.constants import GGMLQuantizationType as T
 
-from kernels.cpu import quant
-from tests.quant_weights import random_weight
+from kernels.cpu import int8_dot, quant
+from tests.quant_weights import matvec_input, random_weight
 
 NATIVE = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
 GENERIC = [T.IQ4_NL, T.TQ2_0, T.MXFP4]
@@ -54,10 +54,11 @@ def _assert_rows(got, ref):
 def test_matvec(qtype, mode):
     w, W, rng = _case(qtype)
     x = rng.standard_normal(W.shape[1], dtype=np.float32)
-    _assert_products(quant.matvec(qtype, w, x)[None], W, x[None])
+    seen = matvec_input(qtype, x[None])
+    _assert_products(quant.matvec(qtype, w, x)[None], W, seen)
     out = np.full(ROWS, np.nan, np.float32)
     assert quant.matvec(qtype, w, x, out) is out
-    _assert_products(out[None], W, x[None])
+    _assert_products(out[None], W, seen)
 
 
 @pytest.mark.parametrize("n", [1, 3, 64])
@@ -65,7 +66,8 @@ def test_matvec(qtype, mode):
 def test_matmul(qtype, n, mode):
     w, W, rng = _case(qtype)
     X = rng.standard_normal((n, W.shape[1]), dtype=np.float32)
-    _assert_products(quant.matmul(qtype, w, X), W, X)
+    seen = matvec_input(qtype, X) if n <= quant._MATVEC_MAX_ROWS else X
+    _assert_products(quant.matmul(qtype, w, X), W, seen)
 
 
 @pytest.mark.parametrize("qtype", NATIVE + GENERIC, ids=lambda t: t.name)
@@ -98,6 +100,18 @@ def test_matvec_group_equals_separate_matvecs(qtype, mode):
         np.testing.assert_array_equal(y, quant.matvec(qtype, w, x))
 
 
+def test_int8_inputs_round_to_nearest():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal(32 * 9, dtype=np.float32) * np.repeat(np.logspace(-30, 30, 9), 32).astype(np.float32)
+    x[:32] = 0  # an all-zero block quantizes to zeros with scale 0
+    xq, xd, xsum = int8_dot.quantize(x)
+    assert xq.dtype == np.int8 and np.abs(xq).max() == 127
+    np.testing.assert_array_equal(xsum, xq.reshape(-1, 32).sum(axis=1))
+    assert xd[0] == 0 and not xq[:32].any()
+    err = np.abs(x - xq * np.repeat(xd, 32)).reshape(-1, 32)
+    assert np.all(err <= xd[:, None] * np.float32(0.5 + 1e-5))
+
+
 def test_f16_scales_decode_every_bit_pattern():
     """F16 weights and f16 block scales decode all 65536 patterns like NumPy (NaN as NaN)."""
     patterns = np.arange(1 << 16, dtype=np.uint16)
@@ -116,7 +130,7 @@ def test_large_weight_uses_threads_and_matches():
     w = random_weight(T.Q6_K, 300, 1024, rng)  # 252 KB: above the parallel threshold
     W = quants.dequantize(w, T.Q6_K).astype(np.float64)
     x = rng.standard_normal(1024, dtype=np.float32)
-    _assert_products(quant.matvec(T.Q6_K, w, x)[None], W, x[None])
+    _assert_products(quant.matvec(T.Q6_K, w, x)[None], W, matvec_input(T.Q6_K, x[None]))
     _assert_rows(quant.dequantize(T.Q6_K, w), W)
 
 
@@ -141,7 +155,7 @@ def test_set_num_threads():
         quant.set_num_threads(1)
         w, W, rng = _case(T.Q8_0)
         x = rng.standard_normal(W.shape[1], dtype=np.float32)
-        _assert_products(quant.matvec(T.Q8_0, w, x)[None], W, x[None])
+        _assert_products(quant.matvec(T.Q8_0, w, x)[None], W, matvec_input(T.Q8_0, x[None]))
         with pytest.raises(ValueError, match="thread count"):
             quant.set_num_threads(0)
     finally:

@@ -1,0 +1,241 @@
+"""Integer block dots: 32 small unsigned weights times 32 int8 activations, summed in int32.
+
+At decode the input vector is quantized once per matvec to int8 blocks of 32
+with one float scale each (as llama.cpp's Q8_0 activations), so a weight block
+costs one integer dot instead of 32 float multiply-adds. Each intrinsic loads
+the packed bytes as one LLVM vector and unpacks the fields with vector shifts
+and masks; the dot is AVX2's `pmaddubsw` + `pmaddwd` where the host has them
+(Numba cannot reach them from scalar code: it widens integer arithmetic to
+int64), else the same sums written as plain IR for any target.
+
+`row_dot_<format>` runs a whole row of a 32-weight block format in LLVM IR
+(block products kept in float vectors, reduced once per row); the K-quant
+helpers return block dots to the Numba kernels, which apply the sub-block
+scales. Weights enter the dot unsigned (at most 7 bits, so `pmaddubsw` never
+saturates): signed ones as |w| with w's sign moved onto x, offsets such as
+Q4_0's -8 through the int sums of each activation block.
+"""
+
+import llvmlite.binding as llvm
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+_I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+_AVX2 = bool(llvm.get_host_cpu_features().get("avx2"))
+
+
+def _vec(t, n):
+    return ir.VectorType(t, n)
+
+
+def _const(t, values):
+    return ir.Constant(_vec(t, len(values)), list(values))
+
+
+def _splat(builder, v, t, n):
+    """Scalar integer v broadcast to <n x t>."""
+    v = builder.trunc(v, t) if v.type.width > t.width else builder.zext(v, t)
+    one = builder.insert_element(ir.Constant(_vec(t, n), None), v, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(one, one, _const(_I32, [0] * n))
+
+
+def _call(builder, name, ret, args):
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, [a.type for a in args]), name)
+    return builder.call(fn, args)
+
+
+def _load(context, builder, arrty, arr, offset, n):
+    """n bytes of a uint8/int8 array starting at element `offset`, as <n x i8> (unaligned)."""
+    data = context.make_array(arrty)(context, builder, arr).data
+    ptr = builder.gep(data, [offset])
+    return builder.load(builder.bitcast(ptr, _vec(_I8, n).as_pointer()), align=1)
+
+
+def _madd(builder, w, x):
+    """Partial sums of zext(w) * sext(x) for <32 x i8> w (values <= 128) and x, as an i32 vector."""
+    if _AVX2:
+        pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", _vec(_I16, 16), [w, x])
+        return _call(builder, "llvm.x86.avx2.pmadd.wd", _vec(_I32, 8), [pairs, _const(_I16, [1] * 16)])
+    prod = builder.mul(builder.zext(w, _vec(_I16, 32)), builder.sext(x, _vec(_I16, 32)))
+    return builder.sext(prod, _vec(_I32, 32))
+
+
+def _nibbles(builder, packed, shifts):
+    """(packed >> shifts) & 15 per byte, shifts a <32 x i8> constant or splat."""
+    return builder.and_(builder.lshr(packed, shifts), _const(_I8, [15] * 32))
+
+
+def _low_high(builder, ptr):
+    """The 32 4-bit weights packed in 16 bytes: weight j in the low nibble of byte j, j + 16 in its high."""
+    packed = builder.load(builder.bitcast(ptr, _vec(_I8, 16).as_pointer()), align=1)
+    packed = builder.shuffle_vector(packed, packed, _const(_I32, [j % 16 for j in range(32)]))
+    return _nibbles(builder, packed, _const(_I8, [0] * 16 + [4] * 16))
+
+
+def _fifth_bits(builder, ptr):
+    """16 where bit j of the little-endian uint32 at ptr is set, else 0, for j < 32."""
+    qh = builder.load(builder.bitcast(ptr, _vec(_I8, 4).as_pointer()), align=1)
+    qh = builder.shuffle_vector(qh, qh, _const(_I32, [j // 8 for j in range(32)]))
+    bit = builder.and_(qh, _const(_I8, [1 << (j % 8) for j in range(32)]))
+    zero = ir.Constant(_vec(_I8, 32), None)
+    return builder.select(builder.icmp_unsigned("!=", bit, zero), _const(_I8, [16] * 32), zero)
+
+
+def _f16(builder, ptr):
+    """The little-endian f16 at ptr, as float."""
+    half = builder.load(builder.bitcast(ptr, ir.HalfType().as_pointer()), align=1)
+    return builder.fpext(half, ir.FloatType())
+
+
+def _row_dot(block_bytes, weights, offset=None):
+    """An intrinsic row_dot(row, xq, xd, xsum) -> float32 for a 32-weight block format:
+    sum_b f16(row block b at 0) * xd[b] * (weights . xq block b), plus, with offset = (byte, factor),
+    factor * f16(block b at byte) * xd[b] * xsum[b] (Q4_0's -8 * d, Q4_1's min).
+    `weights(builder, block_ptr, x)` -> (unsigned weights, x as multiplied) as <32 x i8>.
+    The block products accumulate in a float vector, reduced once per row."""
+
+    @intrinsic
+    def row_dot(typingctx, row, xq, xd, xsum):
+        def codegen(context, builder, sig, args):
+            row_a, xq_a, xd_a, xsum_a = (context.make_array(t)(context, builder, a) for t, a in zip(sig.args, args))
+            lanes = 8 if _AVX2 else 32
+            fvec = _vec(ir.FloatType(), lanes)
+            fast = ("fast",)
+
+            def add_block(b, acc, acc_offset):
+                block = builder.gep(row_a.data, [builder.mul(b, ir.Constant(b.type, block_bytes))])
+                x_ptr = builder.gep(xq_a.data, [builder.mul(b, ir.Constant(b.type, 32))])
+                x = builder.load(builder.bitcast(x_ptr, _vec(_I8, 32).as_pointer()), align=1)
+                w, x = weights(builder, block, x)
+                xd_b = builder.load(builder.gep(xd_a.data, [b]))
+                scale = _splat_float(builder, builder.fmul(_f16(builder, block), xd_b, flags=fast), lanes)
+                prods = builder.sitofp(_madd(builder, w, x), fvec)
+                builder.store(builder.fadd(builder.load(acc), builder.fmul(prods, scale, flags=fast), flags=fast), acc)
+                if offset is not None:
+                    byte, factor = offset
+                    xs_b = builder.sitofp(builder.load(builder.gep(xsum_a.data, [b])), ir.FloatType())
+                    t = builder.fmul(_f16(builder, _at(builder, block, byte)), xd_b, flags=fast)
+                    t = builder.fmul(builder.fmul(t, xs_b, flags=fast), ir.Constant(ir.FloatType(), factor), flags=fast)
+                    builder.store(builder.fadd(builder.load(acc_offset), t, flags=fast), acc_offset)
+
+            # two independent accumulator chains (even and odd blocks) hide the add latency
+            accs = [cgutils.alloca_once_value(builder, ir.Constant(fvec, None)) for _ in range(2)]
+            offs = [cgutils.alloca_once_value(builder, ir.Constant(ir.FloatType(), 0)) for _ in range(2)]
+            (nbytes,) = cgutils.unpack_tuple(builder, row_a.shape, 1)
+            nblocks = builder.udiv(nbytes, ir.Constant(nbytes.type, block_bytes))
+            one = ir.Constant(nblocks.type, 1)
+            with cgutils.for_range(builder, builder.lshr(nblocks, one)) as loop:
+                b = builder.shl(loop.index, one)
+                add_block(b, accs[0], offs[0])
+                add_block(builder.add(b, one), accs[1], offs[1])
+            with builder.if_then(builder.trunc(nblocks, ir.IntType(1))):
+                add_block(builder.sub(nblocks, one), accs[0], offs[0])
+            acc = builder.fadd(builder.load(accs[0]), builder.load(accs[1]), flags=fast)
+            total = _call(builder, f"llvm.vector.reduce.fadd.v{lanes}f32", ir.FloatType(),
+                          [ir.Constant(ir.FloatType(), 0), acc])
+            offsets = builder.fadd(builder.load(offs[0]), builder.load(offs[1]), flags=fast)
+            return builder.fadd(total, offsets, flags=fast)
+
+        return types.float32(row, xq, xd, xsum), codegen
+
+    return row_dot
+
+
+def _splat_float(builder, v, n):
+    one = builder.insert_element(ir.Constant(_vec(ir.FloatType(), n), None), v, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(one, one, _const(_I32, [0] * n))
+
+
+def _at(builder, ptr, offset):
+    return builder.gep(ptr, [ir.Constant(ir.IntType(64), offset)])
+
+
+def _q4(q_at):
+    return lambda builder, block, x: (_low_high(builder, _at(builder, block, q_at)), x)
+
+
+def _q5(qh_at, q_at):
+    def weights(builder, block, x):
+        low = _low_high(builder, _at(builder, block, q_at))
+        return builder.or_(low, _fifth_bits(builder, _at(builder, block, qh_at))), x
+
+    return weights
+
+
+def _q8(builder, block, x):
+    w = builder.load(builder.bitcast(_at(builder, block, 2), _vec(_I8, 32).as_pointer()), align=1)
+    return _signed(builder, w, x)
+
+
+row_dot_q4_0 = _row_dot(18, _q4(2), offset=(0, -8.0))
+row_dot_q4_1 = _row_dot(20, _q4(4), offset=(2, 1.0))
+row_dot_q5_0 = _row_dot(22, _q5(2, 6), offset=(0, -16.0))
+row_dot_q5_1 = _row_dot(24, _q5(4, 8), offset=(2, 1.0))
+row_dot_q8_0 = _row_dot(34, _q8)
+
+
+@intrinsic
+def dot_nibbles32(typingctx, row, o, shift, xq, e):
+    """sum_j ((row[o + j] >> shift) & 15) * xq[e + j] for j < 32 (Q4_K's sub-blocks)."""
+
+    def codegen(context, builder, sig, args):
+        packed = _load(context, builder, sig.args[0], args[0], args[1], 32)
+        q = _nibbles(builder, packed, _splat(builder, args[2], _I8, 32))
+        quads = _madd(builder, q, _load(context, builder, sig.args[3], args[3], args[4], 32))
+        return _call(builder, f"llvm.vector.reduce.add.v{quads.type.count}i32", _I32, [quads])
+
+    return types.int32(row, o, shift, xq, e), codegen
+
+
+def _signed(builder, w, x):
+    """(|w|, x with w's sign) for signed <32 x i8> w: their unsigned-by-signed dot is w . x."""
+    zero = ir.Constant(_vec(_I8, 32), None)
+    negative = builder.icmp_signed("<", w, zero)
+    return builder.select(negative, builder.sub(zero, w), w), builder.select(negative, builder.sub(zero, x), x)
+
+
+@intrinsic
+def dot_q6_k32(typingctx, row, q_at, shift, qh_at, h_shift, xq, e):
+    """Q6_K: the dots of 32 weights with xq[e:e + 32], as (first 16, last 16): weight j is
+    ((row[q_at + j] >> shift) & 15) | ((row[qh_at + j] >> h_shift) & 3) << 4, minus 32."""
+
+    def codegen(context, builder, sig, args):
+        row_v, q_v, shift_v, qh_v, hshift_v, xq_v, e_v = args
+        low = _load(context, builder, sig.args[0], row_v, q_v, 32)
+        low = _nibbles(builder, low, _splat(builder, shift_v, _I8, 32))
+        high = builder.lshr(_load(context, builder, sig.args[0], row_v, qh_v, 32), _splat(builder, hshift_v, _I8, 32))
+        high = builder.shl(builder.and_(high, _const(_I8, [3] * 32)), _const(_I8, [4] * 32))
+        w = builder.sub(builder.or_(low, high), _const(_I8, [32] * 32))
+        quads = _madd(builder, *_signed(builder, w, _load(context, builder, sig.args[5], xq_v, e_v, 32)))
+        n = quads.type.count // 2
+        halves = [builder.shuffle_vector(quads, quads, _const(_I32, range(i * n, (i + 1) * n))) for i in (0, 1)]
+        sums = [_call(builder, f"llvm.vector.reduce.add.v{n}i32", _I32, [h]) for h in halves]
+        return context.make_tuple(builder, sig.return_type, sums)
+
+    return types.UniTuple(types.int32, 2)(row, q_at, shift, qh_at, h_shift, xq, e), codegen
+
+
+@njit(cache=True, fastmath=True, nogil=True)
+def quantize(x):
+    """x (length a multiple of 32) -> int8 values, and per block of 32 the float32 scale
+    (x ~ scale * value) and the int32 sum of the values (for the formats' offsets)."""
+    n = x.shape[0] // 32
+    xq = np.empty(n * 32, np.int8)
+    xd = np.empty(n, np.float32)
+    xsum = np.empty(n, np.int32)
+    for b in range(n):
+        amax = np.float32(0)
+        for j in range(32):
+            amax = max(amax, abs(x[b * 32 + j]))
+        d = amax / np.float32(127)
+        inv = np.float32(1) / d if d > 0 else np.float32(0)
+        s = 0
+        for j in range(32):
+            v = np.int8(np.rint(x[b * 32 + j] * inv))
+            xq[b * 32 + j] = v
+            s += v
+        xd[b], xsum[b] = d, s
+    return xq, xd, xsum
