@@ -87,3 +87,7 @@ class ContextFull(FucinaError):
 
 class InvalidPrefix(FucinaError):
     """A preloaded KV prefix declared on a conversation that is not fresh or whose cache disagrees."""
+
+
+class KvPersistTokenMismatch(KvCacheError):
+    """A KV sidecar append whose prefix rows and tokens do not describe the cache's positions."""

@@ -9,10 +9,14 @@ positions [0, prefix_rows) for the prefix and the first `cache.len - prefix_rows
 may run one token ahead (a turn that ended on its token budget never forwarded its last token), and the
 next prefill feeds it first. Any error leaves that invariant intact, so a conversation stays resendable.
 The stop token that ends a reply is never committed: the next turn's render closes the turn itself.
+
+With persistence on (enable_persistence), every turn's end brings the conversation's KV sidecar up to the
+cache, so a reopened chat resumes without prefilling again.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -24,6 +28,7 @@ from engine.chat.jinja_template import JinjaTemplate
 from engine.chat.model_template import template_for_model
 from engine.chat.templates import Message, Template
 from engine.errors import ContextFull, InvalidPrefix
+from engine.kv import persist as kv_persist
 from engine.kv.cache import KvCache, KvDtype
 from engine.models.transformer import Transformer
 from engine.sampling import LogitProcessor, Sampler, SamplerConfig
@@ -110,6 +115,8 @@ class Conversation:
         self._stop_ids = frozenset(tokenizer.eog_ids) | stop | set(self.options.extra_stop_ids)
         self._stop_sequences = [s.encode("utf-8") for s in self.options.stop_sequences]
         self._decoder = StreamDecoder(tokenizer)
+        self._sidecar: tuple[str, bytes] | None = None  # (path, model fingerprint) once persistence is on
+        self._saved = 0  # leading cache positions the sidecar holds as they are now
 
     @classmethod
     def for_model(cls, model: Transformer, options: ChatOptions | None = None, *,
@@ -127,6 +134,8 @@ class Conversation:
         """Forget the chat (the preloaded prefix stays)."""
         self._live_cache().truncate(self.prefix_rows)
         self._history, self.messages = [], []
+        self._saved = min(self._saved, self.prefix_rows)
+        self._save()
 
     def declare_prefix(self, rows: int) -> None:
         """Declare cache positions [0, rows) a preloaded prefix with no tokens behind them (a cartridge):
@@ -144,6 +153,39 @@ class Conversation:
         state = WarmState(cache, self._history[: cache.len - self.prefix_rows], self.prefix_rows)
         self.cache = None
         return state
+
+    def enable_persistence(self, path: str | os.PathLike) -> int:
+        """Keep this chat's KV cache in a sidecar file (engine.kv.persist): once, before any turn. A saved
+        conversation there of this model and cache geometry resumes (its tokens and KV rows, its prefix
+        included; zero re-prefill); any other file starts over. Returns the resumed positions (0: a fresh
+        start). Every turn then appends its new positions. The sidecar holds tokens, not messages: a model's
+        own Jinja template re-renders the chat from `messages`, which the caller restores."""
+        cache = self._live_cache()
+        if self._sidecar is not None or self._history:
+            raise RuntimeError("persistence is enabled once, on a conversation that has not had a turn yet")
+        fingerprint = kv_persist.model_fingerprint(self.model.file)
+        loaded = kv_persist.load(path, cache, fingerprint)
+        if loaded is None:  # a stale or foreign file must not become this conversation's
+            kv_persist.reset(path, cache, fingerprint, self.prefix_rows)
+        else:
+            self._history, self.prefix_rows = loaded.tokens, loaded.prefix_rows
+        self._sidecar, self._saved = (os.fspath(path), fingerprint), cache.len
+        self._save()  # on a fresh start, a declared prefix's rows
+        return 0 if loaded is None else cache.len
+
+    def _save(self) -> None:
+        """Bring the sidecar up to the cache: drop the positions a rewind replaced, append the new ones. A
+        committed token the turn left unforwarded is forwarded first: the sidecar holds positions only."""
+        if self._sidecar is None:
+            return
+        (path, fingerprint), cache = self._sidecar, self.cache
+        pending = self._history[cache.len - self.prefix_rows:]
+        if pending and cache.len < cache.capacity:
+            self.model.forward(pending, cache)
+        kv_persist.rewind(path, cache, fingerprint, self._saved, self.prefix_rows)
+        kv_persist.append_range(path, cache, self._history[: cache.len - self.prefix_rows], fingerprint,
+                                self.prefix_rows)
+        self._saved = cache.len
 
     def _live_cache(self) -> KvCache:
         if self.cache is None:
@@ -213,6 +255,7 @@ class Conversation:
             raise ContextFull(f"context full: the conversation needs {need} positions but its context holds "
                               f"{cache.capacity}; start over (reset) or use a larger context")
         cache.truncate(self.prefix_rows + keep)
+        self._saved = min(self._saved, cache.len)
         feed = history[keep:]
         logits = self.model.forward(feed, cache)
         self._history = list(history)
@@ -293,6 +336,7 @@ class _Turn:
         c.last_turn = TurnResult(text, self.ids, reason, fired, s, error)
         if self.request.user is not None:
             c.messages += [Message("user", self.request.user), Message("assistant", text)]
+        c._save()
         return tail
 
     def _count_sample(self) -> None:
