@@ -11,6 +11,7 @@ GOLDEN_STEM = {
     "qwen2.5-coder-0.5b-instruct": "qwen2.5-coder-0.5b-instruct",
     "gemma-3-270m": "gemma-3-270m-q4_k_m",
 }
+MODELS = list(GOLDEN_STEM)
 
 
 def golden(model: str, suffix: str = "") -> dict:

@@ -1,19 +1,13 @@
 """Parity with llama.cpp on the starter models, through `fucina eval` (golden/README.md's bars)."""
 
 import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from app.cli import main as fucina
 
-GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden"
-MODELS = {
-    "smollm2-135m-instruct": "smollm2-135m-instruct-q4_1",
-    "qwen2.5-coder-0.5b-instruct": "qwen2.5-coder-0.5b-instruct",
-    "gemma-3-270m": "gemma-3-270m-q4_k_m",
-}
+from tests.golden import GOLDEN, GOLDEN_STEM as MODELS
+
 CASES = [(m, g + suffix) for m, g in MODELS.items() for suffix in ("", ".long")]
 
 

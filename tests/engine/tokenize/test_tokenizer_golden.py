@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import MODELS, golden
+from tests.golden import MODELS, golden
 
 
 def golden_cases(model: str) -> list[tuple[str, list[int]]]:

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import MODELS
+from tests.golden import MODELS
 from engine.tokenize import SPMTokenizer
 from engine.tokenize.bpe import BYTE_CHARS
 
