@@ -10,7 +10,7 @@ import sys
 import textwrap
 
 SERVE = textwrap.dedent("""
-    import json, resource, sys
+    import json, sys
     from engine.models import load_model
     from engine.bench import prompt_ids
     model = load_model(sys.argv[1])
@@ -18,7 +18,9 @@ SERVE = textwrap.dedent("""
     logits = model.forward(prompt_ids(model.vocab_size, 512), cache)
     for _ in range(16):
         logits = model.forward([int(logits.argmax())], cache)
-    print(json.dumps({"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    # VmHWM is this process image's own peak; ru_maxrss would carry over the forking parent's (pytest's) peak
+    hwm_kb = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+    print(json.dumps({"peak_rss": hwm_kb * 1024,
                       "cache_bytes": cache.byte_size(), "file_bytes": model.file.file_size()}))
 """)
 
