@@ -1,0 +1,49 @@
+"""The history database's schema, as an ordered list of migrations."""
+
+import sqlite_utils
+
+
+def _schema_v1(db: sqlite_utils.Database) -> None:
+    # Raw DDL: sqlite-utils' create() cannot declare ON DELETE CASCADE. IF NOT EXISTS keeps a
+    # migration interrupted by a crash re-runnable.
+    db.executescript(
+        """
+        CREATE TABLE IF NOT EXISTS conversations (
+            id TEXT PRIMARY KEY,
+            title TEXT,
+            model TEXT NOT NULL,
+            system_prompt TEXT,
+            sampler TEXT NOT NULL DEFAULT '{}',
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL,
+            pinned INTEGER NOT NULL DEFAULT 0,
+            active_leaf TEXT
+        );
+        CREATE TABLE IF NOT EXISTS messages (
+            id TEXT PRIMARY KEY,
+            conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+            parent_id TEXT REFERENCES messages(id) ON DELETE CASCADE,
+            role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
+            content TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            meta TEXT NOT NULL DEFAULT '{}'
+        );
+        CREATE INDEX IF NOT EXISTS messages_conversation ON messages(conversation_id);
+        CREATE INDEX IF NOT EXISTS messages_parent ON messages(parent_id);
+        CREATE TABLE IF NOT EXISTS attachments (
+            id TEXT PRIMARY KEY,
+            conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+            name TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            path TEXT NOT NULL,
+            created_at TEXT NOT NULL
+        );
+        CREATE INDEX IF NOT EXISTS attachments_conversation ON attachments(conversation_id);
+        """
+    )
+    if "messages_fts" not in db.table_names():
+        db["messages"].enable_fts(["content"], create_triggers=True)
+
+
+# Applied in order on open; the list index + 1 is the schema version. Append, never edit.
+MIGRATIONS = [_schema_v1]

@@ -1,0 +1,385 @@
+"""The SQLite history store: conversations, message trees, attachments and full-text search.
+
+Messages form a tree (parent_id) so edits and regenerations keep their alternatives; a
+conversation's `active_leaf` picks the branch the user sees. The database runs in WAL mode and
+every write is one transaction, so killing the process loses at most the write in flight.
+"""
+
+import json
+import os
+import re
+import uuid
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+
+import platformdirs
+import sqlite_utils
+
+from engine.errors import FucinaError
+from engine.history.schema import MIGRATIONS
+
+ROLES = ("system", "user", "assistant")
+SAMPLER_KEYS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed", "max_tokens", "ctx")
+EXPORT_FORMAT = "fucina-conversation"
+TITLE_CHARS = 60
+
+# "Not passed" marker (keep the setting / use the active leaf), distinct from None, a real value here.
+_KEEP = object()
+
+
+class HistoryError(FucinaError):
+    """A history operation on a missing conversation or message, or an import that is malformed."""
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+def _new_id() -> str:
+    return str(uuid.uuid4())
+
+
+class HistoryStore:
+    """Conversations and their message trees in one SQLite file."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite_utils.Database(self.path)
+        self.db.enable_wal()
+        self.db.execute("PRAGMA foreign_keys = ON")
+        self._migrate()
+
+    @staticmethod
+    def default_path() -> Path:
+        """`$FUCINA_HOME/history.db`, else the user data dir's `history.db` (as catalog.models_dir)."""
+        home = os.environ.get("FUCINA_HOME")
+        base = Path(home).expanduser() if home else Path(platformdirs.user_data_dir("fucina", appauthor=False))
+        return base / "history.db"
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- schema --
+
+    @property
+    def schema_version(self) -> int:
+        return self.db.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()[0]
+
+    def _migrate(self) -> None:
+        self.db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)")
+        for version in range(self.schema_version + 1, len(MIGRATIONS) + 1):
+            MIGRATIONS[version - 1](self.db)
+            with self._tx() as conn:
+                conn.execute("INSERT INTO schema_version VALUES (?, ?)", (version, _now()))
+
+    @contextmanager
+    def _tx(self):
+        """One transaction: committed on exit, rolled back on error."""
+        conn = self.db.conn
+        with conn:
+            yield conn
+
+    # -- conversations --
+
+    def create_conversation(self, model: str, title: str | None = None, system_prompt: str | None = None,
+                            sampler: dict | None = None) -> str:
+        cid, now = _new_id(), _now()
+        with self._tx() as conn:
+            conn.execute(
+                "INSERT INTO conversations (id, title, model, system_prompt, sampler, created_at, updated_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (cid, title, model, system_prompt, _sampler_json(sampler), now, now),
+            )
+        return cid
+
+    def get_conversation(self, conversation_id: str) -> dict:
+        rows = list(self.db.query("SELECT * FROM conversations WHERE id = ?", [conversation_id]))
+        if not rows:
+            raise HistoryError(f"no conversation {conversation_id!r} in {self.path}")
+        return _conversation(rows[0])
+
+    def list_conversations(self) -> list[dict]:
+        """Pinned first, then the most recently updated."""
+        return [_conversation(r) for r in self.db.query(
+            "SELECT * FROM conversations ORDER BY pinned DESC, updated_at DESC, rowid DESC")]
+
+    def rename(self, conversation_id: str, title: str) -> None:
+        with self._tx():
+            self._update_conversation(conversation_id, title=title)
+
+    def set_pinned(self, conversation_id: str, pinned: bool) -> None:
+        with self._tx():
+            self._update_conversation(conversation_id, pinned=int(bool(pinned)))
+
+    def update_settings(self, conversation_id: str, *, model=_KEEP, system_prompt=_KEEP, sampler=_KEEP) -> None:
+        """Change only the settings passed; None clears system_prompt or sampler."""
+        changes = {"model": model, "system_prompt": system_prompt}
+        if sampler is not _KEEP:
+            changes["sampler"] = _sampler_json(sampler)
+        with self._tx():
+            self._update_conversation(conversation_id, **{k: v for k, v in changes.items() if v is not _KEEP})
+
+    def delete_conversation(self, conversation_id: str) -> None:
+        """Deletes its messages and attachments rows too (the files on disk are the caller's)."""
+        with self._tx() as conn:
+            if not conn.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,)).rowcount:
+                raise HistoryError(f"no conversation {conversation_id!r} in {self.path}")
+
+    def _update_conversation(self, conversation_id: str, **changes) -> None:
+        """Runs inside the caller's transaction; every change also bumps updated_at."""
+        changes["updated_at"] = _now()
+        sets = ", ".join(f"{k} = ?" for k in changes)
+        if not self.db.execute(f"UPDATE conversations SET {sets} WHERE id = ?",
+                               [*changes.values(), conversation_id]).rowcount:
+            raise HistoryError(f"no conversation {conversation_id!r} in {self.path}")
+
+    # -- messages --
+
+    def add_message(self, conversation_id: str, role: str, content: str, parent_id=_KEEP,
+                    meta: dict | None = None) -> str:
+        """Append a message under `parent_id` (default: the active leaf; None: a new root) and make it
+        the active leaf. The first user message titles an untitled conversation."""
+        if role not in ROLES:
+            raise HistoryError(f"message role {role!r} is not one of {', '.join(ROLES)}")
+        mid = _new_id()
+        with self._tx() as conn:
+            row = conn.execute("SELECT title, active_leaf FROM conversations WHERE id = ?",
+                               (conversation_id,)).fetchone()
+            if row is None:
+                raise HistoryError(f"no conversation {conversation_id!r} in {self.path}")
+            title, leaf = row
+            parent = leaf if parent_id is _KEEP else parent_id
+            if parent is not None:
+                self._message_in(conversation_id, parent)
+            conn.execute(
+                "INSERT INTO messages (id, conversation_id, parent_id, role, content, created_at, meta)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (mid, conversation_id, parent, role, content, _now(), json.dumps(meta or {})),
+            )
+            changes = {"active_leaf": mid}
+            if title is None and role == "user" and content.strip():
+                changes["title"] = _title_from(content)
+            self._update_conversation(conversation_id, **changes)
+        return mid
+
+    def branch(self, message_id: str, content: str, meta: dict | None = None) -> str:
+        """Add an alternative to `message_id` (an edit of a user turn, a regeneration of an assistant
+        one): same parent and role. It becomes the active leaf."""
+        msg = self.get_message(message_id)
+        return self.add_message(msg["conversation_id"], msg["role"], content, parent_id=msg["parent_id"], meta=meta)
+
+    def get_message(self, message_id: str) -> dict:
+        rows = list(self.db.query("SELECT * FROM messages WHERE id = ?", [message_id]))
+        if not rows:
+            raise HistoryError(f"no message {message_id!r} in {self.path}")
+        return _message(rows[0])
+
+    def siblings(self, message_id: str) -> list[dict]:
+        """The alternatives at this message's place in the tree, oldest first (itself included)."""
+        msg = self.get_message(message_id)
+        return [_message(r) for r in self.db.query(
+            "SELECT * FROM messages WHERE conversation_id = ? AND parent_id IS ? ORDER BY created_at, rowid",
+            [msg["conversation_id"], msg["parent_id"]])]
+
+    def set_active_leaf(self, conversation_id: str, message_id: str) -> str:
+        """Show the branch through `message_id`, following its newest replies down to a leaf (so
+        switching to an alternative user turn shows its answer). Returns the leaf."""
+        with self._tx() as conn:
+            leaf = self._message_in(conversation_id, message_id)["id"]
+            while child := conn.execute(
+                    "SELECT id FROM messages WHERE parent_id = ? ORDER BY created_at DESC, rowid DESC LIMIT 1",
+                    (leaf,)).fetchone():
+                leaf = child[0]
+            self._update_conversation(conversation_id, active_leaf=leaf)
+        return leaf
+
+    def active_branch(self, conversation_id: str) -> list[dict]:
+        """The messages the user sees: root to the active leaf."""
+        leaf = self.get_conversation(conversation_id)["active_leaf"]
+        rows = self.db.query(
+            """WITH RECURSIVE path(id, depth) AS (
+                   SELECT ?, 0
+                   UNION ALL SELECT m.parent_id, path.depth + 1 FROM messages m JOIN path ON m.id = path.id
+                   WHERE m.parent_id IS NOT NULL)
+               SELECT messages.* FROM path JOIN messages USING (id) ORDER BY depth DESC""",
+            [leaf])
+        return [_message(r) for r in rows]
+
+    def delete_message(self, message_id: str) -> None:
+        """Delete a message and everything under it; an active leaf inside it moves to its parent."""
+        msg = self.get_message(message_id)
+        with self._tx() as conn:
+            leaf = conn.execute("SELECT active_leaf FROM conversations WHERE id = ?",
+                                (msg["conversation_id"],)).fetchone()[0]
+            in_subtree = conn.execute(
+                """WITH RECURSIVE sub(id) AS (
+                       SELECT ? UNION ALL SELECT m.id FROM messages m JOIN sub ON m.parent_id = sub.id)
+                   SELECT 1 FROM sub WHERE id = ?""", (message_id, leaf)).fetchone()
+            conn.execute("DELETE FROM messages WHERE id = ?", (message_id,))  # children cascade
+            changes = {"active_leaf": msg["parent_id"]} if in_subtree else {}
+            self._update_conversation(msg["conversation_id"], **changes)
+
+    def _message_in(self, conversation_id: str, message_id: str) -> dict:
+        rows = list(self.db.query("SELECT * FROM messages WHERE id = ? AND conversation_id = ?",
+                                  [message_id, conversation_id]))
+        if not rows:
+            raise HistoryError(f"no message {message_id!r} in conversation {conversation_id!r}")
+        return _message(rows[0])
+
+    # -- attachments --
+
+    def add_attachment(self, conversation_id: str, name: str, kind: str, path: str) -> str:
+        aid = _new_id()
+        with self._tx() as conn:
+            self._update_conversation(conversation_id)
+            conn.execute("INSERT INTO attachments VALUES (?, ?, ?, ?, ?, ?)",
+                         (aid, conversation_id, name, kind, str(path), _now()))
+        return aid
+
+    def attachments(self, conversation_id: str) -> list[dict]:
+        return list(self.db.query("SELECT * FROM attachments WHERE conversation_id = ? ORDER BY created_at, rowid",
+                                  [conversation_id]))
+
+    # -- search --
+
+    def search(self, query: str, limit: int = 50) -> list[dict]:
+        """Messages containing every word of `query`, best match first. Words are quoted, so user
+        input cannot reach FTS5's query syntax (quotes, AND/OR/NOT, *, column filters)."""
+        words = re.findall(r"\w+", query)
+        if not words:
+            return []
+        match = " ".join('"' + w + '"' for w in words)
+        rows = self.db.query(
+            """SELECT m.conversation_id, m.id AS message_id,
+                      snippet(messages_fts, 0, '[', ']', '…', 12) AS snippet
+               FROM messages_fts JOIN messages m ON m.rowid = messages_fts.rowid
+               WHERE messages_fts MATCH ? ORDER BY rank LIMIT ?""",
+            [match, limit])
+        return list(rows)
+
+    # -- export / import --
+
+    def export_markdown(self, conversation_id: str) -> str:
+        """The active branch as Markdown, settings in the header."""
+        conv = self.get_conversation(conversation_id)
+        lines = [f"# {conv['title'] or 'Untitled conversation'}", "", f"Model: `{conv['model']}`", ""]
+        if conv["system_prompt"]:
+            lines += ["## System", "", conv["system_prompt"], ""]
+        for msg in self.active_branch(conversation_id):
+            lines += [f"## {msg['role'].capitalize()}", "", msg["content"], ""]
+        return "\n".join(lines)
+
+    def export_json(self, conversation_id: str) -> dict:
+        """The whole conversation: settings and every message (all branches) with its parent id."""
+        conv = self.get_conversation(conversation_id)
+        messages = [_message(r) for r in self.db.query(
+            "SELECT * FROM messages WHERE conversation_id = ? ORDER BY created_at, rowid", [conversation_id])]
+        return {
+            "format": EXPORT_FORMAT,
+            "version": 1,
+            "conversation": {k: conv[k] for k in ("title", "model", "system_prompt", "sampler", "pinned",
+                                                  "created_at", "updated_at", "active_leaf")},
+            "messages": [{k: m[k] for k in ("id", "parent_id", "role", "content", "created_at", "meta")}
+                         for m in messages],
+        }
+
+    def import_json(self, data: dict) -> str:
+        """Import an export_json dict as a new conversation (fresh ids, same tree). Returns its id."""
+        conv, messages = _validate_export(data)
+        cid, now = _new_id(), _now()
+        new_ids = {m["id"]: _new_id() for m in messages}
+        with self._tx() as conn:
+            conn.execute(
+                "INSERT INTO conversations VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (cid, conv.get("title"), conv["model"], conv.get("system_prompt"),
+                 _sampler_json(conv.get("sampler")), conv.get("created_at") or now, now,
+                 int(bool(conv.get("pinned"))), new_ids.get(conv.get("active_leaf"))),
+            )
+            for m in _parents_first(messages):
+                conn.execute(
+                    "INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (new_ids[m["id"]], cid, new_ids.get(m.get("parent_id")), m["role"], m["content"],
+                     m.get("created_at") or now, json.dumps(m.get("meta") or {})),
+                )
+        return cid
+
+
+def _title_from(content: str) -> str:
+    line = " ".join(content.split())
+    return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1].rstrip() + "…"
+
+
+def _sampler_json(sampler: dict | None) -> str:
+    sampler = sampler or {}
+    if not isinstance(sampler, dict):
+        raise HistoryError(f"sampler must be a dict of {', '.join(SAMPLER_KEYS)}, got {type(sampler).__name__}")
+    unknown = set(sampler) - set(SAMPLER_KEYS)
+    if unknown:
+        raise HistoryError(f"unknown sampler setting(s) {', '.join(sorted(unknown))}; "
+                           f"known: {', '.join(SAMPLER_KEYS)}")
+    return json.dumps(sampler)
+
+
+def _conversation(row: dict) -> dict:
+    return {**row, "sampler": json.loads(row["sampler"]), "pinned": bool(row["pinned"])}
+
+
+def _message(row: dict) -> dict:
+    return {**row, "meta": json.loads(row["meta"])}
+
+
+def _validate_export(data) -> tuple[dict, list[dict]]:
+    def bad(why: str) -> HistoryError:
+        return HistoryError(f"cannot import conversation: {why}")
+
+    if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
+        raise bad(f"not a {EXPORT_FORMAT!r} export (missing or wrong 'format')")
+    if data.get("version") != 1:
+        raise bad(f"unsupported export version {data.get('version')!r} (this build reads version 1)")
+    conv, messages = data.get("conversation"), data.get("messages")
+    if not isinstance(conv, dict) or not isinstance(conv.get("model"), str):
+        raise bad("'conversation' must be an object with a string 'model'")
+    if not isinstance(messages, list):
+        raise bad("'messages' must be a list")
+    ids = set()
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("id"), str) or m["id"] in ids:
+            raise bad(f"message {i} needs a unique string 'id'")
+        if m.get("role") not in ROLES:
+            raise bad(f"message {i} has role {m.get('role')!r}, not one of {', '.join(ROLES)}")
+        if not isinstance(m.get("content"), str):
+            raise bad(f"message {i} needs a string 'content'")
+        if m.get("meta") is not None and not isinstance(m["meta"], dict):
+            raise bad(f"message {i} has a 'meta' that is not an object")
+        ids.add(m["id"])
+    for i, m in enumerate(messages):
+        if m.get("parent_id") is not None and m["parent_id"] not in ids:
+            raise bad(f"message {i} has parent_id {m['parent_id']!r}, which is not in the export")
+    leaf = conv.get("active_leaf")
+    if leaf is not None and leaf not in ids:
+        raise bad(f"active_leaf {leaf!r} is not one of the exported messages")
+    return conv, messages
+
+
+def _parents_first(messages: list[dict]) -> list[dict]:
+    """Messages ordered so each parent precedes its children, keeping the export's order among
+    siblings; a parent cycle is an error."""
+    children: dict = {}
+    for m in messages:
+        children.setdefault(m.get("parent_id"), []).append(m)
+    ordered, stack = [], list(reversed(children.get(None, [])))
+    while stack:
+        m = stack.pop()
+        ordered.append(m)
+        stack.extend(reversed(children.get(m["id"], [])))
+    if len(ordered) != len(messages):
+        raise HistoryError("cannot import conversation: the messages' parent ids form a cycle")
+    return ordered
