@@ -7,7 +7,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from engine.kv.cache import KvDtype
-from engine.models.transformer import Transformer
+from engine.models.transformer import UBATCH, Transformer
 from engine.sampling import Sampler
 
 
@@ -21,8 +21,9 @@ def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def teacher_forced(model: Transformer, ids: Sequence[int], kv: KvDtype | str = KvDtype.F16,
-                   chunk: int = 512) -> Iterator[np.ndarray]:
-    """Logits after every prefix of ids, one [n, vocab] array per prefill chunk."""
+                   chunk: int = UBATCH) -> Iterator[np.ndarray]:
+    """Logits after every prefix of ids, one [n, vocab] array per chunk (so a long text never holds
+    all of its logits at once)."""
     cache = model.new_cache(len(ids), kv)
     for start in range(0, len(ids), chunk):
         yield model.forward_all(ids[start : start + chunk], cache)

@@ -11,7 +11,7 @@ import math
 from engine.gguf.meta import meta_float_opt, meta_int_opt
 from engine.gguf.reader import GGUFFile
 from engine.models.args import common_args
-from engine.models.transformer import Transformer, default_attn_scale
+from engine.models.transformer import Transformer
 
 ARCH = "gemma3"
 LOCAL_ROPE_BASE = 10000.0
@@ -32,5 +32,4 @@ def build(file: GGUFFile) -> Transformer:
     args.window = [0 if g else window for g in glob]
     args.rope_base = [global_base if g else LOCAL_ROPE_BASE for g in glob]
     args.embed_scale = math.sqrt(args.n_embd)
-    args.attn_scale = default_attn_scale(args.head_dim)
     return Transformer(file, args)

@@ -13,7 +13,7 @@ segment; a batched decode step is one single-token segment per conversation.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -50,7 +50,6 @@ class ModelArgs:
     qk_norm: bool = False
     post_norms: bool = False  # Gemma's norms after attention and FFN
     embed_scale: float = 1.0
-    extra: dict = field(default_factory=dict)
 
 
 class Attention:
