@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Iterator
 
 from app.cli_eval import add_model_options, open_model
-from app.cli_sampling import CHAT_DEFAULTS, add_sampler_options, sampler_config
+from app.cli_sampling import add_sampler_options, sampler_config
 from engine.chat import ChatOptions, Conversation, TurnResult
 from engine.errors import ContextFull, FucinaError
+from engine.sampling import CHAT_DEFAULTS
 
 HELP = """commands:
   /reset        forget the conversation

@@ -6,9 +6,6 @@ import secrets
 
 from engine.sampling import SamplerConfig
 
-# llama.cpp's interactive defaults; `generate` stays greedy unless asked.
-CHAT_DEFAULTS = SamplerConfig(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
-
 
 def add_sampler_options(p, defaults: SamplerConfig = SamplerConfig()) -> None:
     g = p.add_argument_group("sampling")

@@ -25,10 +25,10 @@ from functools import cache
 from pathlib import Path
 from typing import BinaryIO, Callable, Sequence
 
-import platformdirs
 
 import resources
 from engine.errors import DownloadCancelled, ModelDownloadError, ModelNotFound
+from engine.paths import data_dir
 
 try:
     import fcntl
@@ -89,10 +89,8 @@ def default_model_name() -> str:
 
 
 def models_dir() -> Path:
-    """Where pulled models live: `$FUCINA_HOME/models`, else the user data dir's `models`."""
-    home = os.environ.get("FUCINA_HOME")
-    base = Path(home).expanduser() if home else Path(platformdirs.user_data_dir("fucina", appauthor=False))
-    return base / "models"
+    """Where pulled models live: the data dir's `models` (engine.paths)."""
+    return data_dir() / "models"
 
 
 def _unknown(name: str) -> ModelNotFound:

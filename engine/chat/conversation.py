@@ -11,7 +11,8 @@ next prefill feeds it first. Any error leaves that invariant intact, so a conver
 The stop token that ends a reply is never committed: the next turn's render closes the turn itself.
 
 With persistence on (enable_persistence), every turn's end brings the conversation's KV sidecar up to the
-cache, so a reopened chat resumes without prefilling again.
+cache, so a reopened chat resumes without prefilling again. The new positions are copied out at the turn's
+end and written by a background writer (engine.kv.sidecar_writer), so the disk never stalls a reply.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from engine.chat.templates import Message, Template
 from engine.errors import ContextFull, InvalidPrefix
 from engine.kv import persist as kv_persist
 from engine.kv.cache import KvCache, KvDtype
+from engine.kv.sidecar_writer import WRITER
 from engine.models.transformer import Transformer
 from engine.sampling import LogitProcessor, Sampler, SamplerConfig
 from engine.tokenize import StreamDecoder, Tokenizer, load_tokenizer
@@ -116,7 +118,8 @@ class Conversation:
         self._stop_sequences = [s.encode("utf-8") for s in self.options.stop_sequences]
         self._decoder = StreamDecoder(tokenizer)
         self._sidecar: tuple[str, bytes] | None = None  # (path, model fingerprint) once persistence is on
-        self._saved = 0  # leading cache positions the sidecar holds as they are now
+        self._saved = 0  # leading cache positions the sidecar holds (or will, once its writes land)
+        self.sidecar_error: str | None = None  # why the last sidecar write failed; the next turn rewrites it
 
     @classmethod
     def for_model(cls, model: Transformer, options: ChatOptions | None = None, *,
@@ -164,6 +167,7 @@ class Conversation:
         if self._sidecar is not None or self._history:
             raise RuntimeError("persistence is enabled once, on a conversation that has not had a turn yet")
         fingerprint = kv_persist.model_fingerprint(self.model.file)
+        WRITER.flush()  # another conversation over this file may still be writing it
         loaded = kv_persist.load(path, cache, fingerprint)
         if loaded is None:  # a stale or foreign file must not become this conversation's
             kv_persist.reset(path, cache, fingerprint, self.prefix_rows)
@@ -174,17 +178,19 @@ class Conversation:
         return 0 if loaded is None else cache.len
 
     def _save(self) -> None:
-        """Bring the sidecar up to the cache: drop the positions a rewind replaced, append the new ones. A
-        committed token the turn left unforwarded is forwarded first: the sidecar holds positions only."""
+        """Bring the sidecar up to the cache: hand the writer the positions from the first one the cache
+        replaced or added since the last save. A committed token the turn left unforwarded is forwarded
+        first: the sidecar holds positions only."""
         if self._sidecar is None:
             return
         (path, fingerprint), cache = self._sidecar, self.cache
         pending = self._history[cache.len - self.prefix_rows:]
         if pending and cache.len < cache.capacity:
             self.model.forward(pending, cache)
-        kv_persist.rewind(path, cache, fingerprint, self._saved, self.prefix_rows)
-        kv_persist.append_range(path, cache, self._history[: cache.len - self.prefix_rows], fingerprint,
-                                self.prefix_rows)
+        self.sidecar_error = WRITER.take_failure(path)
+        start = 0 if self.sidecar_error else self._saved
+        tokens = self._history[: cache.len - self.prefix_rows]
+        WRITER.submit(path, kv_persist.snapshot(cache, tokens, fingerprint, self.prefix_rows, start))
         self._saved = cache.len
 
     def _live_cache(self) -> KvCache:

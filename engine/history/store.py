@@ -13,11 +13,11 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
-import platformdirs
 import sqlite_utils
 
 from engine.errors import FucinaError
 from engine.history.schema import MIGRATIONS
+from engine.paths import data_dir
 
 ROLES = ("system", "user", "assistant")
 SAMPLER_KEYS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed", "max_tokens", "ctx")
@@ -53,10 +53,8 @@ class HistoryStore:
 
     @staticmethod
     def default_path() -> Path:
-        """`$FUCINA_HOME/history.db`, else the user data dir's `history.db` (as catalog.models_dir)."""
-        home = os.environ.get("FUCINA_HOME")
-        base = Path(home).expanduser() if home else Path(platformdirs.user_data_dir("fucina", appauthor=False))
-        return base / "history.db"
+        """The data dir's `history.db` (engine.paths)."""
+        return data_dir() / "history.db"
 
     def close(self) -> None:
         self.db.close()

@@ -69,10 +69,18 @@ def bytes_per_token(cache: KvCache) -> int:
     return _record_dtype(cache).itemsize
 
 
+def header_size(cache: KvCache, prefix_rows: int = 0) -> int:
+    return 60 + 8 * cache.n_layers + (8 if prefix_rows else 0)
+
+
 def reset(path, cache: KvCache, fingerprint: bytes, prefix_rows: int = 0) -> None:
     """Start the sidecar over, empty, for this cache's geometry, this model and prefix shape."""
+    _reset_to(path, _header(cache, fingerprint, prefix_rows, 0))
+
+
+def _reset_to(path, empty_header: bytes) -> None:
     with open(path, "wb") as f:
-        f.write(_header(cache, fingerprint, prefix_rows, 0))
+        f.write(empty_header)
         _sync(f)
 
 
@@ -81,24 +89,62 @@ def append_range(path, cache: KvCache, tokens: Sequence[int], fingerprint: bytes
     behind positions [prefix_rows, cache.len). A missing, foreign or differently prefixed file, or one that
     holds more positions than the cache, starts over. The caller rewinds the file (rewind) when the cache
     dropped positions the file holds."""
+    held = _held_at(path, cache, fingerprint, prefix_rows)
+    start = 0 if held is None or held > cache.len else held
+    apply(path, snapshot(cache, tokens, fingerprint, prefix_rows, start))
+
+
+@dataclass
+class Update:
+    """Positions [start, count) of a sidecar, copied out of the KV cache, so they can be written later (off
+    the decoding thread) while the cache moves on."""
+    start: int
+    records: np.ndarray  # start..count as sidecar records
+    header: bytes        # the header publishing `count` positions
+
+    @property
+    def count(self) -> int:
+        return self.start + len(self.records)
+
+
+def snapshot(cache: KvCache, tokens: Sequence[int], fingerprint: bytes, prefix_rows: int, start: int) -> Update:
+    """Copy positions [start, cache.len) out of the cache. `tokens` are the tokens behind positions
+    [prefix_rows, cache.len)."""
     if prefix_rows + len(tokens) != cache.len:
         raise KvPersistTokenMismatch(f"{prefix_rows} prefix rows + {len(tokens)} tokens do not describe the "
                                      f"{cache.len} positions of the KV cache")
-    header = _header(cache, fingerprint, prefix_rows, cache.len)
-    held = _held_at(path, cache, fingerprint, prefix_rows)
-    if held is None or held > cache.len:
-        reset(path, cache, fingerprint, prefix_rows)
+    if not 0 <= start <= cache.len:
+        raise ValueError(f"a snapshot starts inside the cache's {cache.len} positions, got {start}")
+    return Update(start, _records(cache, tokens, prefix_rows, start), _header(cache, fingerprint, prefix_rows,
+                                                                              cache.len))
+
+
+def apply(path, update: Update) -> bool:
+    """Make the sidecar hold the positions it held before `update.start`, then the update's. A file that
+    is not this conversation's starts over when the update starts at 0. False, with the file untouched, when
+    the file holds fewer than `update.start` positions (it was lost or damaged: write a snapshot from 0)."""
+    empty = _with_count(update.header, 0)
+    held = _held_at_header(path, empty, update.records.dtype.itemsize)
+    if held is None and update.start == 0:
+        _reset_to(path, empty)
         held = 0
+    if held is None or held < update.start:
+        return False
     with open(path, "r+b") as f:
-        end = len(header) + held * bytes_per_token(cache)
-        if held < cache.len or f.seek(0, os.SEEK_END) != end:
-            f.seek(end)
-            f.write(_records(cache, tokens, prefix_rows, held).tobytes())
+        if held > update.start:  # unpublish the replaced positions before overwriting them
+            f.seek(8)
+            f.write(_with_count(update.header, update.start)[8:20])
+            _sync(f)
+        end = len(empty) + update.count * update.records.dtype.itemsize
+        if update.records.size or f.seek(0, os.SEEK_END) != end:
+            f.seek(len(empty) + update.start * update.records.dtype.itemsize)
+            f.write(update.records.tobytes())
             f.truncate()  # a torn tail past the new end
             _sync(f)
         f.seek(8)
-        f.write(header[8:20])
+        f.write(update.header[8:20])
         _sync(f)
+    return True
 
 
 def rewind(path, cache: KvCache, fingerprint: bytes, positions: int, prefix_rows: int = 0) -> None:
@@ -125,7 +171,7 @@ def load(path, cache: KvCache, fingerprint: bytes) -> Loaded | None:
             prefix_rows = int.from_bytes(f.read(8).ljust(8, b"\0"), "little") if magic == MAGIC_V2 else 0
             if magic not in (MAGIC_V1, MAGIC_V2) or (magic == MAGIC_V2) != (prefix_rows > 0):
                 return None
-            held = _held(f, cache, fingerprint, prefix_rows)
+            held = _held(f, _header(cache, fingerprint, prefix_rows, 0), bytes_per_token(cache))
             if not held or held < prefix_rows or _count(f) > cache.capacity:
                 return None
             f.seek(len(_header(cache, fingerprint, prefix_rows, 0)))
@@ -152,7 +198,12 @@ def _header(cache: KvCache, fingerprint: bytes, prefix_rows: int, count: int) ->
     body += b"".join(struct.pack("<II", k.shape[1], k.shape[2] * k.itemsize) for k in cache.k)
     if prefix_rows:
         body += struct.pack("<Q", prefix_rows)
-    magic = MAGIC_V2 if prefix_rows else MAGIC_V1
+    return _with_count((MAGIC_V2 if prefix_rows else MAGIC_V1) + _COUNT.pack(0, 0) + body, count)
+
+
+def _with_count(header: bytes, count: int) -> bytes:
+    """The header publishing `count` positions (its CRC covers the count)."""
+    magic, body = header[:8], header[20:]
     crc = zlib.crc32(magic + _COUNT.pack(count, 0) + body)
     return magic + _COUNT.pack(count, crc) + body
 
@@ -163,25 +214,29 @@ def _count(f) -> int:
 
 
 def _held_at(path, cache: KvCache, fingerprint: bytes, prefix_rows: int) -> int | None:
+    return _held_at_header(path, _header(cache, fingerprint, prefix_rows, 0), bytes_per_token(cache))
+
+
+def _held_at_header(path, empty_header: bytes, record_size: int) -> int | None:
     try:
         with open(path, "rb") as f:
-            return _held(f, cache, fingerprint, prefix_rows)
+            return _held(f, empty_header, record_size)
     except OSError:
         return None
 
 
-def _held(f, cache: KvCache, fingerprint: bytes, prefix_rows: int) -> int | None:
-    """How many complete records a sidecar of this geometry, model and prefix shape publishes (its count,
-    or fewer at a torn tail); None for another one's, or a damaged header."""
+def _held(f, empty_header: bytes, record_size: int) -> int | None:
+    """How many complete records a sidecar with this header (geometry, model and prefix shape) publishes
+    (its count, or fewer at a torn tail); None for another one's, or a damaged header."""
     size = f.seek(0, os.SEEK_END)
     f.seek(0)
-    stored = f.read(len(_header(cache, fingerprint, prefix_rows, 0)))
+    stored = f.read(len(empty_header))
     if len(stored) < 20:
         return None
     count = _COUNT.unpack(stored[8:20])[0]
-    if stored != _header(cache, fingerprint, prefix_rows, count):  # the CRC covers the count too
+    if stored != _with_count(empty_header, count):  # the CRC covers the count too
         return None
-    return min(count, (size - len(stored)) // bytes_per_token(cache))
+    return min(count, (size - len(stored)) // record_size)
 
 
 def _record_dtype(cache: KvCache) -> np.dtype:

@@ -61,6 +61,10 @@ class SamplerConfig:
             self.repeat_penalty != 1.0 or self.freq_penalty != 0.0 or self.presence_penalty != 0.0)
 
 
+# llama.cpp's interactive defaults, for chats (generation without a chat stays greedy unless asked).
+CHAT_DEFAULTS = SamplerConfig(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
+
+
 class Sampler:
     """One decode stream's sampling state: config, seeded RNG and an optional logit processor.
     Mutable and single-stream (not thread-safe): one per conversation."""

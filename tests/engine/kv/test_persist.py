@@ -196,3 +196,11 @@ def test_the_model_fingerprint_tells_apart_models_with_one_header(tmp_path):
             open_gguf(tmp_path / "m0.gguf") as a2:
         assert persist.model_fingerprint(a) == persist.model_fingerprint(a2)
         assert persist.model_fingerprint(a) != persist.model_fingerprint(b)
+
+
+def test_header_size_is_the_written_header(tmp_path):
+    cache = filled(0, n_layers=5)
+    persist.reset(tmp_path / "a.kv", cache, FP)
+    persist.reset(tmp_path / "b.kv", cache, FP, prefix_rows=3)
+    assert (tmp_path / "a.kv").stat().st_size == persist.header_size(cache)
+    assert (tmp_path / "b.kv").stat().st_size == persist.header_size(cache, prefix_rows=3)

@@ -1,0 +1,70 @@
+"""Sidecar updates written off the decoding thread, in submission order.
+
+A turn's end copies its new KV positions out of the cache (persist.snapshot, a memory copy) and hands them
+here, so streaming never waits on the disk. One writer serves the whole process: updates to one file must
+land in order even when a conversation is closed and reopened while its last update is still in flight,
+and `flush` (before loading or deleting a sidecar) waits for them.
+
+The worker is a non-daemon thread that exits when the queue runs dry, so a normal interpreter exit still
+writes what is pending, and an idle process holds no thread.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import deque
+
+from engine.kv import persist
+
+
+class SidecarWriter:
+    def __init__(self):
+        self._pending: deque[tuple[str, persist.Update]] = deque()
+        self._lock = threading.Condition()
+        self._busy = False
+        self._stale: dict[str, str] = {}  # path -> why its last update failed
+
+    def submit(self, path: str | os.PathLike, update: persist.Update) -> None:
+        with self._lock:
+            self._pending.append((os.fspath(path), update))
+            if not self._busy:
+                self._busy = True
+                threading.Thread(target=self._drain, name="fucina-sidecar-writer").start()
+
+    def flush(self) -> None:
+        """Wait until every submitted update is on disk (or failed)."""
+        with self._lock:
+            self._lock.wait_for(lambda: not self._busy)
+
+    def take_failure(self, path: str | os.PathLike) -> str | None:
+        """Why the last update of `path` was not written (the file keeps its previous complete prefix), once;
+        None when it was. The owner then submits a snapshot from position 0."""
+        with self._lock:
+            return self._stale.pop(os.fspath(path), None)
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                if not self._pending:
+                    self._busy = False
+                    self._lock.notify_all()
+                    return
+                path, update = self._pending.popleft()
+            failure = self._write(path, update)
+            if failure:
+                with self._lock:
+                    self._stale[path] = failure
+
+    @staticmethod
+    def _write(path: str, update: persist.Update) -> str | None:
+        try:
+            if persist.apply(path, update):
+                return None
+            return f"the sidecar {path} lost positions it held"
+        except OSError as e:  # a full disk, a removed directory: the file keeps its published prefix
+            return f"could not write the sidecar {path}: {e.strerror or e}"
+
+
+# The process's one writer (see the module docstring for why there is one).
+WRITER = SidecarWriter()

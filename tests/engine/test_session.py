@@ -1,0 +1,188 @@
+"""The session layer (engine.session) on the real default model: stored turns, warm reopen from the sidecar,
+branches that rewind the cache, deletion, and a process killed mid-reply."""
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.history.store import HistoryStore
+from engine.kv import persist
+from engine.session import ChatSession, delete_conversation, sidecar_path
+
+GREEDY = {"temperature": 0.0, "max_tokens": 12, "ctx": 512}
+REPO = Path(__file__).parents[2]
+
+
+@pytest.fixture(scope="module")
+def smollm2(model_path):
+    from engine.models import load_model
+    return load_model(model_path("smollm2-135m-instruct"))
+
+
+@pytest.fixture
+def home(tmp_path):
+    store = HistoryStore(tmp_path / "history.db")
+    yield store, tmp_path / "sidecars"
+    store.close()
+
+
+def reply(stream) -> str:
+    return "".join(stream)
+
+
+def test_turns_are_stored_with_their_figures(smollm2, home):
+    store, sidecars = home
+    s = ChatSession.open(store, smollm2, sidecar_dir=sidecars, sampler=GREEDY)
+    text = reply(s.send("What is the capital of France?"))
+    user, assistant = s.messages()
+    assert (user["role"], user["content"]) == ("user", "What is the capital of France?")
+    assert (assistant["role"], assistant["content"]) == ("assistant", text) and text
+    meta = assistant["meta"]
+    assert meta["generated_tokens"] == s.last_turn.stats.generated_tokens > 0
+    assert meta["prefilled_tokens"] == s.context_used - meta["generated_tokens"] or meta["finish_reason"] == "length"
+    assert store.get_conversation(s.id)["title"] == "What is the capital of France?"
+
+
+def test_a_reopened_conversation_resumes_warm_and_continues_as_the_uninterrupted_one(smollm2, home, tmp_path):
+    store, sidecars = home
+    turns = ("What is the capital of France?", "And of Italy?", "Name a river there.")
+    uninterrupted = ChatSession.open(store, smollm2, sidecar_dir=tmp_path / "other", sampler=GREEDY)
+    expected = [reply(uninterrupted.send(t)) for t in turns]
+
+    first = ChatSession.open(store, smollm2, sidecar_dir=sidecars, sampler=GREEDY)
+    assert [reply(first.send(t)) for t in turns[:2]] == expected[:2]
+    held = first.context_used
+    first.close()
+    reopened = ChatSession(HistoryStore(store.path), smollm2, first.id, sidecar_dir=sidecars)
+    assert reopened.resumed_positions == held > 30
+    assert reply(reopened.send(turns[2])) == expected[2]
+    stats = reopened.last_turn.stats
+    # nothing of the history is prefilled again: only the closing of the last reply and the new turn
+    assert stats.reused_tokens >= held - 1 and stats.prefilled_tokens < 20
+    assert [m["content"] for m in reopened.messages()] == [m["content"] for m in uninterrupted.messages()]
+
+
+def test_regenerate_edit_and_switch_keep_alternatives(smollm2, home):
+    store, sidecars = home
+    s = ChatSession.open(store, smollm2, sidecar_dir=sidecars, sampler=GREEDY | {"temperature": 1.0, "seed": 7})
+    reply(s.send("Tell me a word."))
+    first_reply = s.messages()[-1]
+    regenerated = reply(s.regenerate())
+    assert s.last_turn.stats.reused_tokens > 0  # the user turn stays cached; only the reply is redone
+    alternatives = store.siblings(s.messages()[-1]["id"])
+    assert [m["id"] for m in alternatives][0] == first_reply["id"] and len(alternatives) == 2
+    assert alternatives[1]["content"] == regenerated
+
+    user = s.messages()[0]
+    reply(s.edit(user["id"], "Tell me a colour."))
+    assert s.messages()[0]["content"] == "Tell me a colour." and len(s.messages()) == 2
+    assert len(store.siblings(user["id"])) == 2
+    s.switch(user["id"])
+    assert [m["content"] for m in s.messages()][0] == "Tell me a word."
+    assert s.messages()[-1]["id"] == alternatives[1]["id"]  # the newest reply under it
+    with pytest.raises(ValueError, match="user message"):
+        s.edit(s.messages()[-1]["id"], "not mine")
+
+
+def test_deleting_a_message_rewinds_the_cache_to_what_is_left(smollm2, home):
+    store, sidecars = home
+    s = ChatSession.open(store, smollm2, sidecar_dir=sidecars, sampler=GREEDY)
+    reply(s.send("Hello there."))
+    held_after_first = s.context_used
+    reply(s.send("What is two plus two?"))
+    held_after_second = s.context_used
+    s.delete_message(s.messages()[2]["id"])  # the second user turn and its reply
+    assert len(s.messages()) == 2
+    reply(s.send("Name a colour."))
+    # kept: the first turn and the frame of the next user turn, not the deleted turn's text
+    assert held_after_first - 1 <= s.last_turn.stats.reused_tokens < held_after_second - 5
+
+
+def test_a_new_system_prompt_reprefills_from_where_the_render_changes(smollm2, home):
+    store, sidecars = home
+    s = ChatSession.open(store, smollm2, sidecar_dir=sidecars, sampler=GREEDY)
+    reply(s.send("Hello there."))
+    s.update_settings(system_prompt="You answer in French.")
+    reply(s.send("How are you?"))
+    assert s.last_turn.stats.reused_tokens < 5  # the system block opens the render
+
+
+def test_deleting_a_conversation_deletes_its_sidecar(smollm2, home):
+    store, sidecars = home
+    s = ChatSession.open(store, smollm2, sidecar_dir=sidecars, sampler=GREEDY)
+    reply(s.send("Hi"))
+    s.close()
+    assert sidecar_path(s.id, sidecars).stat().st_size > 0
+    delete_conversation(store, s.id, sidecars)
+    assert not sidecar_path(s.id, sidecars).exists()
+    assert all(c["id"] != s.id for c in store.list_conversations())
+
+
+def test_a_lost_sidecar_is_rewritten_whole_at_the_next_turn(smollm2, home):
+    store, sidecars = home
+    s = ChatSession.open(store, smollm2, sidecar_dir=sidecars, sampler=GREEDY)
+    reply(s.send("Hi"))
+    s.close()
+    sidecar_path(s.id, sidecars).unlink()
+    reply(s.send("How are you?"))  # this update cannot apply: the file lost the positions it extends
+    s.close()
+    assert s.sidecar_error is None
+    reply(s.send("Good."))
+    assert s.sidecar_error and "lost" in s.sidecar_error  # reported, and this turn's save starts over
+    s.close()
+    reopened = ChatSession(store, smollm2, s.id, sidecar_dir=sidecars)
+    assert reopened.resumed_positions == s.context_used
+
+
+_KILLED_MID_REPLY = """
+import sys
+from engine.history.store import HistoryStore
+from engine.models import load_model
+from engine.session import ChatSession
+store = HistoryStore(sys.argv[2])
+s = ChatSession.open(store, load_model(sys.argv[1]), sidecar_dir=sys.argv[3],
+                     sampler={"temperature": 0.0, "max_tokens": 8, "ctx": 2048})
+"".join(s.send("What is the capital of France?"))
+s.close()
+print("committed", s.id, s.context_used, flush=True)
+s.update_settings(sampler={"temperature": 0.9, "max_tokens": 1500, "ctx": 2048, "seed": 1})
+for i, piece in enumerate(s.send("Write a long story about a dragon.")):
+    if i == 3:
+        print("streaming", flush=True)
+"""
+
+
+def test_a_process_killed_mid_reply_keeps_the_last_turn_and_a_consistent_sidecar(smollm2, home, model_path):
+    store, sidecars = home
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_MID_REPLY, str(model_path("smollm2-135m-instruct")),
+                             str(store.path), str(sidecars)], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    _, cid, held = proc.stdout.readline().split()
+    assert proc.stdout.readline().strip() == "streaming"
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+    assert store.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    roles = [(m["role"], m["content"]) for m in store.active_branch(cid)]
+    assert roles[0] == ("user", "What is the capital of France?") and roles[1][0] == "assistant"
+    assert roles[2:] == [("user", "Write a long story about a dragon.")]  # the reply never committed
+    s = ChatSession(store, smollm2, cid, sidecar_dir=sidecars)
+    assert s.resumed_positions == int(held)  # the committed turn's positions, not a torn reply
+    reply(s.regenerate())
+    assert s.last_turn.stats.reused_tokens >= int(held) - 1
+    assert s.messages()[-1]["role"] == "assistant"
+
+
+def test_sidecar_bytes_per_token_match_the_geometry(smollm2, home):
+    store, sidecars = home
+    s = ChatSession.open(store, smollm2, sidecar_dir=sidecars, sampler=GREEDY)
+    reply(s.send("Hi"))
+    s.close()
+    size = sidecar_path(s.id, sidecars).stat().st_size
+    per_token = persist.bytes_per_token(s.convo.cache)
+    assert per_token == 4 + sum(2 * kv_heads * smollm2.args.head_dim * 2 for kv_heads in smollm2.args.n_head_kv)
+    assert size == persist.header_size(s.convo.cache) + s.context_used * per_token
