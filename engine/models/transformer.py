@@ -22,7 +22,7 @@ from engine.errors import ConfigError, KvCacheOverflow, KvCacheShapeMismatch
 from engine.gguf.reader import GGUFFile
 from engine.gguf.weights import LinearGroup, LinearWeight, load_vector
 from engine.kv.cache import KvCache, KvDtype
-from kernels.cpu import ops
+from kernels.cpu import decode, ops, quant
 from kernels.cpu.attention import attention_decode, attention_prefill
 
 
@@ -147,6 +147,28 @@ class Block:
             self.post_attn_norm = load_vector(file, p + "post_attention_norm.weight", e)
             self.post_ffn_norm = load_vector(file, p + "post_ffw_norm.weight", e)
 
+        self.fused = self._fused_layer(args)
+
+    def _fused_layer(self, args: ModelArgs) -> tuple | None:
+        """The arguments of kernels.cpu.decode.decode_layer for this layer, or None when a
+        weight has no native kernel (those layers decode through the general path)."""
+        attn, mlp = self.attn, self.mlp
+        parts = [*attn.qkv.parts, attn.wo, *mlp.gate_up.parts, mlp.down]
+        if not all(quant.has_native_kernel(p.qtype) for p in parts):
+            return None
+        none = np.zeros(0, np.float32)
+        vecs = (self.attn_norm, self.ffn_norm, self.post_attn_norm, self.post_ffn_norm, attn.q_norm, attn.k_norm,
+                *(attn.bias or (None,) * 3))
+        geo = np.array([attn.n_head, attn.n_head_kv, attn.head_dim, attn.rope_dims, attn.rope_neox,
+                        ops.GELU if args.activation == "gelu" else ops.SILU, attn.window], np.int64)
+        return (tuple(quant.kernel_weight(p.qtype, p.raw) for p in parts), np.array([p.qtype for p in parts]),
+                tuple(none if v is None else v for v in vecs), geo, self.eps, attn.rope_base, attn.scale)
+
+    def decode_one(self, x: np.ndarray, cache: KvCache, threads: int) -> None:
+        """x [n_embd] += this layer's output for one token at cache.len (f16 cache, fused kernel)."""
+        layer = self.attn.layer
+        decode.decode_layer(x, *self.fused, cache.k[layer], cache.v[layer], cache.len, threads)
+
     def __call__(self, x: np.ndarray, segments) -> np.ndarray:
         a = self.attn(ops.rmsnorm(x, self.attn_norm, self.eps), segments)
         if self.post_attn_norm is not None:
@@ -172,6 +194,7 @@ class Transformer:
         self.embed = LinearWeight.load(file, "token_embd.weight", args.vocab_size, args.n_embd)
         self.blocks = [Block(file, args, i) for i in range(args.n_layers)]
         self.norm = load_vector(file, "output_norm.weight", args.n_embd)
+        self._fused = all(b.fused is not None for b in self.blocks)  # single-token decode in one call per layer
         # tied embeddings when the file has no separate output matrix
         self.output = (LinearWeight.load(file, "output.weight", args.vocab_size, args.n_embd)
                        if "output.weight" in file.tensors else self.embed)
@@ -211,8 +234,13 @@ class Transformer:
         x = self.embed.rows(ids)
         if self.args.embed_scale != 1.0:
             x *= np.float32(self.args.embed_scale)
-        for block in self.blocks:
-            x = block(x, segments)
+        if self._fused and r == 1 and caches[0].dtype is KvDtype.F16:
+            threads = quant.threads()
+            for block in self.blocks:
+                block.decode_one(x[0], caches[0], threads)
+        else:
+            for block in self.blocks:
+                x = block(x, segments)
         for r0, r1, cache in segments:
             cache.advance(r1 - r0)
         if not all_rows:

@@ -28,7 +28,7 @@ def _as_f32_overload(x):
 
 
 @njit(cache=True, fastmath=True, parallel=True)
-def _decode(q, k, v, n_keys, window, scale, out):
+def decode_heads(q, k, v, n_keys, window, scale, out):
     n_head, d = q.shape
     group = n_head // k.shape[1]
     start = 0
@@ -66,7 +66,7 @@ def attention_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_keys: int, w
     """One query row (q [heads, head_dim]) at position n_keys-1 against cache rows [0, n_keys)."""
     if out is None:
         out = np.empty_like(q)
-    _decode(q, k, v, n_keys, window, np.float32(scale), out)
+    decode_heads(q, k, v, n_keys, window, np.float32(scale), out)
     return out
 
 

@@ -14,7 +14,7 @@ _PARALLEL_ROWS = 16
 
 
 @njit(cache=True, fastmath=True, inline="always")
-def _rmsnorm_row(x, w, eps, out):
+def rmsnorm_row(x, w, eps, out):
     ss = np.float32(0.0)
     for i in range(x.size):
         ss += x[i] * x[i]
@@ -26,13 +26,13 @@ def _rmsnorm_row(x, w, eps, out):
 @njit(cache=True, fastmath=True)
 def _rmsnorm_serial(x, w, eps, out):
     for r in range(x.shape[0]):
-        _rmsnorm_row(x[r], w, eps, out[r])
+        rmsnorm_row(x[r], w, eps, out[r])
 
 
 @njit(cache=True, fastmath=True, parallel=True)
 def _rmsnorm_parallel(x, w, eps, out):
     for r in prange(x.shape[0]):
-        _rmsnorm_row(x[r], w, eps, out[r])
+        rmsnorm_row(x[r], w, eps, out[r])
 
 
 def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray | None = None) -> np.ndarray:
@@ -49,7 +49,7 @@ def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray | Non
 
 
 @njit(cache=True, fastmath=True)
-def _rope_inplace(x, positions, n_rot, base, neox):
+def rope_inplace(x, positions, n_rot, base, neox):
     """Rotate the first n_rot dims of every head of x [n, heads, head_dim] in place.
 
     neox pairs dim i with i + n_rot/2 (GPT-NeoX / Qwen / Gemma); the normal
@@ -77,7 +77,7 @@ def _rope_inplace(x, positions, n_rot, base, neox):
 
 def rope(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float, neox: bool) -> None:
     """Apply rotary position embedding in place to x [n, heads, head_dim]."""
-    _rope_inplace(x, positions.astype(np.int64, copy=False), n_rot, float(base), bool(neox))
+    rope_inplace(x, positions.astype(np.int64, copy=False), n_rot, float(base), bool(neox))
 
 
 @njit(cache=True, fastmath=True, inline="always")
@@ -97,7 +97,7 @@ SILU, GELU = 0, 1
 
 
 @njit(cache=True, fastmath=True, inline="always")
-def _gated_range(act, g, u, o, start, stop):
+def gated_range(act, g, u, o, start, stop):
     if act == SILU:
         for i in range(start, stop):
             o[i] = _silu(g[i]) * u[i]
@@ -108,14 +108,14 @@ def _gated_range(act, g, u, o, start, stop):
 
 @njit(cache=True, fastmath=True)
 def _gated_serial(act, g, u, o):
-    _gated_range(act, g, u, o, 0, g.size)
+    gated_range(act, g, u, o, 0, g.size)
 
 
 @njit(cache=True, fastmath=True, parallel=True)
 def _gated_parallel(act, g, u, o):
     chunk = 4096
     for c in prange((g.size + chunk - 1) // chunk):
-        _gated_range(act, g, u, o, c * chunk, min(g.size, (c + 1) * chunk))
+        gated_range(act, g, u, o, c * chunk, min(g.size, (c + 1) * chunk))
 
 
 _PARALLEL_ELEMENTS = 1 << 16

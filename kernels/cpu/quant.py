@@ -24,7 +24,7 @@ from kernels.cpu import quant_dot as dot
 from kernels.cpu import quant_generic as generic
 
 _TILE_BYTES = 4 << 20  # float32 tile of dequantized rows in GEMMs: big enough for sgemm, fits in L3
-_PARALLEL_MIN_BYTES = 1 << 17  # smaller weights run on the calling thread: a launch costs more
+_PARALLEL_MIN_BYTES = dot.PARALLEL_MIN_BYTES
 _MATVEC_MAX_ROWS = 8  # matmul inputs up to this many rows stream the weights once per row
 
 _threads: int | None = None  # None: follow numba's own setting
@@ -48,11 +48,16 @@ def set_num_threads(n: int) -> None:
     numba.set_num_threads(n)
 
 
+def threads() -> int:
+    """The kernel thread count, applied to the calling thread (numba keeps it per thread)."""
+    if _threads is not None and numba.get_num_threads() != _threads:
+        numba.set_num_threads(_threads)
+    return numba.get_num_threads()
+
+
 def _chunks_for(nbytes: int) -> int:
     """How many threads a kernel reading nbytes of weights should use."""
-    if _threads is not None and numba.get_num_threads() != _threads:
-        numba.set_num_threads(_threads)  # numba keeps the count per calling thread
-    return numba.get_num_threads() if nbytes >= _PARALLEL_MIN_BYTES else 1
+    return threads() if nbytes >= _PARALLEL_MIN_BYTES else 1
 
 
 # --- validation ---------------------------------------------------------------
@@ -123,6 +128,11 @@ def _row_range(w: np.ndarray, start: int, stop: int | None) -> tuple[int, int]:
 
 
 # --- public API -----------------------------------------------------------------
+
+
+def kernel_weight(qtype: int, w: np.ndarray) -> np.ndarray:
+    """The checked read-only view of w that fused kernels take (as matvec checks it)."""
+    return _weight(qtype, w)[0]
 
 
 def matvec(qtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -206,7 +216,7 @@ def _matvec_into(qtype: int, ws: tuple[np.ndarray, ...], x: np.ndarray, out: np.
             for r0, r1, tile in _dequantized_tiles(qtype, w, x.shape[0]):
                 np.matmul(tile, x, out=out[row0 + r0 : row0 + r1])
     elif (chunks := _chunks_for(sum(w.nbytes for w in ws))) > 1:
-        dot.matvec_parallel(qtype, ws, np.array(starts), x, out, blocks.N16, chunks)
+        dot.matvec_parallel(np.full(len(ws), qtype), ws, np.array(starts), x, out, blocks.N16, chunks)
     else:
         for w, row0 in zip(ws, starts):
             dot.dot_rows(qtype, w, x, out[row0 : row0 + w.shape[0]], blocks.N16)

@@ -26,9 +26,12 @@ from kernels.cpu.int8_dot import (
     dot_nibbles32, dot_q6_k32, row_dot_q4_0, row_dot_q4_1, row_dot_q5_0, row_dot_q5_1, row_dot_q8_0,
 )
 from kernels.cpu.quant_blocks import (
-    BF16, F16, F32, KERNEL, KERNEL_ONCE, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
+    BF16, F16, F32, KERNEL, KERNEL_ONCE, N16, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
     bits, idx, join, k_scale_min, load_f16, load_u32, q3_k_scale, span,
 )
+
+# smaller weights run on the calling thread: a parallel launch costs more than it saves
+PARALLEL_MIN_BYTES = 1 << 17
 
 # float32 constants: an int literal would turn the float32 block arithmetic into float64
 _4, _8, _16, _32 = np.float32(4), np.float32(8), np.float32(16), np.float32(32)
@@ -296,15 +299,35 @@ def activations(x):
     return xs, xq, xd, xsum
 
 
+@njit(**KERNEL)
+def matvec_rows(qtypes, ws, starts, x, act, out, lo, hi, n16):
+    """Rows [lo, hi) of the weights stacked in ws (weight i, of GGML type qtypes[i], owns
+    out[starts[i]:starts[i+1]]), given act = activations(x)."""
+    for i in range(len(ws)):
+        a, b = max(lo, starts[i]), min(hi, starts[i + 1])
+        if a < b:
+            _dispatch(qtypes[i], ws[i][a - starts[i] : b - starts[i]], x, act, out[a:b], n16)
+
+
 @njit(parallel=True, **KERNEL)
-def matvec_parallel(qtype, ws, starts, x, out, n16, chunks):
-    """dot_rows over the weights stacked in ws (weight i owns out[starts[i]:starts[i+1]]),
-    split into `chunks` equal row ranges across all of them."""
+def matvec_parallel(qtypes, ws, starts, x, out, n16, chunks):
+    """matvec_rows over all the stacked rows, split into `chunks` equal row ranges."""
     total = starts[-1]
     act = activations(x)
     for c in prange(chunks):
-        lo, hi = c * total // chunks, (c + 1) * total // chunks
-        for i in range(len(ws)):
-            a, b = max(lo, starts[i]), min(hi, starts[i + 1])
-            if a < b:
-                _dispatch(qtype, ws[i][a - starts[i] : b - starts[i]], x, act, out[a:b], n16)
+        matvec_rows(qtypes, ws, starts, x, act, out, c * total // chunks, (c + 1) * total // chunks, n16)
+
+
+@njit(**KERNEL)
+def matvec_stacked(qtypes, ws, x, out, threads):
+    """out = the stacked products of ws with x, on `threads` threads when the weights are big
+    enough to repay a parallel launch (the entry point for fused kernels)."""
+    starts = np.zeros(len(ws) + 1, np.int64)
+    nbytes = 0
+    for i in range(len(ws)):
+        starts[i + 1] = starts[i] + ws[i].shape[0]
+        nbytes += ws[i].size
+    if threads > 1 and nbytes >= PARALLEL_MIN_BYTES:
+        matvec_parallel(qtypes, ws, starts, x, out, N16, threads)
+    else:
+        matvec_rows(qtypes, ws, starts, x, activations(x), out, 0, starts[-1], N16)
