@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from app import cli_bench, cli_chat, cli_eval, cli_models, cli_tokenize
+from app import cli_bench, cli_chat, cli_conversations, cli_eval, cli_models, cli_tokenize
 from engine.errors import FucinaError
 
 # Each module's `register(subparsers)` adds its subcommands and sets `func(args) -> int | None` on them.
@@ -16,6 +16,7 @@ COMMANDS = [
     cli_eval.register,
     cli_bench.register,
     cli_chat.register,
+    cli_conversations.register,
 ]
 
 

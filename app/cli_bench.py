@@ -7,6 +7,7 @@ import sys
 
 from app.cli_eval import resolve_model_path
 from engine.bench import benchmark
+from engine.bench_reopen import reopen_benchmark
 from engine.runtime import configure_threads
 
 
@@ -14,6 +15,8 @@ def run_bench(args) -> int:
     threads = configure_threads(args.threads)
     path = resolve_model_path(args.model)
     log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr, flush=True))
+    if args.reopen:
+        return _run_reopen(args, path, threads, log)
     r = benchmark(str(path), threads, args.prompt_tokens, args.gen_tokens, args.runs, args.peer, log)
     if args.json:
         json.dump(r, sys.stdout, indent=1)
@@ -35,6 +38,23 @@ def run_bench(args) -> int:
     return 0
 
 
+def _run_reopen(args, path, threads: int, log) -> int:
+    r = reopen_benchmark(str(path), args.reopen, args.runs, log) | {"threads": threads}
+    if args.json:
+        json.dump(r, sys.stdout, indent=1)
+        print()
+        return 0
+    w, c, x = r["warm_ttft_s"], r["cold_ttft_s"], r["speedup"]
+    print(f"{path.name}: {threads} threads, a {r['conversation_tokens']}-token conversation reopened, {args.runs} runs")
+    print(f"  from the sidecar: first token {w['median']:.3f} s (min {w['min']:.3f}, max {w['max']:.3f}), "
+          f"{r['warm_prefilled_tokens']} tokens prefilled, {r['warm_reused_tokens']} reused")
+    print(f"  re-prefilled:     first token {c['median']:.3f} s (min {c['min']:.3f}, max {c['max']:.3f}), "
+          f"{r['cold_prefilled_tokens']} tokens prefilled")
+    print(f"  speedup {x['median']:.1f}x (min {x['min']:.1f}, max {x['max']:.1f}); sidecar {r['sidecar_bytes']:,} "
+          f"bytes, {r['sidecar_bytes_per_token']:,} per token")
+    return 0
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("bench", help="measure prefill/decode speed, optionally against llama.cpp")
     p.add_argument("model", help="a starter model name or a path to a .gguf file")
@@ -43,5 +63,8 @@ def register(subparsers) -> None:
     p.add_argument("--gen-tokens", type=int, default=128)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--peer", action="store_true", help="also run llama.cpp (the `peer` extra) in the same process")
+    p.add_argument("--reopen", type=int, metavar="N", default=None,
+                   help="instead: time to first token of a stored N-token conversation reopened from its KV "
+                        "sidecar versus re-prefilled")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run_bench)

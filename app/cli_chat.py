@@ -1,46 +1,120 @@
-"""`fucina chat [MODEL]`: a terminal chat that streams replies.
+"""`fucina chat [MODEL] [--conversation ID|new]`: a terminal chat that streams replies.
 
 Interactive on a terminal; from a pipe it answers one message per input line until EOF. Replies (and
 /stats) go to stdout, notices to stderr, so a piped run's stdout holds only the conversation's answers.
+With --conversation the chat is stored (the history database and a KV sidecar, through engine.session)
+and a stored one reopens warm; without it, the chat lives only in this process.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 from typing import Iterator
 
 from app.cli_eval import add_model_options, open_model
 from app.cli_sampling import add_sampler_options, sampler_config
+from app.cli_conversations import find_conversation, open_store
 from engine.chat import ChatOptions, Conversation, TurnResult
+from engine.history.store import HistoryStore
 from engine.errors import ContextFull, FucinaError
 from engine.sampling import CHAT_DEFAULTS
+from engine.session import ChatSession
 
 HELP = """commands:
-  /reset        forget the conversation
+  /reset        forget the conversation (a stored chat: start a new one)
   /system TEXT  set the system prompt (empty to clear) and start over
   /stats        numbers for the last reply
   /quit         leave (so does end of input)"""
 
 
+class _EphemeralChat:
+    """A chat that lives only in this process."""
+
+    def __init__(self, model, args):
+        self.convo = Conversation.for_model(model, ChatOptions(
+            system=args.system, capacity=args.ctx, kv_dtype=args.kv, max_tokens=args.max_tokens,
+            think_off=args.no_think, sampler=sampler_config(args)))
+
+    @property
+    def last_turn(self) -> TurnResult | None:
+        return self.convo.last_turn
+
+    def send(self, text: str) -> Iterator[str]:
+        return self.convo.send(text)
+
+    def reset(self) -> str:
+        self.convo.reset()
+        return "(conversation reset)"
+
+    def set_system(self, system: str | None) -> str:
+        self.convo.system = system
+        self.convo.reset()
+        return "(system prompt set; conversation reset)" if system else "(system prompt cleared)"
+
+
+class _StoredChat:
+    """A chat in the history store, through the session layer."""
+
+    def __init__(self, model, args, store: HistoryStore):
+        self.model, self.store = model, store
+        if args.conversation == "new":
+            self.settings = {"temperature": args.temp, "top_k": args.top_k, "top_p": args.top_p,
+                             "min_p": args.min_p, "repeat_penalty": args.repeat_penalty, "seed": args.seed,
+                             "max_tokens": args.max_tokens, "ctx": args.ctx}
+            self.system = args.system
+            self.session = self._new()
+        else:
+            self.session = ChatSession(store, model, find_conversation(store, args.conversation))
+            self.settings, self.system = self.session.settings["sampler"], self.session.settings["system_prompt"]
+        print(f"(conversation {self.session.id[:8]}: {len(self.session.messages())} messages"
+              f"{f', resumed {self.session.resumed_positions} positions from its sidecar' if self.session.resumed_positions else ''})",
+              file=sys.stderr)
+
+    def _new(self) -> ChatSession:
+        return ChatSession.open(self.store, self.model, system_prompt=self.system,
+                                sampler={k: v for k, v in self.settings.items() if v is not None})
+
+    @property
+    def last_turn(self) -> TurnResult | None:
+        return self.session.last_turn
+
+    def send(self, text: str) -> Iterator[str]:
+        return self.session.send(text)
+
+    def reset(self) -> str:
+        self.session.close()
+        self.session = self._new()
+        return f"(new conversation {self.session.id[:8]})"
+
+    def set_system(self, system: str | None) -> str:
+        self.system = system
+        self.session.update_settings(system_prompt=system)
+        return "(system prompt set)" if system else "(system prompt cleared)"
+
+
 def run_chat(args) -> int:
     model = open_model(args)
-    convo = Conversation.for_model(model, ChatOptions(
-        system=args.system, capacity=args.ctx, kv_dtype=args.kv, max_tokens=args.max_tokens,
-        think_off=args.no_think, sampler=sampler_config(args)))
-    interactive = sys.stdin.isatty()
-    if interactive:
-        print(f"fucina chat · {Path(model.file.path).name} · /help for commands", file=sys.stderr)
-    for line in _lines(interactive):
-        text = line.strip()
-        if not text:
-            continue
-        if text.startswith("/"):
-            if not _command(convo, text):
-                break
-            continue
-        _reply(convo, text)
+    with contextlib.ExitStack() as stack:
+        if args.conversation:
+            chat = _StoredChat(model, args, stack.enter_context(open_store()))
+            stack.callback(lambda: chat.session.close())
+        else:
+            chat = _EphemeralChat(model, args)
+        interactive = sys.stdin.isatty()
+        if interactive:
+            print(f"fucina chat · {Path(model.file.path).name} · /help for commands", file=sys.stderr)
+        for line in _lines(interactive):
+            text = line.strip()
+            if not text:
+                continue
+            if text.startswith("/"):
+                if not _command(chat, text):
+                    break
+                continue
+            _reply(chat, text)
     return 0
 
 
@@ -56,9 +130,9 @@ def _lines(interactive: bool) -> Iterator[str]:
             return
 
 
-def _reply(convo: Conversation, text: str) -> None:
+def _reply(chat, text: str) -> None:
     try:
-        for piece in convo.send(text):
+        for piece in chat.send(text):
             print(piece, end="", flush=True)
     except KeyboardInterrupt:  # Ctrl-C stops this reply, not the chat
         print(" [stopped]", end="")
@@ -71,21 +145,17 @@ def _reply(convo: Conversation, text: str) -> None:
     print(flush=True)
 
 
-def _command(convo: Conversation, text: str) -> bool:
+def _command(chat, text: str) -> bool:
     """Run a slash command; False means leave."""
     name, _, rest = text.partition(" ")
     if name == "/quit":
         return False
     if name == "/reset":
-        convo.reset()
-        print("(conversation reset)", file=sys.stderr)
+        print(chat.reset(), file=sys.stderr)
     elif name == "/system":
-        convo.system = rest.strip() or None
-        convo.reset()
-        print("(system prompt set; conversation reset)" if convo.system else "(system prompt cleared)",
-              file=sys.stderr)
+        print(chat.set_system(rest.strip() or None), file=sys.stderr)
     elif name == "/stats":
-        print(format_stats(convo.last_turn) if convo.last_turn else "no reply yet", flush=True)
+        print(format_stats(chat.last_turn) if chat.last_turn else "no reply yet", flush=True)
     elif name == "/help":
         print(HELP, file=sys.stderr)
     else:
@@ -110,6 +180,9 @@ def positive_int(text: str) -> int:
 def register(subparsers) -> None:
     p = subparsers.add_parser("chat", help="chat with a model in the terminal (or answer lines from a pipe)")
     add_model_options(p, optional=True)
+    p.add_argument("--conversation", metavar="ID|new", default=None,
+                   help="store the chat: `new`, or reopen a stored one by id or id prefix (its own settings "
+                        "apply; see `fucina conversations list`)")
     p.add_argument("--system", default=None, help="system prompt")
     p.add_argument("--max-tokens", type=positive_int, default=512, help="longest reply in tokens (default 512)")
     p.add_argument("--ctx", type=positive_int, default=4096, help="context size in tokens (default 4096)")

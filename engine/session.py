@@ -104,6 +104,11 @@ class ChatSession:
         """The active branch, root first."""
         return self.store.active_branch(self.id)
 
+    def prompt_length(self) -> int:
+        """Tokens of the prompt the next reply would be conditioned on (the active branch, which ends with
+        a user message, rendered)."""
+        return len(self.convo.tokenizer.encode(self._render(self.messages()), add_special=True))
+
     # -- replies: each returns the reply's text pieces as a generator; closing it early stops the reply --
 
     def send(self, text: str, cancel: threading.Event | None = None) -> Iterator[str]:

@@ -12,6 +12,7 @@ writes what is pending, and an idle process holds no thread.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections import deque
 
@@ -28,9 +29,16 @@ class SidecarWriter:
     def submit(self, path: str | os.PathLike, update: persist.Update) -> None:
         with self._lock:
             self._pending.append((os.fspath(path), update))
-            if not self._busy:
-                self._busy = True
-                threading.Thread(target=self._drain, name="fucina-sidecar-writer").start()
+            start, self._busy = not self._busy, True
+        if not start:
+            return
+        if sys.is_finalizing():  # a reply closed at interpreter exit: no new thread may start now
+            self._drain()
+            return
+        try:
+            threading.Thread(target=self._drain, name="fucina-sidecar-writer").start()
+        except RuntimeError:  # "can't create new thread at interpreter shutdown"
+            self._drain()
 
     def flush(self) -> None:
         """Wait until every submitted update is on disk (or failed)."""
