@@ -117,3 +117,24 @@ def test_smollm2_reopened_from_its_sidecar_replies_as_the_uninterrupted_chat(rea
     assert reply(reopened, turns[2]) == expected[2]
     assert reopened.last_turn.stats.reused_tokens == resumed  # zero re-prefill
     assert reopened.history == uninterrupted.history
+
+
+def test_a_turn_never_waits_for_its_sidecar_write(tiny_chat, tmp_path, monkeypatch):
+    import threading
+
+    from engine.kv.sidecar_writer import WRITER
+
+    disk = threading.Event()  # the "disk" accepts writes only once set
+    real_apply = persist.apply
+    monkeypatch.setattr(persist, "apply", lambda path, update: disk.wait() and real_apply(path, update))
+    c = chat(tiny_chat)
+    path = tmp_path / "chat.kv"
+    c.enable_persistence(path)
+    reply(c, "hi")
+    reply(c, "and again")  # both turns ended while their writes were still held back
+    assert path.stat().st_size == persist.header_size(c.cache)
+    disk.set()
+    WRITER.flush()
+    reopened = chat(tiny_chat)
+    assert reopened.enable_persistence(path) == c.cache.len
+    assert_same_cache(reopened.cache, c.cache)
