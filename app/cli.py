@@ -21,8 +21,11 @@ COMMANDS = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fucina", description="Chat with local language models.")
-    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
+    parser = argparse.ArgumentParser(prog="fucina", description="Chat with local language models. "
+                                     "With no command, opens the desktop app.")
+    parser.add_argument("--screenshot", metavar="PATH", help="render the app's window to a PNG and exit")
+    parser.add_argument("--conversation", metavar="ID", help="the conversation to open (default: the last one)")
+    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     for register in COMMANDS:
         register(subparsers)
     return parser
@@ -32,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command; the return value is the process exit status."""
     args = build_parser().parse_args(argv)
     try:
+        if not hasattr(args, "func"):
+            from app.gui.app import run  # Qt loads only for the desktop app
+            return run(args.screenshot, args.conversation)
         return args.func(args) or 0
     except FucinaError as e:
         print(f"error: {e}", file=sys.stderr)

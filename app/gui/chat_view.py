@@ -1,0 +1,173 @@
+"""The scrolling list of messages in the active branch.
+
+Long conversations stay fast by building widgets only for the newest messages (RENDER_BATCH at a time);
+scrolling to the top builds the next older batch, keeping the message under the reader's eyes still.
+While a reply streams the view follows the bottom only if the reader is already there, so reading
+further up never jumps.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from PySide6.QtCore import QTimer, Signal
+from PySide6.QtWidgets import QAbstractSlider, QScrollArea, QVBoxLayout, QWidget
+
+from app.gui.message_widget import MessageWidget
+
+RENDER_BATCH = 40
+FOLLOW_SLACK_PX = 24
+
+
+class ChatView(QScrollArea):
+    regenerate_requested = Signal()
+    edit_requested = Signal(str, str)
+    delete_requested = Signal(str)
+    switch_requested = Signal(str)
+
+    def __init__(self, siblings_of: Callable[[str], list[str]]):
+        super().__init__()
+        self._siblings_of = siblings_of
+        self.setWidgetResizable(True)
+        self.setAccessibleName("Conversation")
+        container = QWidget()
+        self._column = QVBoxLayout(container)
+        self._column.setContentsMargins(12, 12, 12, 12)
+        self._column.setSpacing(10)
+        self._column.addStretch()
+        self.setWidget(container)
+        self.messages: list[dict] = []
+        self.widgets: list[MessageWidget] = []   # for messages[self._first:], then any pending ones
+        self._first = 0
+        self._follow = True
+        self._anchor: tuple[MessageWidget, int] | None = None  # keeps a widget still while older ones load
+        bar = self.verticalScrollBar()
+        bar.valueChanged.connect(self._scrolled)
+        bar.rangeChanged.connect(self._range_changed)
+        bar.actionTriggered.connect(self._user_scrolled)
+
+    # -- showing a branch ----------------------------------------------------------------------------
+    def show_messages(self, messages: list[dict]) -> None:
+        """Show `messages` (root to leaf), keeping the widgets of the unchanged leading messages."""
+        keep = 0
+        for old, new in zip(self.messages[self._first:], messages[self._first:]):
+            if (old["id"], old["content"]) != (new["id"], new["content"]):
+                break
+            keep += 1
+        same_start = self._first < len(messages) and messages[: self._first] == self.messages[: self._first]
+        if not same_start:
+            keep, self._first = 0, max(0, len(messages) - RENDER_BATCH)
+        self._truncate(keep)
+        self.messages = list(messages)
+        for message in messages[self._first + keep:]:
+            self._append(message)
+        self._mark_last_reply()
+
+    def clear(self) -> None:
+        self._follow = True
+        self._first = 0
+        self._truncate(0)
+        self.messages = []
+
+    def _make(self, message: dict, last_reply: bool = False) -> MessageWidget:
+        siblings = self._siblings_of(message["id"]) if message["id"] else []
+        widget = MessageWidget(message, siblings, last_reply=last_reply)
+        widget.regenerate_requested.connect(self.regenerate_requested)
+        widget.edit_requested.connect(self.edit_requested)
+        widget.delete_requested.connect(self.delete_requested)
+        widget.switch_requested.connect(self.switch_requested)
+        return widget
+
+    def _append(self, message: dict) -> MessageWidget:
+        widget = self._make(message)
+        self.widgets.append(widget)
+        self._column.insertWidget(self._column.count() - 1, widget)  # above the trailing stretch
+        return widget
+
+    def _truncate(self, count: int) -> None:
+        for widget in self.widgets[count:]:
+            self._column.removeWidget(widget)
+            widget.deleteLater()
+        del self.widgets[count:]
+
+    def _mark_last_reply(self) -> None:
+        """Only the last reply offers Regenerate; rebuild the one or two widgets whose role in that changed."""
+        last = len(self.messages) - 1
+        for i, widget in enumerate(self.widgets):
+            want = i + self._first == last and widget.role == "assistant"
+            if want != ("regenerate" in widget.actions_):
+                replacement = self._make(widget.message, last_reply=want)
+                self._column.replaceWidget(widget, replacement)
+                widget.deleteLater()
+                self.widgets[i] = replacement
+
+    # -- a reply in progress ---------------------------------------------------------------------
+    def begin_reply(self, keep: int, user_text: str | None = None) -> None:
+        """Show a reply being written after the first `keep` messages, below a new user message if given."""
+        keep = max(keep, self._first)
+        self._truncate(keep - self._first)
+        self.messages = self.messages[:keep]
+        if user_text is not None:
+            self._append({"id": None, "role": "user", "content": user_text})
+        self.streaming = self._append({"id": None, "role": "assistant", "content": ""})
+        self.scroll_to_bottom()
+
+    def append_reply(self, text: str) -> None:
+        self.streaming.set_content(self.streaming.content + text)
+
+    def last_reply_text(self) -> str | None:
+        replies = [w for w in self.widgets if w.role == "assistant"]
+        return replies[-1].content if replies else None
+
+    # -- scrolling ---------------------------------------------------------------------------------
+    def scroll_to_bottom(self) -> None:
+        self._follow, self._anchor = True, None
+        self.verticalScrollBar().setValue(self.verticalScrollBar().maximum())
+
+    def scroll_to_message(self, message_id: str) -> MessageWidget | None:
+        index = next((i for i, m in enumerate(self.messages) if m["id"] == message_id), None)
+        if index is None:
+            return None
+        while index < self._first:
+            self._load_older()
+        widget = self.widgets[index - self._first]
+        self._follow, self._anchor = False, None
+        QTimer.singleShot(0, lambda: self.ensureWidgetVisible(widget, 0, 40))  # after the layout settles
+        return widget
+
+    def _load_older(self) -> None:
+        if self._first == 0:
+            return
+        start = max(0, self._first - RENDER_BATCH)
+        top = self.widgets[0] if self.widgets else None
+        if top is not None:
+            self._anchor = (top, top.y() - self.verticalScrollBar().value())
+        older = [self._make(m) for m in self.messages[start:self._first]]
+        for i, widget in enumerate(older):
+            self._column.insertWidget(i, widget)
+        self.widgets[:0] = older
+        self._first = start
+
+    def _scrolled(self, value: int) -> None:
+        bar = self.verticalScrollBar()
+        self._follow = value >= bar.maximum() - FOLLOW_SLACK_PX
+        if value == bar.minimum() and self._first > 0 and self._anchor is None:
+            self._load_older()
+
+    def _user_scrolled(self, action: int) -> None:
+        if action != QAbstractSlider.SliderAction.SliderNoAction:
+            self._anchor = None
+
+    def _apply_anchor(self) -> None:
+        if self._anchor is not None:
+            widget, offset = self._anchor
+            self.verticalScrollBar().setValue(widget.y() - offset)
+
+    def _range_changed(self, _minimum: int, maximum: int) -> None:
+        bar = self.verticalScrollBar()
+        if self._follow:
+            bar.setValue(maximum)
+        elif self._anchor is not None:
+            QTimer.singleShot(0, self._apply_anchor)  # widget positions settle after the range does
+        if maximum == 0 and self._first > 0:  # the rendered messages do not fill the view yet
+            self._load_older()

@@ -1,0 +1,359 @@
+"""The main window: the conversation sidebar, the chat, the message input and the status bar, wired to the
+engine thread. Everything here runs on the UI thread and only renders, reads the store, or queues requests
+for the worker; replies arrive as signals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from PySide6.QtCore import QEvent, Qt
+from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QKeySequence
+from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QMainWindow, QMessageBox, QProgressBar, QSplitter,
+                               QToolButton, QVBoxLayout, QWidget)
+
+from app.gui.chat_view import ChatView
+from app.gui.composer import Composer
+from app.gui.model_picker import ModelPicker, model_label
+from app.gui.preferences import Preferences
+from app.gui.settings_dialog import SettingsDialog
+from app.gui.sidebar import UNTITLED, Sidebar
+from app.gui.status_line import StatusLine
+from app.gui.worker import EngineClient, EngineStatus
+from engine.catalog import catalog, default_model_name
+from engine.errors import FucinaError
+from engine.history.store import HistoryStore
+from engine.paths import data_dir
+
+PREFERENCES_FILE = "gui.ini"
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, conversation_id: str | None = None):
+        """Opens `conversation_id`, else the conversation open when the app last closed."""
+        super().__init__()
+        self.setWindowTitle("Fucina")
+        self.resize(1100, 760)
+        db_path = HistoryStore.default_path()
+        self.store = HistoryStore(db_path)
+        self.preferences = Preferences(data_dir() / PREFERENCES_FILE)
+        self.client = EngineClient(db_path)
+        self.current_id: str | None = None
+        self.model_path: str | None = None       # the model the engine has loaded
+        self.streaming = False
+        self._new_chat_settings: dict = {}        # settings chosen for a chat not saved yet
+        self._pending_jump: str | None = None     # a search hit to show once its branch is
+
+        self.sidebar = Sidebar(self.store)
+        self.chat_view = ChatView(self._siblings)
+        self.composer = Composer()
+        self.model_button = QToolButton(text="No model")
+        self.model_button.setAccessibleName("Choose model")
+        self.model_button.setToolTip("Choose the model")
+        self.settings_button = QToolButton(text="Settings")
+        self.settings_button.setAccessibleName("Conversation settings")
+        self.settings_button.setToolTip("System prompt, sampling and context (Ctrl+,)")
+        self.status_line = StatusLine()
+        self.load_progress = QProgressBar()
+        self.load_progress.setRange(0, 0)
+        self.load_progress.setMaximumWidth(140)
+        self.load_progress.setAccessibleName("Model loading")
+        self.load_progress.hide()
+        self._build_layout()
+        self._build_menus()
+        self._connect()
+        if self.preferences.geometry is not None:
+            self.restoreGeometry(self.preferences.geometry)
+        self.open_conversation(conversation_id or self.preferences.last_conversation)
+        self._load_initial_model()
+
+    # -- construction ------------------------------------------------------------------------------
+    def _build_layout(self) -> None:
+        top = QHBoxLayout()
+        top.setContentsMargins(12, 6, 12, 0)
+        top.addWidget(self.model_button)
+        top.addStretch()
+        top.addWidget(self.settings_button)
+        right = QWidget()
+        column = QVBoxLayout(right)
+        column.setContentsMargins(0, 0, 0, 0)
+        column.addLayout(top)
+        column.addWidget(self.chat_view, 1)
+        column.addWidget(self.composer)
+        splitter = QSplitter()
+        splitter.addWidget(self.sidebar)
+        splitter.addWidget(right)
+        splitter.setStretchFactor(1, 1)
+        splitter.setSizes([260, 840])
+        self.setCentralWidget(splitter)
+        self.statusBar().addWidget(self.status_line, 1)
+        self.statusBar().addPermanentWidget(self.load_progress)
+
+    def _action(self, menu, text: str, slot, shortcut=None) -> QAction:
+        action = QAction(text, self)
+        if shortcut is not None:
+            action.setShortcut(QKeySequence(shortcut))
+        action.triggered.connect(slot)
+        menu.addAction(action)
+        return action
+
+    def _build_menus(self) -> None:
+        bar = self.menuBar()
+        file = bar.addMenu("&File")
+        self._action(file, "New chat", self.new_chat, QKeySequence.StandardKey.New)
+        self._action(file, "Import conversation (JSON)…", self.import_conversation)
+        self._action(file, "Export conversation…", lambda: self.export_conversation(self.current_id))
+        file.addSeparator()
+        self._action(file, "Quit", self.close, QKeySequence.StandardKey.Quit)
+        edit = bar.addMenu("&Edit")
+        self._action(edit, "Copy last reply", self.copy_last_reply, "Ctrl+Shift+C")
+        self._action(edit, "Search", self.sidebar.focus_search, "Ctrl+K")
+        chat = bar.addMenu("&Chat")
+        self._action(chat, "Settings…", self.edit_settings, "Ctrl+,")
+        self._action(chat, "Choose model…", self.choose_model)
+        self._action(chat, "Stop reply", self.client.stop)
+
+    def _connect(self) -> None:
+        self.sidebar.new_requested.connect(self.new_chat)
+        self.sidebar.conversation_chosen.connect(self.open_conversation)
+        self.sidebar.message_chosen.connect(self.jump_to_message)
+        self.sidebar.delete_requested.connect(self.client.delete_conversation)
+        self.sidebar.export_requested.connect(self.export_conversation)
+        self.composer.send_requested.connect(self.send)
+        self.composer.stop_requested.connect(self.client.stop)
+        self.chat_view.regenerate_requested.connect(self.regenerate)
+        self.chat_view.edit_requested.connect(self.edit)
+        self.chat_view.delete_requested.connect(self.client.delete_message)
+        self.chat_view.switch_requested.connect(self.client.switch)
+        self.model_button.clicked.connect(self.choose_model)
+        self.settings_button.clicked.connect(self.edit_settings)
+        worker = self.client.worker
+        worker.model_loading.connect(self._model_loading)
+        worker.model_loaded.connect(self._model_loaded)
+        worker.model_failed.connect(self._model_failed)
+        worker.conversation_ready.connect(self._conversation_ready)
+        worker.conversation_created.connect(self._conversation_created)
+        worker.conversation_deleted.connect(self._conversation_deleted)
+        worker.reply_text.connect(self._reply_text)
+        worker.turn_finished.connect(self._turn_finished)
+        worker.branch_changed.connect(self._refresh_if_current)
+        worker.status_changed.connect(self.status_line.show_status)
+        worker.failed.connect(self._engine_failed)  # a bound slot, so it runs on this (the UI) thread
+
+    def _siblings(self, message_id: str) -> list[str]:
+        return [m["id"] for m in self.store.siblings(message_id)]
+
+    # -- conversations -----------------------------------------------------------------------------
+    def open_conversation(self, conversation_id: str | None) -> None:
+        self._show_conversation(conversation_id)
+        self.client.open_conversation(self.current_id)
+
+    def new_chat(self) -> None:
+        self.open_conversation(None)
+
+    def _show_conversation(self, conversation_id: str | None) -> None:
+        """Show a conversation (None: a new, empty chat) from the store, without asking the engine."""
+        if conversation_id is not None:
+            try:
+                self.store.get_conversation(conversation_id)
+            except FucinaError:  # deleted since it was remembered
+                conversation_id = None
+        self._end_turn()
+        self.current_id, self._new_chat_settings = conversation_id, {}
+        self.preferences.last_conversation = conversation_id
+        self.chat_view.clear()
+        self._refresh_if_current(conversation_id)
+        self.sidebar.select(conversation_id)
+        self.composer.input.setFocus()
+
+    def _refresh_if_current(self, conversation_id: str | None) -> None:
+        if conversation_id is None or conversation_id != self.current_id:
+            return
+        self.chat_view.show_messages(self.store.active_branch(conversation_id))
+        if self._pending_jump and self.chat_view.scroll_to_message(self._pending_jump):
+            self._pending_jump = None
+        title = self.store.get_conversation(conversation_id)["title"] or UNTITLED
+        self.setWindowTitle(f"{title} — Fucina")
+
+    def jump_to_message(self, conversation_id: str, message_id: str) -> None:
+        if conversation_id != self.current_id:
+            self.open_conversation(conversation_id)
+        if self.chat_view.scroll_to_message(message_id) is None:  # on another branch: show that one
+            self._pending_jump = message_id
+            self.client.switch(message_id)
+
+    def _conversation_ready(self, conversation_id: str | None) -> None:
+        self._refresh_if_current(conversation_id)  # after a model switch the history re-renders
+
+    def _conversation_created(self, conversation_id: str, turn) -> None:
+        if turn is self.client.current_turn:
+            self.current_id = conversation_id
+            self.preferences.last_conversation = conversation_id
+        self.sidebar.select(self.current_id)
+
+    def _conversation_deleted(self, conversation_id: str) -> None:
+        if conversation_id == self.current_id:
+            self._show_conversation(None)  # the engine closed it already
+        else:
+            self.sidebar.refresh()
+
+    # -- turns -------------------------------------------------------------------------------------
+    def send(self, text: str) -> None:
+        self._begin_turn(len(self.chat_view.messages), text)
+        self.client.send(text)
+
+    def regenerate(self) -> None:
+        if self.streaming:
+            return
+        self._begin_turn(len(self.chat_view.messages) - 1)
+        self.client.regenerate()
+
+    def edit(self, message_id: str, text: str) -> None:
+        if self.streaming or not text.strip():
+            return
+        index = next(i for i, m in enumerate(self.chat_view.messages) if m["id"] == message_id)
+        self._begin_turn(index, text)
+        self.client.edit(message_id, text)
+
+    def _begin_turn(self, keep: int, user_text: str | None = None) -> None:
+        self.streaming = True
+        self.composer.set_busy(True)
+        self.chat_view.begin_reply(keep, user_text)
+
+    def _end_turn(self) -> None:
+        self.streaming = False
+        self.composer.set_busy(False)
+
+    def _reply_text(self, text: str, turn) -> None:
+        if self.streaming and turn is self.client.current_turn:
+            self.chat_view.append_reply(text)
+
+    def _turn_finished(self, conversation_id: str, turn) -> None:
+        if turn is self.client.current_turn:
+            self._end_turn()
+            self._refresh_if_current(conversation_id)
+        self.sidebar.refresh()  # a first message titles its conversation
+
+    def copy_last_reply(self) -> None:
+        text = self.chat_view.last_reply_text()
+        if text:
+            QGuiApplication.clipboard().setText(text)
+
+    def _engine_failed(self, message: str) -> None:
+        self.show_error("Fucina", message)
+
+    # -- models ------------------------------------------------------------------------------------
+    def _load_initial_model(self) -> None:
+        recent = [p for p in self.preferences.recent_models if Path(p).is_file()]
+        default = catalog()[default_model_name()]
+        if recent:
+            self.load_model(recent[0])
+        elif default.is_downloaded():
+            self.load_model(str(default.path()))
+        else:
+            self.choose_model(first_run=True)
+
+    def choose_model(self, first_run: bool = False) -> ModelPicker:
+        picker = ModelPicker(self.preferences.recent_models, self, first_run=first_run)
+        picker.model_chosen.connect(self.load_model)
+        picker.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        picker.open()
+        return picker
+
+    def load_model(self, path: str) -> None:
+        if self.streaming:  # the engine stops the reply; what was written is in the store
+            self._end_turn()
+        self.client.load_model(path)
+
+    def _model_loading(self, path: str) -> None:
+        self.composer.set_ready(False)
+        self.load_progress.show()
+        self.statusBar().showMessage(f"Loading {model_label(path)}…")
+
+    def _model_loaded(self, path: str) -> None:
+        self.model_path = path
+        self.preferences.add_recent_model(path)
+        self.load_progress.hide()
+        self.statusBar().clearMessage()
+        self.model_button.setText(model_label(path))
+        self.composer.set_ready(True)
+
+    def _model_failed(self, path: str, message: str) -> None:
+        self.load_progress.hide()
+        self.statusBar().clearMessage()
+        self.composer.set_ready(self.model_path is not None)
+        still = (f"Still using {model_label(self.model_path)}." if self.model_path
+                 else "Choose another model to start chatting.")
+        self.show_error("Cannot open model", f"{Path(path).name} could not be loaded:\n\n{message}\n\n{still}")
+
+    # -- settings, import and export ---------------------------------------------------------------
+    def current_settings(self) -> dict:
+        if self.current_id is None:
+            return self._new_chat_settings
+        conv = self.store.get_conversation(self.current_id)
+        return {"system_prompt": conv["system_prompt"], "sampler": conv["sampler"]}
+
+    def edit_settings(self) -> SettingsDialog:
+        dialog = SettingsDialog(self.current_settings(), self.preferences, self)
+        dialog.accepted.connect(lambda: self.apply_settings(dialog.settings()))
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.open()
+        return dialog
+
+    def apply_settings(self, settings: dict) -> None:
+        if self.current_id is None:
+            self._new_chat_settings = settings
+        self.client.update_settings(settings)
+
+    def export_conversation(self, conversation_id: str | None) -> None:
+        if conversation_id is None:
+            return
+        title = self.store.get_conversation(conversation_id)["title"] or "conversation"
+        path, chosen = QFileDialog.getSaveFileName(self, "Export conversation", str(Path.home() / title),
+                                                   "Markdown (*.md);;JSON (*.json)")
+        if not path:
+            return
+        as_json = path.endswith(".json") or (not path.endswith(".md") and chosen.startswith("JSON"))
+        if as_json:
+            text = json.dumps(self.store.export_json(conversation_id), indent=2, ensure_ascii=False)
+        else:
+            text = self.store.export_markdown(conversation_id)
+        try:
+            Path(path).write_text(text, encoding="utf-8")
+        except OSError as e:
+            self.show_error("Export failed", str(e))
+
+    def import_conversation(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Import conversation", str(Path.home()), "JSON (*.json)")
+        if not path:
+            return
+        try:
+            conversation_id = self.store.import_json(json.loads(Path(path).read_text(encoding="utf-8")))
+        except (OSError, ValueError, FucinaError) as e:  # ValueError: not JSON at all
+            self.show_error("Import failed", f"{Path(path).name}: {e}")
+            return
+        self.open_conversation(conversation_id)
+
+    # -- window ------------------------------------------------------------------------------------
+    def show_error(self, title: str, text: str) -> QMessageBox:
+        """A window-modal error that does not block the event loop (replies keep streaming behind it)."""
+        box = QMessageBox(QMessageBox.Icon.Critical, title, text, QMessageBox.StandardButton.Ok, self)
+        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        box.open()
+        return box
+
+    def changeEvent(self, event: QEvent) -> None:
+        if event.type() == QEvent.Type.PaletteChange:  # light/dark switched: our own colours follow
+            self.chat_view.clear()
+            self._refresh_if_current(self.current_id)
+        super().changeEvent(event)
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        if self.client.thread.isFinished():  # closed before
+            return super().closeEvent(event)
+        self.preferences.geometry = self.saveGeometry()
+        self.preferences.last_conversation = self.current_id
+        self.preferences.sync()
+        self.client.close()
+        self.store.close()
+        super().closeEvent(event)

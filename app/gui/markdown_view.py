@@ -1,0 +1,103 @@
+"""A message body: Markdown prose rendered by Qt, code blocks with highlighting and a copy button.
+
+`set_markdown` may be called many times a second while a reply streams: it updates the existing segment
+widgets in place and only replaces the ones whose kind changed, so the view neither flickers nor jumps.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QToolButton, QVBoxLayout, QWidget
+
+from app.gui.highlight import code_background, highlight_html
+from app.gui.markdown_segments import Segment, split_markdown
+from app.gui.theme import is_dark
+
+SELECTABLE = Qt.TextInteractionFlag.TextSelectableByMouse | Qt.TextInteractionFlag.LinksAccessibleByMouse
+
+
+class ProseLabel(QLabel):
+    """Headings, lists, tables, emphasis and links through Qt's own Markdown (GitHub dialect) renderer."""
+
+    kind = "prose"
+
+    def __init__(self):
+        super().__init__()
+        self.setTextFormat(Qt.TextFormat.MarkdownText)
+        self.setWordWrap(True)
+        self.setTextInteractionFlags(SELECTABLE)
+        self.setOpenExternalLinks(True)
+
+    def show_segment(self, segment: Segment) -> None:
+        if segment.text != self.text():
+            self.setText(segment.text)
+
+
+class CodeBlock(QFrame):
+    kind = "code"
+
+    def __init__(self):
+        super().__init__()
+        self.code, self.language = None, None
+        self.setObjectName("codeBlock")
+        self.language_label = QLabel()
+        self.copy_button = QToolButton(text="Copy")
+        self.copy_button.setAccessibleName("Copy code")
+        self.copy_button.setToolTip("Copy this code block")
+        self.copy_button.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.code))
+        self.body = QLabel()
+        self.body.setTextFormat(Qt.TextFormat.RichText)
+        self.body.setWordWrap(True)
+        self.body.setTextInteractionFlags(SELECTABLE)
+        header = QHBoxLayout()
+        header.setContentsMargins(0, 0, 0, 0)
+        header.addWidget(self.language_label)
+        header.addStretch()
+        header.addWidget(self.copy_button)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(8, 4, 8, 8)
+        layout.setSpacing(2)
+        layout.addLayout(header)
+        layout.addWidget(self.body)
+
+    def show_segment(self, segment: Segment) -> None:
+        if (segment.text, segment.language) == (self.code, self.language):
+            return
+        dark = is_dark(self)
+        self.code, self.language = segment.text, segment.language
+        self.language_label.setText(segment.language or "code")
+        self.setStyleSheet(f"#codeBlock {{ background: {code_background(dark)}; border-radius: 6px; }}")
+        self.body.setText(highlight_html(segment.text, segment.language, dark))
+
+
+class MarkdownView(QWidget):
+    def __init__(self, text: str = ""):
+        super().__init__()
+        self.markdown = ""
+        self._layout = QVBoxLayout(self)
+        self._layout.setContentsMargins(0, 0, 0, 0)
+        self._layout.setSpacing(6)
+        self._parts: list[ProseLabel | CodeBlock] = []
+        self.set_markdown(text)
+
+    def set_markdown(self, text: str) -> None:
+        if text == self.markdown and self._parts:
+            return
+        self.markdown = text
+        segments = split_markdown(text) or [Segment("prose", "")]
+        for i, segment in enumerate(segments):
+            if i < len(self._parts) and self._parts[i].kind != segment.kind:
+                self._remove_from(i)
+            if i == len(self._parts):
+                part = ProseLabel() if segment.kind == "prose" else CodeBlock()
+                self._parts.append(part)
+                self._layout.addWidget(part)
+            self._parts[i].show_segment(segment)
+        self._remove_from(len(segments))
+
+    def _remove_from(self, index: int) -> None:
+        for part in self._parts[index:]:
+            self._layout.removeWidget(part)
+            part.deleteLater()
+        del self._parts[index:]

@@ -1,0 +1,152 @@
+"""Choosing a model: the starter models (size, one-line description, downloaded or not), recently used
+files, or any .gguf file on disk. A starter model not downloaded yet downloads here with a progress bar
+and a Cancel button. The dialog only picks a file: loading it (and reporting a bad one) is the engine's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (QDialog, QFileDialog, QHBoxLayout, QLabel, QListWidget, QListWidgetItem,
+                               QMessageBox, QProgressBar, QPushButton, QVBoxLayout, QWidget)
+
+from app.gui.downloader import Download
+from engine.catalog import StarterModel, catalog
+
+PATH_ROLE = Qt.ItemDataRole.UserRole
+
+
+def model_label(path: str | None) -> str:
+    """A starter model's display name, else the file name."""
+    if not path:
+        return "No model"
+    name = Path(path).name
+    return next((m.display_name for m in catalog().values() if m.file == name), name)
+
+
+class ModelPicker(QDialog):
+    model_chosen = Signal(str)   # the .gguf file to load
+
+    def __init__(self, recent: list[str], parent: QWidget | None = None, *, first_run: bool = False):
+        super().__init__(parent)
+        self.setWindowTitle("Choose a model")
+        self.setMinimumWidth(560)
+        self.download: Download | None = None
+        intro = QLabel("Pick a starter model to download and chat with, or open a GGUF model file."
+                       if first_run else "Starter models, recent files, or any GGUF model file.")
+        intro.setWordWrap(True)
+        self.starters = QListWidget()
+        self.starters.setAccessibleName("Starter models")
+        for model in catalog().values():
+            self.starters.addItem(self._starter_item(model))
+        self.starters.setCurrentRow(0)
+        self.starters.itemActivated.connect(lambda _: self.use_starter())
+        self.recent = QListWidget()
+        self.recent.setAccessibleName("Recent model files")
+        for path in recent:
+            if Path(path).is_file():
+                item = QListWidgetItem(f"{model_label(path)} — {path}")
+                item.setData(PATH_ROLE, path)
+                self.recent.addItem(item)
+        self.recent.itemActivated.connect(lambda item: self.choose(item.data(PATH_ROLE)))
+        self.use_button = QPushButton("Download and use")
+        self.use_button.clicked.connect(self.use_starter)
+        self.starters.currentItemChanged.connect(self._update_use_button)
+        self._update_use_button()
+        open_file = QPushButton("Open a .gguf file…")
+        open_file.clicked.connect(self.open_file)
+        self.progress = QProgressBar()
+        self.progress.setAccessibleName("Download progress")
+        self.progress_label = QLabel()
+        self.cancel_button = QPushButton("Cancel download")
+        self.cancel_button.clicked.connect(self.cancel_download)
+        for widget in (self.progress, self.progress_label, self.cancel_button):
+            widget.hide()
+
+        buttons = QHBoxLayout()
+        buttons.addWidget(open_file)
+        buttons.addStretch()
+        buttons.addWidget(self.use_button)
+        layout = QVBoxLayout(self)
+        layout.addWidget(intro)
+        layout.addWidget(QLabel("<b>Starter models</b>"))
+        layout.addWidget(self.starters)
+        if self.recent.count():
+            layout.addWidget(QLabel("<b>Recently used</b>"))
+            layout.addWidget(self.recent)
+        layout.addWidget(self.progress_label)
+        layout.addWidget(self.progress)
+        layout.addWidget(self.cancel_button)
+        layout.addLayout(buttons)
+
+    @staticmethod
+    def _starter_item(model: StarterModel) -> QListWidgetItem:
+        status = "downloaded" if model.is_downloaded() else "not downloaded"
+        item = QListWidgetItem(f"{model.display_name}   ({model.size / 1e6:,.0f} MB, {status})\n"
+                               f"{model.description}")
+        item.setData(PATH_ROLE, model.name)
+        return item
+
+    def _update_use_button(self) -> None:
+        item = self.starters.currentItem()
+        model = item and catalog()[item.data(PATH_ROLE)]
+        self.use_button.setText("Use" if model and model.is_downloaded() else "Download and use")
+
+    # -- choosing --------------------------------------------------------------------------------
+    def choose(self, path: str) -> None:
+        self.model_chosen.emit(path)
+        self.accept()
+
+    def open_file(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Open a model", str(Path.home()), "GGUF models (*.gguf)")
+        if path:
+            self.choose(path)
+
+    def use_starter(self) -> None:
+        item = self.starters.currentItem()
+        if item is None or self.download is not None:
+            return
+        model = catalog()[item.data(PATH_ROLE)]
+        if model.is_downloaded():
+            self.choose(str(model.path()))
+            return
+        self.download = Download(model.name)
+        self.download.progress.connect(self._progress)
+        self.download.done.connect(self.choose)
+        self.download.failed.connect(self._download_failed)
+        self.download.cancelled.connect(self._download_ended)
+        self.download.finished.connect(self.download.deleteLater)
+        self.progress_label.setText(f"Downloading {model.display_name}…")
+        self.progress.setRange(0, 0)
+        for widget in (self.progress, self.progress_label, self.cancel_button):
+            widget.show()
+        self.use_button.setEnabled(False)
+        self.download.start()
+
+    # -- downloading -----------------------------------------------------------------------------
+    def _progress(self, done: int, total: int, stage: str) -> None:
+        self.progress.setRange(0, 1000)
+        self.progress.setValue(int(1000 * done / max(total, 1)))
+        self.progress_label.setText(f"{stage}: {done / 1e6:,.0f} of {total / 1e6:,.0f} MB")
+
+    def cancel_download(self) -> None:
+        if self.download is not None:
+            self.download.cancel()
+            self.progress_label.setText("Cancelling…")
+
+    def _download_failed(self, message: str) -> None:
+        self._download_ended()
+        QMessageBox.critical(self, "Download failed", message)
+
+    def _download_ended(self) -> None:
+        self.download = None
+        for widget in (self.progress, self.cancel_button):
+            widget.hide()
+        self.progress_label.setText("Download stopped; downloading again resumes it.")
+        self.use_button.setEnabled(True)
+
+    def reject(self) -> None:
+        if self.download is not None:  # closing the dialog must not leave a download running unseen
+            self.download.cancel()
+            self.download.wait()
+        super().reject()

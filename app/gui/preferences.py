@@ -1,0 +1,56 @@
+"""What the app remembers between runs: window geometry, the last conversation and model, recently used
+model files and named settings presets. One INI file next to the history database, so a data directory
+(`FUCINA_HOME`) carries everything."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from PySide6.QtCore import QByteArray, QSettings
+
+RECENT_MODELS = 8
+
+
+class Preferences:
+    def __init__(self, path: Path):
+        self._settings = QSettings(str(path), QSettings.Format.IniFormat)
+
+    def sync(self) -> None:
+        self._settings.sync()
+
+    @property
+    def geometry(self) -> QByteArray | None:
+        return self._settings.value("window/geometry")
+
+    @geometry.setter
+    def geometry(self, value: QByteArray) -> None:
+        self._settings.setValue("window/geometry", value)
+
+    @property
+    def last_conversation(self) -> str | None:
+        return self._settings.value("session/conversation") or None
+
+    @last_conversation.setter
+    def last_conversation(self, conversation_id: str | None) -> None:
+        self._settings.setValue("session/conversation", conversation_id or "")
+
+    @property
+    def recent_models(self) -> list[str]:
+        """Model files, most recently used first; the first is the one to load at start."""
+        return json.loads(self._settings.value("models/recent", "[]"))
+
+    def add_recent_model(self, path: str) -> None:
+        recent = [path] + [p for p in self.recent_models if p != path]
+        self._settings.setValue("models/recent", json.dumps(recent[:RECENT_MODELS]))
+
+    @property
+    def presets(self) -> dict[str, dict]:
+        """Named conversation settings: {"system_prompt": str | None, "sampler": {...}}."""
+        return json.loads(self._settings.value("presets/all", "{}"))
+
+    def save_preset(self, name: str, settings: dict) -> None:
+        self._settings.setValue("presets/all", json.dumps({**self.presets, name: settings}))
+
+    def delete_preset(self, name: str) -> None:
+        self._settings.setValue("presets/all", json.dumps({k: v for k, v in self.presets.items() if k != name}))

@@ -1,0 +1,118 @@
+"""Per-conversation settings: system prompt, sampler, reply length and context length, with named presets.
+
+The dialog edits a settings dict shaped like the store's: {"system_prompt": str | None, "sampler": {...}}
+with the store's sampler keys; a seed left on "random" is simply absent.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout, QHBoxLayout,
+                               QInputDialog, QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
+
+from app.gui.preferences import Preferences
+from engine.sampling import CHAT_DEFAULTS
+from engine.session import DEFAULT_CONTEXT, DEFAULT_MAX_TOKENS
+
+DEFAULT_SAMPLER = {"temperature": CHAT_DEFAULTS.temperature, "top_k": CHAT_DEFAULTS.top_k,
+                   "top_p": CHAT_DEFAULTS.top_p, "min_p": CHAT_DEFAULTS.min_p,
+                   "repeat_penalty": CHAT_DEFAULTS.repeat_penalty, "max_tokens": DEFAULT_MAX_TOKENS,
+                   "ctx": DEFAULT_CONTEXT}
+RANDOM_SEED = -1  # the seed box's lowest value, shown as "random"
+
+
+def _double(low: float, high: float, step: float, decimals: int = 2) -> QDoubleSpinBox:
+    box = QDoubleSpinBox()
+    box.setRange(low, high)
+    box.setSingleStep(step)
+    box.setDecimals(decimals)
+    return box
+
+
+def _int(low: int, high: int, step: int = 1) -> QSpinBox:
+    box = QSpinBox()
+    box.setRange(low, high)
+    box.setSingleStep(step)
+    return box
+
+
+class SettingsDialog(QDialog):
+    def __init__(self, settings: dict, preferences: Preferences, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setWindowTitle("Conversation settings")
+        self.preferences = preferences
+        self.system_prompt = QPlainTextEdit()
+        self.system_prompt.setPlaceholderText("None")
+        self.fields = {
+            "temperature": _double(0.0, 5.0, 0.05),
+            "top_k": _int(0, 100_000),
+            "top_p": _double(0.0, 1.0, 0.01),
+            "min_p": _double(0.0, 1.0, 0.01),
+            "repeat_penalty": _double(0.01, 5.0, 0.05),
+            "seed": _int(RANDOM_SEED, 2**31 - 1),
+            "max_tokens": _int(1, 131_072, 64),
+            "ctx": _int(256, 131_072, 256),
+        }
+        self.fields["seed"].setSpecialValueText("random")
+        labels = {"temperature": "Temperature (0 = greedy)", "top_k": "Top-k (0 = off)", "top_p": "Top-p",
+                  "min_p": "Min-p (0 = off)", "repeat_penalty": "Repeat penalty (1 = off)", "seed": "Seed",
+                  "max_tokens": "Max reply tokens", "ctx": "Context length (tokens)"}
+        form = QFormLayout()
+        form.addRow("System prompt", self.system_prompt)
+        for key, box in self.fields.items():
+            box.setAccessibleName(labels[key])
+            form.addRow(labels[key], box)
+        self.system_prompt.setAccessibleName("System prompt")
+
+        self.presets = QComboBox()
+        self.presets.setAccessibleName("Presets")
+        self.presets.setPlaceholderText("Presets…")
+        self._fill_presets()
+        self.presets.activated.connect(lambda: self.apply(self.preferences.presets[self.presets.currentText()]))
+        save_preset = QPushButton("Save as preset…")
+        save_preset.clicked.connect(self._save_preset)
+        delete_preset = QPushButton("Delete preset")
+        delete_preset.clicked.connect(self._delete_preset)
+        preset_row = QHBoxLayout()
+        preset_row.addWidget(self.presets, 1)
+        preset_row.addWidget(save_preset)
+        preset_row.addWidget(delete_preset)
+
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel
+                                   | QDialogButtonBox.StandardButton.RestoreDefaults)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        buttons.button(QDialogButtonBox.StandardButton.RestoreDefaults).clicked.connect(
+            lambda: self.apply({"system_prompt": None, "sampler": {}}))
+        layout = QVBoxLayout(self)
+        layout.addLayout(preset_row)
+        layout.addLayout(form)
+        layout.addWidget(buttons)
+        self.apply(settings)
+
+    def apply(self, settings: dict) -> None:
+        self.system_prompt.setPlainText(settings.get("system_prompt") or "")
+        sampler = {**DEFAULT_SAMPLER, "seed": RANDOM_SEED, **(settings.get("sampler") or {})}
+        for key, box in self.fields.items():
+            box.setValue(sampler[key])
+
+    def settings(self) -> dict:
+        sampler = {key: box.value() for key, box in self.fields.items()}
+        if sampler["seed"] == RANDOM_SEED:
+            del sampler["seed"]
+        return {"system_prompt": self.system_prompt.toPlainText().strip() or None, "sampler": sampler}
+
+    def _fill_presets(self) -> None:
+        self.presets.clear()
+        self.presets.addItems(sorted(self.preferences.presets))
+        self.presets.setCurrentIndex(-1)
+
+    def _save_preset(self) -> None:
+        name, ok = QInputDialog.getText(self, "Save preset", "Preset name:")
+        if ok and name.strip():
+            self.preferences.save_preset(name.strip(), self.settings())
+            self._fill_presets()
+
+    def _delete_preset(self) -> None:
+        if self.presets.currentText():
+            self.preferences.delete_preset(self.presets.currentText())
+            self._fill_presets()

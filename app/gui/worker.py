@@ -1,0 +1,317 @@
+"""The engine thread: a QObject living on its own QThread that owns the model, its own HistoryStore
+connection (SQLite connections belong to the thread that made them) and the open ChatSession.
+
+The UI talks to it only through queued signals (EngineClient below), so no model work ever runs on the UI
+thread. Reply text comes back coalesced to about 30 updates a second. Stopping is the one call that
+bypasses the queue: the UI sets the turn's `threading.Event`, which the engine checks between tokens, so a
+stop (or a conversation or model switch, which stops first) takes effect within one token.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from PySide6.QtCore import QObject, QThread, Signal, Slot
+
+from engine.errors import FucinaError
+from engine.history.store import HistoryStore
+from engine.models import load_model
+from engine.session import ChatSession, delete_conversation
+
+FLUSH_INTERVAL_S = 1 / 30
+
+
+@dataclass(frozen=True)
+class EngineStatus:
+    """What the status bar shows after a conversation opens or a turn ends."""
+    context_used: int = 0
+    context_size: int = 0
+    resumed_positions: int = 0       # KV positions the open conversation loaded from its sidecar
+    ttft_ms: float | None = None     # the last turn's numbers (None before the first turn)
+    decode_tps: float | None = None
+    reused_tokens: int = 0
+    prefilled_tokens: int = 0
+    finish_reason: str | None = None
+
+
+class TextBatcher:
+    """Collects streamed text pieces and hands them on at most every `interval` seconds."""
+
+    def __init__(self, emit: Callable[[str], None], interval: float = FLUSH_INTERVAL_S):
+        self._emit, self._interval = emit, interval
+        self._pending: list[str] = []
+        self._last = 0.0
+
+    def add(self, piece: str) -> None:
+        self._pending.append(piece)
+        now = time.monotonic()
+        if now - self._last >= self._interval:
+            self._last = now
+            self.flush()
+
+    def flush(self) -> None:
+        if self._pending:
+            self._emit("".join(self._pending))
+            self._pending.clear()
+
+
+def _describe(error: Exception) -> str:
+    """Engine errors already name the problem; anything else gets its type so the dialog is not empty."""
+    return str(error) if isinstance(error, FucinaError) else f"{type(error).__name__}: {error}"
+
+
+class EngineWorker(QObject):
+    model_loading = Signal(str)           # path
+    model_loaded = Signal(str)            # path
+    model_failed = Signal(str, str)       # path, what is wrong with it
+    conversation_ready = Signal(object)   # conversation id, or None for a new chat not saved yet
+    conversation_created = Signal(str, object)  # a new chat's first message made it a conversation; the turn
+    # A turn is identified by its cancel event, so the UI can ignore a turn it has abandoned.
+    reply_text = Signal(str, object)      # the next coalesced piece of the reply, the turn
+    turn_finished = Signal(str, object)   # conversation id, the turn; the store holds the turn now
+    branch_changed = Signal(str)          # conversation id, after a switch or a delete
+    conversation_deleted = Signal(str)
+    status_changed = Signal(object)       # EngineStatus
+    failed = Signal(str)                  # a request the engine refused
+
+    def __init__(self, db_path: Path, sidecar_dir: Path | None = None):
+        super().__init__()
+        self._db_path, self._sidecar_dir = db_path, sidecar_dir
+        self._store: HistoryStore | None = None
+        self.model = None
+        self.session: ChatSession | None = None
+        self._conversation_id: str | None = None  # what the UI shows; None: a new chat
+        self._pending_settings: dict = {}          # settings for the new chat, applied when it is created
+
+    @property
+    def store(self) -> HistoryStore:
+        if self._store is None:  # made on first use, which is on this worker's thread
+            self._store = HistoryStore(self._db_path)
+        return self._store
+
+    # -- model and conversation --------------------------------------------------------------------
+    @Slot(str)
+    def load_model(self, path: str) -> None:
+        self.model_loading.emit(path)
+        try:
+            model = load_model(path)
+        except Exception as e:  # a corrupt file may fail anywhere in parsing; the old model stays
+            self.model_failed.emit(path, _describe(e))
+            return
+        self._close_session()
+        self.model = model
+        self.model_loaded.emit(path)
+        self._open_session()
+
+    @Slot(object)
+    def open_conversation(self, conversation_id: str | None) -> None:
+        self._close_session()
+        self._conversation_id, self._pending_settings = conversation_id, {}
+        self._open_session()
+
+    def _open_session(self) -> None:
+        if self.model is None:
+            return
+        if self._conversation_id is not None:
+            try:
+                self.session = ChatSession.open(self.store, self.model, self._conversation_id,
+                                                sidecar_dir=self._sidecar_dir)
+            except FucinaError as e:
+                self.failed.emit(_describe(e))
+                return
+        self.conversation_ready.emit(self._conversation_id)
+        self._emit_status()
+
+    def _close_session(self) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+
+    def _session(self) -> ChatSession:
+        if self.model is None:
+            raise FucinaError("no model is loaded; choose one in the model picker")
+        if self.session is None:
+            raise FucinaError("no conversation is open")
+        return self.session
+
+    def _session_for_turn(self, turn: threading.Event) -> ChatSession:
+        """The open conversation; a new chat becomes a stored conversation with its first message."""
+        if self.model is not None and self.session is None and self._conversation_id is None:
+            self.session = ChatSession.open(self.store, self.model, None, sidecar_dir=self._sidecar_dir,
+                                            **self._pending_settings)
+            self._conversation_id, self._pending_settings = self.session.id, {}
+            self.conversation_created.emit(self.session.id, turn)
+        return self._session()
+
+    # -- turns -------------------------------------------------------------------------------------
+    @Slot(str, object)
+    def send(self, text: str, cancel: threading.Event) -> None:
+        self._turn(lambda s: s.send(text, cancel), cancel)
+
+    @Slot(object)
+    def regenerate(self, cancel: threading.Event) -> None:
+        self._turn(lambda s: s.regenerate(cancel), cancel)
+
+    @Slot(str, str, object)
+    def edit(self, message_id: str, text: str, cancel: threading.Event) -> None:
+        self._turn(lambda s: s.edit(message_id, text, cancel), cancel)
+
+    def _turn(self, start: Callable[[ChatSession], Iterator[str]], cancel: threading.Event) -> None:
+        session = None
+        batcher = TextBatcher(lambda text: self.reply_text.emit(text, cancel))
+        try:
+            session = self._session_for_turn(cancel)
+            for piece in start(session):
+                batcher.add(piece)
+        except Exception as e:  # the reply ends, the app and the conversation stay usable
+            self.failed.emit(_describe(e))
+        finally:
+            batcher.flush()
+            if session is not None:
+                self.turn_finished.emit(session.id, cancel)
+                self._emit_status()
+
+    # -- edits that need no model work -------------------------------------------------------------
+    @Slot(str)
+    def switch(self, message_id: str) -> None:
+        self._change_branch(lambda s: s.switch(message_id))
+
+    @Slot(str)
+    def delete_message(self, message_id: str) -> None:
+        self._change_branch(lambda s: s.delete_message(message_id))
+
+    def _change_branch(self, change: Callable[[ChatSession], None]) -> None:
+        try:
+            session = self._session()
+            change(session)
+        except FucinaError as e:
+            self.failed.emit(_describe(e))
+            return
+        self.branch_changed.emit(session.id)
+        self._emit_status()
+
+    @Slot(str)
+    def delete_conversation(self, conversation_id: str) -> None:
+        if conversation_id == self._conversation_id:
+            self.open_conversation(None)
+        try:
+            delete_conversation(self.store, conversation_id, self._sidecar_dir)
+        except FucinaError as e:
+            self.failed.emit(_describe(e))
+            return
+        self.conversation_deleted.emit(conversation_id)
+
+    @Slot(dict)
+    def update_settings(self, settings: dict) -> None:
+        """`settings` holds system_prompt and/or sampler (engine keys, context length as `ctx`)."""
+        if self.session is None:
+            self._pending_settings.update(settings)
+            return
+        try:
+            self.session.update_settings(**settings)
+        except FucinaError as e:
+            self.failed.emit(_describe(e))
+        self._emit_status()
+
+    def _emit_status(self) -> None:
+        s = self.session
+        if s is None:
+            self.status_changed.emit(EngineStatus())
+            return
+        turn = s.last_turn
+        stats = turn.stats if turn is not None else None
+        self.status_changed.emit(EngineStatus(
+            context_used=s.context_used, context_size=s.context_size, resumed_positions=s.resumed_positions,
+            ttft_ms=stats and stats.ttft_ms, decode_tps=stats and stats.decode_tps,
+            reused_tokens=stats.reused_tokens if stats else 0, prefilled_tokens=stats.prefilled_tokens if stats else 0,
+            finish_reason=turn and turn.finish_reason))
+
+    @Slot()
+    def shutdown(self) -> None:
+        self._close_session()
+        if self._store is not None:
+            self._store.close()
+        QThread.currentThread().quit()
+
+
+class EngineClient(QObject):
+    """The UI's handle on the engine thread: requests go out as queued signals, each turn gets its own
+    cancel event, and `stop` sets it directly."""
+
+    _load_model = Signal(str)
+    _open_conversation = Signal(object)
+    _send = Signal(str, object)
+    _regenerate = Signal(object)
+    _edit = Signal(str, str, object)
+    _switch = Signal(str)
+    _delete_message = Signal(str)
+    _delete_conversation = Signal(str)
+    _update_settings = Signal(dict)
+    _shutdown = Signal()
+
+    def __init__(self, db_path: Path, sidecar_dir: Path | None = None):
+        super().__init__()
+        self.worker = EngineWorker(db_path, sidecar_dir)
+        self.thread = QThread()
+        self.thread.setObjectName("fucina-engine")
+        self.worker.moveToThread(self.thread)
+        for name in ("load_model", "open_conversation", "send", "regenerate", "edit", "switch",
+                     "delete_message", "delete_conversation", "update_settings", "shutdown"):
+            getattr(self, f"_{name}").connect(getattr(self.worker, name))
+        self._cancel = threading.Event()
+        self.thread.start()
+
+    @property
+    def current_turn(self) -> threading.Event:
+        return self._cancel
+
+    def stop(self) -> None:
+        """Stop the reply; what it wrote so far is kept and still reported."""
+        self._cancel.set()
+
+    def _new_turn(self) -> threading.Event:
+        """Stop any reply still running and start a new turn; the old one's late signals are stale."""
+        self._cancel.set()
+        self._cancel = threading.Event()
+        return self._cancel
+
+    def load_model(self, path: str) -> None:
+        self._new_turn()
+        self._load_model.emit(path)
+
+    def open_conversation(self, conversation_id: str | None) -> None:
+        self._new_turn()
+        self._open_conversation.emit(conversation_id)
+
+    def send(self, text: str) -> None:
+        self._send.emit(text, self._new_turn())
+
+    def regenerate(self) -> None:
+        self._regenerate.emit(self._new_turn())
+
+    def edit(self, message_id: str, text: str) -> None:
+        self._edit.emit(message_id, text, self._new_turn())
+
+    def switch(self, message_id: str) -> None:
+        self._switch.emit(message_id)
+
+    def delete_message(self, message_id: str) -> None:
+        self._new_turn()
+        self._delete_message.emit(message_id)
+
+    def delete_conversation(self, conversation_id: str) -> None:
+        self._new_turn()
+        self._delete_conversation.emit(conversation_id)
+
+    def update_settings(self, settings: dict) -> None:
+        self._update_settings.emit(settings)
+
+    def close(self, timeout_ms: int = 30_000) -> None:
+        """Stop any reply, let the worker flush its session, and end the thread."""
+        self.stop()
+        self._shutdown.emit()
+        self.thread.wait(timeout_ms)

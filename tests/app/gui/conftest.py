@@ -1,0 +1,39 @@
+"""GUI tests run offscreen on the real default model, each on its own temporary data directory."""
+
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # before Qt loads: no display needed
+
+import pytest
+
+MODEL = "smollm2-135m-instruct"
+TURN_TIMEOUT_MS = 120_000
+
+
+@pytest.fixture
+def fucina_home(tmp_path, monkeypatch, model_path):
+    """A fresh data directory whose app remembers the default model as the last one used."""
+    from app.gui.main_window import PREFERENCES_FILE
+    from app.gui.preferences import Preferences
+
+    model = model_path(MODEL)
+    monkeypatch.setenv("FUCINA_HOME", str(tmp_path))
+    preferences = Preferences(tmp_path / PREFERENCES_FILE)
+    preferences.add_recent_model(str(model))
+    preferences.sync()
+    return tmp_path
+
+
+@pytest.fixture
+def open_window(qtbot, fucina_home):
+    """Factory: a main window on the data directory, its model loaded."""
+    from app.gui.main_window import MainWindow
+
+    def open_(conversation_id=None):
+        window = MainWindow(conversation_id)
+        qtbot.addWidget(window)
+        window.show()
+        qtbot.waitUntil(lambda: window.model_path is not None, timeout=TURN_TIMEOUT_MS)
+        return window
+
+    return open_

@@ -1,0 +1,87 @@
+"""Chatting through the window on the real default model: streaming, stop, regenerate, edit and branch
+switching, delete, and a conversation that survives closing the app (resuming warm from its sidecar)."""
+
+from PySide6.QtCore import Qt
+
+from tests.app.gui.conftest import TURN_TIMEOUT_MS
+
+GREEDY = {"system_prompt": None, "sampler": {"temperature": 0.0, "max_tokens": 12}}
+
+
+def wait_idle(qtbot, window):
+    qtbot.waitUntil(lambda: not window.streaming, timeout=TURN_TIMEOUT_MS)
+
+
+def send(qtbot, window, text):
+    window.composer.input.setPlainText(text)
+    qtbot.keyClick(window.composer.input, Qt.Key.Key_Return)
+    assert window.streaming
+    wait_idle(qtbot, window)
+
+
+def shown(window):
+    return [(w.role, w.content) for w in window.chat_view.widgets]
+
+
+def test_reply_streams_into_the_view(qtbot, open_window):
+    window = open_window()
+    window.apply_settings({**GREEDY, "sampler": {"temperature": 0.0, "max_tokens": 24}})
+    updates = []
+    window.client.worker.reply_text.connect(lambda text, _turn: updates.append(text))  # on the worker thread
+    send(qtbot, window, "What is the capital of France?")
+    assert len(updates) > 1, "the reply arrived in one piece instead of streaming"
+    assert shown(window)[0] == ("user", "What is the capital of France?")
+    role, reply = shown(window)[1]
+    assert role == "assistant" and "Paris" in reply
+    assert reply.startswith(updates[0])
+    assert "tok/s" in window.status_line.text()
+    titles = [window.sidebar.list.item(i).text() for i in range(window.sidebar.list.count())]
+    assert "What is the capital of France?" in titles
+
+
+def test_stop_mid_reply_keeps_the_partial_reply(qtbot, open_window):
+    window = open_window()
+    window.apply_settings({"system_prompt": None, "sampler": {"temperature": 0.0, "max_tokens": 400}})
+    window.composer.input.setPlainText("Write a long story about a dragon.")
+    qtbot.keyClick(window.composer.input, Qt.Key.Key_Return)
+    qtbot.waitUntil(lambda: len(window.chat_view.streaming.content) > 20, timeout=TURN_TIMEOUT_MS)
+    assert window.composer.stop_button.isVisible()
+    qtbot.mouseClick(window.composer.stop_button, Qt.MouseButton.LeftButton)
+    wait_idle(qtbot, window)
+    reply = window.store.active_branch(window.current_id)[-1]
+    assert reply["role"] == "assistant" and reply["meta"]["finish_reason"] == "cancelled"
+    assert 0 < reply["meta"]["generated_tokens"] < 400
+    assert shown(window)[-1] == ("assistant", reply["content"])
+    assert window.composer.send_button.isVisible()
+
+
+def test_regenerate_edit_switch_and_delete(qtbot, open_window):
+    window = open_window()
+    window.apply_settings({"system_prompt": None, "sampler": {"temperature": 1.0, "max_tokens": 8}})
+    send(qtbot, window, "Name a colour.")
+    first_reply = window.chat_view.widgets[-1]
+    qtbot.mouseClick(first_reply.actions_["regenerate"], Qt.MouseButton.LeftButton)
+    wait_idle(qtbot, window)
+    reply = window.chat_view.widgets[-1]
+    assert reply.message_id != first_reply.message_id
+    assert reply.position_label.text() == "2/2"
+
+    user = window.chat_view.widgets[0]
+    qtbot.mouseClick(user.actions_["edit"], Qt.MouseButton.LeftButton)
+    user.edit_box.setPlainText("Name an animal.")
+    qtbot.mouseClick(user.save_edit_button, Qt.MouseButton.LeftButton)
+    wait_idle(qtbot, window)
+    edited = window.chat_view.widgets[0]
+    assert edited.content == "Name an animal." and edited.position_label.text() == "2/2"
+    assert len(window.chat_view.widgets) == 2
+
+    qtbot.mouseClick(edited.previous_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: window.chat_view.widgets[0].content == "Name a colour.")
+    assert window.chat_view.widgets[0].position_label.text() == "1/2"
+    assert window.chat_view.widgets[1].position_label.text() == "2/2"  # its regenerated reply
+
+    last = window.chat_view.widgets[-1]
+    qtbot.mouseClick(last.actions_["delete"], Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: len(window.chat_view.widgets) == 1)  # the branch ends at the user message now
+    assert [m["content"] for m in window.store.active_branch(window.current_id)] == ["Name a colour."]
+    assert len(window.store.siblings(first_reply.message_id)) == 1  # the other reply is still there
