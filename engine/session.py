@@ -17,6 +17,7 @@ import dataclasses
 import os
 import secrets
 import threading
+import weakref
 from pathlib import Path
 from typing import Iterator
 
@@ -25,13 +26,25 @@ from engine.history.store import HistoryStore
 from engine.kv.sidecar_writer import WRITER
 from engine.models.transformer import Transformer
 from engine.paths import data_dir
-from engine.sampling import CHAT_DEFAULTS, SamplerConfig
+from engine.sampling import CHAT_DEFAULTS
+from engine.tokenize import Tokenizer, load_tokenizer
 
 DEFAULT_CONTEXT = 4096
 DEFAULT_MAX_TOKENS = 1024
 SIDECAR_SUFFIX = ".fkv"
 
 _KEEP = object()  # "not passed" for update_settings, distinct from None (a real value: no system prompt)
+
+
+# A model's tokenizer takes a second or more to build (Qwen's 151k-token vocabulary) and never changes:
+# sessions on one loaded model share it.
+_TOKENIZERS: "weakref.WeakKeyDictionary[Transformer, Tokenizer]" = weakref.WeakKeyDictionary()
+
+
+def _tokenizer(model: Transformer) -> Tokenizer:
+    if model not in _TOKENIZERS:
+        _TOKENIZERS[model] = load_tokenizer(model.file.metadata)
+    return _TOKENIZERS[model]
 
 
 def default_sidecar_dir() -> Path:
@@ -72,7 +85,6 @@ class ChatSession:
         if row["model"] != self.model_name:  # switched models: the history re-renders for this one
             store.update_settings(conversation_id, model=self.model_name)
         self.last_turn: TurnResult | None = None
-        self._tokenizer = None
         self.resumed_positions = self._open_conversation(row["sampler"])
 
     @classmethod
@@ -185,8 +197,7 @@ class ChatSession:
             self.resumed_positions = self._open_conversation(sampler or {})
 
     def _open_conversation(self, sampler: dict) -> int:
-        self.convo = Conversation.for_model(self.model, chat_options(sampler), tokenizer=self._tokenizer)
-        self._tokenizer = self.convo.tokenizer
+        self.convo = Conversation.for_model(self.model, chat_options(sampler), tokenizer=_tokenizer(self.model))
         return self.convo.enable_persistence(self.sidecar)
 
     @property
