@@ -12,11 +12,14 @@ from numba import njit, prange
 
 from kernels.cpu.fast_exp import exp32
 
+# numpy's error model: a float division then needs no zero check, which would keep LLVM
+# from vectorizing the loops around it
+OPS = dict(cache=True, fastmath=True, error_model="numpy")
 _PARALLEL_ROWS = 16
 idx = np.uint64  # unsigned subscripts: no negative-index fix-up in the way of the loop vectorizer
 
 
-@njit(cache=True, fastmath=True, inline="always")
+@njit(**OPS, inline="always")
 def rmsnorm_row(x, w, eps, out):
     ss = np.float32(0.0)
     for i in range(x.size):
@@ -26,13 +29,13 @@ def rmsnorm_row(x, w, eps, out):
         out[i] = x[i] * scale * w[i]
 
 
-@njit(cache=True, fastmath=True)
+@njit(**OPS)
 def _rmsnorm_serial(x, w, eps, out):
     for r in range(x.shape[0]):
         rmsnorm_row(x[r], w, eps, out[r])
 
 
-@njit(cache=True, fastmath=True, parallel=True)
+@njit(**OPS, parallel=True)
 def _rmsnorm_parallel(x, w, eps, out):
     for r in prange(x.shape[0]):
         rmsnorm_row(x[r], w, eps, out[r])
@@ -51,7 +54,7 @@ def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray | Non
     return out.reshape(shape)
 
 
-@njit(cache=True, fastmath=True)
+@njit(**OPS)
 def rope_inplace(x, positions, n_rot, base, neox):
     """Rotate the first n_rot dims of every head of x [n, heads, head_dim] in place.
 
@@ -83,7 +86,7 @@ def rope(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float, neox: bo
     rope_inplace(x, positions.astype(np.int64, copy=False), n_rot, float(base), bool(neox))
 
 
-@njit(cache=True, fastmath=True, inline="always")
+@njit(**OPS, inline="always")
 def _silu(v):
     return v / (np.float32(1.0) + exp32(-v))
 
@@ -91,7 +94,7 @@ def _silu(v):
 _GELU_C2 = np.float32(2.0 * math.sqrt(2.0 / math.pi))
 
 
-@njit(cache=True, fastmath=True, inline="always")
+@njit(**OPS, inline="always")
 def _gelu_tanh(v):
     # 0.5 v (1 + tanh(u)) written as v / (1 + exp(-2u)): one vectorized exp instead of a libm tanh
     return v / (np.float32(1.0) + exp32(-_GELU_C2 * (v + np.float32(0.044715) * v * v * v)))
@@ -100,7 +103,7 @@ def _gelu_tanh(v):
 SILU, GELU = 0, 1
 
 
-@njit(cache=True, fastmath=True, inline="always")
+@njit(**OPS, inline="always")
 def gated_range(act, g, u, o, start, stop):
     if act == SILU:
         for i in range(start, stop):
@@ -110,12 +113,12 @@ def gated_range(act, g, u, o, start, stop):
             o[idx(i)] = _gelu_tanh(g[idx(i)]) * u[idx(i)]
 
 
-@njit(cache=True, fastmath=True)
+@njit(**OPS)
 def _gated_serial(act, g, u, o):
     gated_range(act, g, u, o, 0, g.size)
 
 
-@njit(cache=True, fastmath=True, parallel=True)
+@njit(**OPS, parallel=True)
 def _gated_parallel(act, g, u, o):
     chunk = 4096
     for c in prange((g.size + chunk - 1) // chunk):

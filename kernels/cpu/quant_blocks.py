@@ -28,7 +28,7 @@ from numba import njit
 
 from kernels.cpu.f16 import f16_bits_to_f32
 
-KERNEL = dict(cache=True, fastmath=True, nogil=True)
+KERNEL = dict(cache=True, fastmath=True, nogil=True, error_model="numpy")  # no zero-division checks in loops
 # Per-format kernels have one call site (their dispatcher): inlining them there saves compiling them twice.
 KERNEL_ONCE = dict(KERNEL, inline="always")
 
