@@ -40,7 +40,7 @@ class ChatView(QScrollArea):
         self.widgets: list[MessageWidget] = []   # for messages[self._first:], then any pending ones
         self._first = 0
         self._follow = True
-        self._anchor: tuple[MessageWidget, int] | None = None  # keeps a widget still while older ones load
+        self._anchor: int | None = None  # distance from the bottom to keep while older messages load
         bar = self.verticalScrollBar()
         bar.valueChanged.connect(self._scrolled)
         bar.rangeChanged.connect(self._range_changed)
@@ -54,8 +54,9 @@ class ChatView(QScrollArea):
             if (old["id"], old["content"]) != (new["id"], new["content"]):
                 break
             keep += 1
-        same_start = self._first < len(messages) and messages[: self._first] == self.messages[: self._first]
-        if not same_start:
+        continuing = (bool(self.messages) and bool(messages) and messages[0]["id"] == self.messages[0]["id"]
+                      and self._first < len(messages))  # the same conversation, changed at its end
+        if not continuing:
             keep, self._first = 0, max(0, len(messages) - RENDER_BATCH)
         self._truncate(keep)
         self.messages = list(messages)
@@ -113,6 +114,7 @@ class ChatView(QScrollArea):
         self.scroll_to_bottom()
 
     def append_reply(self, text: str) -> None:
+        self._anchor = None  # from here on the page grows below the view, which then stays put
         self.streaming.set_content(self.streaming.content + text)
 
     def last_reply_text(self) -> str | None:
@@ -139,9 +141,9 @@ class ChatView(QScrollArea):
         if self._first == 0:
             return
         start = max(0, self._first - RENDER_BATCH)
-        top = self.widgets[0] if self.widgets else None
-        if top is not None:
-            self._anchor = (top, top.y() - self.verticalScrollBar().value())
+        bar = self.verticalScrollBar()
+        # Older messages grow the page above the view: holding the distance to the bottom holds the view.
+        self._anchor = bar.maximum() - bar.value()
         older = [self._make(m) for m in self.messages[start:self._first]]
         for i, widget in enumerate(older):
             self._column.insertWidget(i, widget)
@@ -158,16 +160,11 @@ class ChatView(QScrollArea):
         if action != QAbstractSlider.SliderAction.SliderNoAction:
             self._anchor = None
 
-    def _apply_anchor(self) -> None:
-        if self._anchor is not None:
-            widget, offset = self._anchor
-            self.verticalScrollBar().setValue(widget.y() - offset)
-
     def _range_changed(self, _minimum: int, maximum: int) -> None:
         bar = self.verticalScrollBar()
         if self._follow:
             bar.setValue(maximum)
         elif self._anchor is not None:
-            QTimer.singleShot(0, self._apply_anchor)  # widget positions settle after the range does
+            bar.setValue(maximum - self._anchor)
         if maximum == 0 and self._first > 0:  # the rendered messages do not fill the view yet
             self._load_older()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from PySide6.QtCore import QEvent, Qt
+from PySide6.QtCore import QCoreApplication, QEvent, Qt
 from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QMainWindow, QMessageBox, QProgressBar, QSplitter,
                                QToolButton, QVBoxLayout, QWidget)
@@ -167,7 +167,8 @@ class MainWindow(QMainWindow):
         self.composer.input.setFocus()
 
     def _refresh_if_current(self, conversation_id: str | None) -> None:
-        if conversation_id is None or conversation_id != self.current_id:
+        """Show the stored branch; while a reply streams the view is the turn's until it ends."""
+        if conversation_id is None or conversation_id != self.current_id or self.streaming:
             return
         self.chat_view.show_messages(self.store.active_branch(conversation_id))
         if self._pending_jump and self.chat_view.scroll_to_message(self._pending_jump):
@@ -355,5 +356,7 @@ class MainWindow(QMainWindow):
         self.preferences.last_conversation = self.current_id
         self.preferences.sync()
         self.client.close()
+        # the worker's last signals (queued for this thread) run now, while the store is still open
+        QCoreApplication.sendPostedEvents(None, QEvent.Type.MetaCall)
         self.store.close()
         super().closeEvent(event)

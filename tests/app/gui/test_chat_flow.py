@@ -85,3 +85,41 @@ def test_regenerate_edit_switch_and_delete(qtbot, open_window):
     qtbot.waitUntil(lambda: len(window.chat_view.widgets) == 1)  # the branch ends at the user message now
     assert [m["content"] for m in window.store.active_branch(window.current_id)] == ["Name a colour."]
     assert len(window.store.siblings(first_reply.message_id)) == 1  # the other reply is still there
+
+
+def test_search_finds_a_message_and_jumps_to_it(qtbot, open_window):
+    window = open_window()
+    window.apply_settings(GREEDY)
+    send(qtbot, window, "Tell me about zebras.")
+    window.new_chat()
+    assert window.chat_view.widgets == []
+    qtbot.keyClick(window, Qt.Key.Key_K, Qt.KeyboardModifier.ControlModifier)
+    assert window.sidebar.search.hasFocus()
+    qtbot.keyClicks(window.sidebar.search, "zebras")
+    hits = window.sidebar.list
+    qtbot.waitUntil(lambda: any(hits.item(i).text() == "Messages" for i in range(hits.count())))
+    hit = next(hits.item(i) for i in range(hits.count()) if "zebras" in hits.item(i).text() and hits.item(i).data(
+        Qt.ItemDataRole.UserRole + 1))
+    rect = hits.visualItemRect(hit)
+    qtbot.mouseClick(hits.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())
+    qtbot.waitUntil(lambda: [w.content for w in window.chat_view.widgets][:1] == ["Tell me about zebras."])
+
+
+def test_the_conversation_survives_closing_the_app_and_resumes_warm(qtbot, open_window):
+    window = open_window()
+    window.apply_settings(GREEDY)
+    send(qtbot, window, "What is the capital of France?")
+    conversation_id, before = window.current_id, shown(window)
+    context_used = window.status_line.status.context_used
+    window.close()
+
+    window = open_window()  # same data directory: the last conversation opens again
+    assert window.current_id == conversation_id
+    qtbot.waitUntil(lambda: window.status_line.status.context_size > 0, timeout=TURN_TIMEOUT_MS)
+    assert shown(window) == before
+    assert window.status_line.status.resumed_positions == context_used
+    send(qtbot, window, "And of Italy?")
+    status = window.status_line.status
+    assert status.reused_tokens == context_used, "the history was prefilled again"
+    assert 0 < status.prefilled_tokens < 20  # only the new turn
+    assert len(window.store.active_branch(conversation_id)) == 4

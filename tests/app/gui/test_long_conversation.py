@@ -1,0 +1,44 @@
+"""A 600-message conversation opens quickly (only the newest messages get widgets) and scrolling up
+loads older ones without moving what is on screen."""
+
+import time
+
+from PySide6.QtWidgets import QAbstractSlider
+
+from app.gui.chat_view import RENDER_BATCH
+from engine.history.store import HistoryStore
+
+MESSAGES = 600
+
+
+def long_conversation(fucina_home) -> str:
+    with HistoryStore(HistoryStore.default_path()) as store:
+        cid = store.create_conversation("model.gguf", title="Long")
+        for i in range(MESSAGES // 2):
+            store.add_message(cid, "user", f"Question {i}: what is {i} squared?")
+            store.add_message(cid, "assistant", f"**{i}** squared is `{i * i}`.\n\n- one\n- two\n\n```python\nprint({i} ** 2)\n```")
+    return cid
+
+
+def test_a_long_conversation_opens_fast_and_scrolls_back(qtbot, open_window, fucina_home):
+    cid = long_conversation(fucina_home)
+    window = open_window()
+    start = time.perf_counter()
+    window.open_conversation(cid)
+    qtbot.wait(1)
+    opened_ms = (time.perf_counter() - start) * 1e3
+    view = window.chat_view
+    print(f"\nopening {MESSAGES} messages took {opened_ms:.0f} ms ({len(view.widgets)} widgets built)")
+    assert len(view.messages) == MESSAGES and len(view.widgets) == RENDER_BATCH
+    assert view.widgets[-1].content.startswith(f"**{MESSAGES // 2 - 1}**")
+
+    qtbot.waitUntil(lambda: view.verticalScrollBar().maximum() > 0)
+    oldest_shown = view.widgets[0]
+    view.verticalScrollBar().triggerAction(QAbstractSlider.SliderAction.SliderToMinimum)
+    assert len(view.widgets) == 2 * RENDER_BATCH
+    margin = view.widget().layout().contentsMargins().top()
+    # the message that was at the top of the view stays there once the older ones are laid out above it
+    qtbot.waitUntil(lambda: oldest_shown.y() - view.verticalScrollBar().value() == margin)
+
+    target = view.messages[3]["id"]  # far above: scroll_to_message builds everything down to it
+    assert view.scroll_to_message(target) is view.widgets[3]

@@ -1,0 +1,50 @@
+"""Choosing models in the window: a corrupt file is refused with a dialog and the app keeps working on the
+model it had; switching models mid-conversation re-renders the history for the new one."""
+
+from PySide6.QtWidgets import QFileDialog, QMessageBox
+
+from tests.app.gui.conftest import TURN_TIMEOUT_MS
+from tests.app.gui.test_chat_flow import GREEDY, send
+
+
+def error_boxes(window):
+    return [box for box in window.findChildren(QMessageBox) if box.isVisible()]
+
+
+def test_a_corrupt_gguf_shows_an_error_and_the_app_keeps_working(qtbot, open_window, tmp_path, monkeypatch):
+    window = open_window()
+    loaded = window.model_path
+    corrupt = tmp_path / "x.gguf"
+    corrupt.write_bytes(b"GGUF" + bytes(range(256)) * 8)
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a, **k: (str(corrupt), "GGUF models (*.gguf)"))
+    picker = window.choose_model()
+    picker.open_file()
+    qtbot.waitUntil(lambda: bool(error_boxes(window)), timeout=TURN_TIMEOUT_MS)
+    [box] = error_boxes(window)
+    assert "x.gguf" in box.text() and "Still using SmolLM2" in box.text()
+    box.accept()
+    assert window.model_path == loaded and window.composer.send_button.isEnabled()
+    window.apply_settings(GREEDY)
+    send(qtbot, window, "What is the capital of France?")
+    assert "Paris" in window.chat_view.widgets[-1].content
+    assert str(corrupt) not in window.preferences.recent_models
+
+
+def test_switching_models_mid_conversation_rerenders_the_history(qtbot, open_window, model_path):
+    window = open_window()
+    window.apply_settings(GREEDY)
+    send(qtbot, window, "Hi!")
+    before = [(w.role, w.content) for w in window.chat_view.widgets]
+    other = str(model_path("gemma-3-270m"))
+    old_status = window.status_line.status
+    window.load_model(other)
+    qtbot.waitUntil(lambda: window.model_path == other and window.status_line.status is not old_status,
+                    timeout=TURN_TIMEOUT_MS)
+    assert window.model_path == other and window.model_button.text().startswith("Gemma 3")
+    assert window.status_line.status.resumed_positions == 0  # the sidecar held the other model's cache
+    send(qtbot, window, "How are you?")
+    assert [(w.role, w.content) for w in window.chat_view.widgets][:2] == before
+    assert len(window.chat_view.widgets) == 4
+    status = window.status_line.status
+    assert status.reused_tokens == 0 and status.prefilled_tokens > 10  # the whole history, rendered for Gemma
+    assert window.store.get_conversation(window.current_id)["model"] == other

@@ -1,0 +1,88 @@
+"""The window around the chat: shortcuts, the sidebar's rename / pin / delete, export and import, the first
+start without a model, and `fucina --screenshot`."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QGuiApplication, QImage
+from PySide6.QtWidgets import QFileDialog, QMessageBox
+
+from app.gui.main_window import MainWindow
+from app.gui.model_picker import ModelPicker
+from tests.app.gui.conftest import TURN_TIMEOUT_MS
+from tests.app.gui.test_chat_flow import GREEDY, send
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def sidebar_titles(window):
+    items = window.sidebar.list
+    return [items.item(i).text() for i in range(items.count())]
+
+
+def test_shortcuts_sidebar_and_export_import(qtbot, open_window, tmp_path, monkeypatch):
+    window = open_window()
+    window.apply_settings(GREEDY)
+    send(qtbot, window, "Hello there")
+    first = window.current_id
+    qtbot.keyClick(window, Qt.Key.Key_C, Qt.KeyboardModifier.ControlModifier | Qt.KeyboardModifier.ShiftModifier)
+    assert QGuiApplication.clipboard().text() == window.chat_view.widgets[-1].content
+
+    qtbot.keyClick(window, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)
+    assert window.current_id is None and window.chat_view.widgets == []
+    assert window.current_settings() == {}  # a new chat starts on the defaults
+    window.apply_settings(GREEDY)
+    send(qtbot, window, "Second chat")
+    second = window.current_id
+    assert second != first and sidebar_titles(window) == ["Today", "Second chat", "Hello there"]
+
+    window.sidebar.set_pinned(first, True)
+    assert sidebar_titles(window) == ["Pinned", "Hello there", "Today", "Second chat"]
+    item = window.sidebar.list.item(1)
+    item.setText("Greetings")  # what an in-place rename ends with
+    assert window.store.get_conversation(first)["title"] == "Greetings"
+
+    exported = tmp_path / "greetings.json"
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(exported), "JSON (*.json)"))
+    window.export_conversation(first)
+    assert json.loads(exported.read_text())["conversation"]["title"] == "Greetings"
+    markdown = tmp_path / "greetings.md"
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(markdown), "Markdown (*.md)"))
+    window.export_conversation(first)
+    assert markdown.read_text().startswith("# Greetings")
+
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Yes)
+    window.sidebar.confirm_delete(first)
+    qtbot.waitUntil(lambda: "Greetings" not in sidebar_titles(window))
+    assert window.current_id == second
+
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a, **k: (str(exported), "JSON (*.json)"))
+    window.import_conversation()
+    assert window.current_id not in (first, second)
+    assert [w.content for w in window.chat_view.widgets][0] == "Hello there"
+    assert "Greetings" in sidebar_titles(window)
+
+
+def test_first_start_without_a_model_offers_the_starter_models(qtbot, tmp_path, monkeypatch):
+    monkeypatch.setenv("FUCINA_HOME", str(tmp_path))  # no models, no preferences
+    window = MainWindow()
+    qtbot.addWidget(window)
+    window.show()
+    [picker] = window.findChildren(ModelPicker)
+    assert picker.isVisible()
+    rows = [picker.starters.item(i).text() for i in range(picker.starters.count())]
+    assert rows[0].startswith("SmolLM2 135M Instruct") and "MB, not downloaded" in rows[0]
+    assert picker.use_button.text() == "Download and use"
+    assert not window.composer.send_button.isEnabled()
+
+
+def test_screenshot_command_renders_the_window(fucina_home, tmp_path):
+    png = tmp_path / "shot.png"
+    run = subprocess.run([sys.executable, "-m", "app.cli", "--screenshot", str(png)], cwd=REPO,
+                         capture_output=True, text=True, timeout=TURN_TIMEOUT_MS / 1000)
+    assert run.returncode == 0, run.stderr
+    image = QImage(str(png))
+    assert (image.width(), image.height()) == (1100, 720)
