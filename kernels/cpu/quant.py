@@ -6,8 +6,9 @@ BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K..Q6_K have Numba kernels that read
 the blocks directly; every other type `gguf.quants` can dequantize goes through
 one generic path (row tiles dequantized, multiplied with NumPy).
 
-Decode (one input row) streams the blocks once in a fused kernel; prefill
-dequantizes row tiles of a few MB and hands them to OpenBLAS sgemm.
+Decode (one input row) and short prompts (a few rows) stream the blocks once
+in fused kernels; longer prefills dequantize row tiles of a few MB and hand
+them to OpenBLAS sgemm.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from kernels.cpu import quant_generic as generic
 
 _TILE_BYTES = 4 << 20  # float32 tile of dequantized rows in GEMMs: big enough for sgemm, fits in L3
 _PARALLEL_MIN_BYTES = dot.PARALLEL_MIN_BYTES
-_MATVEC_MAX_ROWS = 8  # matmul inputs up to this many rows stream the weights once per row
+# matmul inputs up to this many rows use the block kernels (weights read once, int8 dots):
+# dequantizing a whole weight and OpenBLAS's few-row sgemm cost several times more there
+_MATVEC_MAX_ROWS = 32
 
 _threads: int | None = None  # None: follow numba's own setting
 
@@ -175,8 +178,7 @@ def matmul(qtype: int, w: np.ndarray, X: np.ndarray) -> np.ndarray:
     n, rows = X.shape[0], w.shape[0]
     Y = np.empty((n, rows), np.float32)
     if has_native_kernel(qtype) and n <= _MATVEC_MAX_ROWS:
-        for i in range(n):
-            _matvec_into(qtype, (w,), X[i], Y[i])
+        dot.matmul_rows(qtype, w, X, Y, blocks.N16, _chunks_for(w.nbytes))
     elif n:
         for r0, r1, tile in _dequantized_tiles(qtype, w, cols):
             np.matmul(X, tile.T, out=Y[:, r0:r1])

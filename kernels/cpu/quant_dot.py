@@ -318,6 +318,24 @@ def matvec_parallel(qtypes, ws, starts, x, out, n16, chunks):
         matvec_rows(qtypes, ws, starts, x, act, out, c * total // chunks, (c + 1) * total // chunks, n16)
 
 
+# rows of a weight multiplied by every input row in turn: small enough to stay in L1 meanwhile
+_ROW_TILE_BYTES = 16 << 10
+
+
+@njit(parallel=True, **KERNEL)
+def matmul_rows(qtype, w, X, Y, n16, chunks):
+    """Y[i] = W . X[i] for a few input rows, reading W from memory once: each of `chunks`
+    threads walks its share of W's rows in L1-sized tiles, multiplying each by every row of X."""
+    n, rows = X.shape[0], w.shape[0]
+    acts = [activations(X[i]) for i in range(n)]
+    tile = max(1, _ROW_TILE_BYTES // w.shape[1])
+    for c in prange(chunks):
+        for r0 in range(c * rows // chunks, (c + 1) * rows // chunks, tile):
+            r1 = min((c + 1) * rows // chunks, r0 + tile)
+            for i in range(n):
+                _dispatch(qtype, w[r0:r1], X[i], acts[i], Y[i, r0:r1], n16)
+
+
 @njit(**KERNEL)
 def matvec_stacked(qtypes, ws, x, out, threads):
     """out = the stacked products of ws with x, on `threads` threads when the weights are big

@@ -80,11 +80,19 @@ def test_gather_and_dequantize(qtype, mode):
     _assert_rows(quant.dequantize(qtype, w, 2, 5), W[2:5])
 
 
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q8_0], ids=lambda t: t.name)
+def test_few_row_matmul_covers_every_weight_tile(qtype, mode):
+    """Few-row products walk the weight in L1-sized row tiles: many tiles, uneven over threads."""
+    w, W, rng = _case(qtype, rows=301)
+    X = rng.standard_normal((5, W.shape[1]), dtype=np.float32)
+    _assert_products(quant.matmul(qtype, w, X), W, matvec_input(qtype, X))
+
+
 def test_matmul_tiles_cover_every_row(monkeypatch):
     """Prefill GEMMs dequantize row tiles: a tile size that does not divide the rows still covers all."""
     monkeypatch.setattr(quant, "_TILE_BYTES", 3 * 512 * 4)
     w, W, rng = _case(T.Q4_K, rows=11)
-    X = rng.standard_normal((9, 512), dtype=np.float32)
+    X = rng.standard_normal((quant._MATVEC_MAX_ROWS + 1, 512), dtype=np.float32)
     _assert_products(quant.matmul(T.Q4_K, w, X), W, X)
 
 
