@@ -24,7 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fucina", description="Chat with local language models. "
                                      "With no command, opens the desktop app.")
     parser.add_argument("--screenshot", metavar="PATH", help="render the app's window to a PNG and exit")
-    parser.add_argument("--conversation", metavar="ID", help="the conversation to open (default: the last one)")
+    parser.add_argument("--conversation", metavar="ID", dest="gui_conversation",  # `chat --conversation` differs
+                        help="the conversation the app opens (default: the last one)")
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     for register in COMMANDS:
         register(subparsers)
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not hasattr(args, "func"):
             from app.gui.app import run  # Qt loads only for the desktop app
-            return run(args.screenshot, args.conversation)
+            return run(args.screenshot, args.gui_conversation)
         return args.func(args) or 0
     except FucinaError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (QDialog, QFileDialog, QHBoxLayout, QLabel, QListWidget, QListWidgetItem,
                                QMessageBox, QProgressBar, QPushButton, QVBoxLayout, QWidget)
 
 from app.gui.downloader import Download
-from engine.catalog import StarterModel, catalog
+from engine.catalog import StarterModel, catalog, default_model_name
 
 PATH_ROLE = Qt.ItemDataRole.UserRole
 
@@ -32,14 +32,15 @@ class ModelPicker(QDialog):
         self.setWindowTitle("Choose a model")
         self.setMinimumWidth(560)
         self.download: Download | None = None
-        intro = QLabel("Pick a starter model to download and chat with, or open a GGUF model file."
+        intro = QLabel("Welcome! Fucina is downloading the default starter model. Cancel to pick another one, "
+                       "or open a GGUF model file you already have."
                        if first_run else "Starter models, recent files, or any GGUF model file.")
         intro.setWordWrap(True)
         self.starters = QListWidget()
         self.starters.setAccessibleName("Starter models")
         for model in catalog().values():
             self.starters.addItem(self._starter_item(model))
-        self.starters.setCurrentRow(0)
+        self.starters.setCurrentRow(list(catalog()).index(default_model_name()))
         self.starters.itemActivated.connect(lambda _: self.use_starter())
         self.recent = QListWidget()
         self.recent.setAccessibleName("Recent model files")
@@ -78,6 +79,8 @@ class ModelPicker(QDialog):
         layout.addWidget(self.progress)
         layout.addWidget(self.cancel_button)
         layout.addLayout(buttons)
+        if first_run:  # the first start needs no decision: the default model comes unless cancelled
+            QTimer.singleShot(0, self.use_starter)
 
     @staticmethod
     def _starter_item(model: StarterModel) -> QListWidgetItem:

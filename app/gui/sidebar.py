@@ -63,6 +63,8 @@ class Sidebar(QWidget):
         self.list = QListWidget()
         self.list.setAccessibleName("Conversations")
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)  # long titles elide
+        self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 8, 0, 8)
         layout.addWidget(self.new_button)
@@ -94,7 +96,7 @@ class Sidebar(QWidget):
 
     def _add_heading(self, text: str) -> None:
         item = QListWidgetItem(text)
-        item.setFlags(Qt.ItemFlag.NoItemFlags)
+        item.setFlags(Qt.ItemFlag.ItemIsEnabled)  # not selectable, but not greyed out like a disabled item
         font = QFont(self.list.font())
         font.setBold(True)
         item.setFont(font)

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtGui import QGuiApplication, QImage
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 
@@ -66,8 +66,31 @@ def test_shortcuts_sidebar_and_export_import(qtbot, open_window, tmp_path, monke
     assert "Greetings" in sidebar_titles(window)
 
 
-def test_first_start_without_a_model_offers_the_starter_models(qtbot, tmp_path, monkeypatch):
+class FakeDownload(QObject):
+    """Stands in for the download thread: no network in tests."""
+    progress, done, failed, cancelled, finished = (Signal(object, object, str), Signal(str), Signal(str),
+                                                   Signal(), Signal())
+    started = []
+
+    def __init__(self, name):
+        super().__init__()
+        self.name = name
+
+    def start(self):
+        FakeDownload.started.append(self.name)
+        self.progress.emit(25, 100, "downloading")
+
+    def cancel(self):
+        self.cancelled.emit()
+        self.finished.emit()
+
+    def wait(self):
+        pass
+
+
+def test_first_start_downloads_the_default_model_with_a_cancellable_progress_bar(qtbot, tmp_path, monkeypatch):
     monkeypatch.setenv("FUCINA_HOME", str(tmp_path))  # no models, no preferences
+    monkeypatch.setattr("app.gui.model_picker.Download", FakeDownload)
     window = MainWindow()
     qtbot.addWidget(window)
     window.show()
@@ -75,6 +98,10 @@ def test_first_start_without_a_model_offers_the_starter_models(qtbot, tmp_path, 
     assert picker.isVisible()
     rows = [picker.starters.item(i).text() for i in range(picker.starters.count())]
     assert rows[0].startswith("SmolLM2 135M Instruct") and "MB, not downloaded" in rows[0]
+    qtbot.waitUntil(lambda: FakeDownload.started == ["smollm2-135m-instruct"])
+    assert picker.progress.isVisible() and picker.progress.value() == 250
+    qtbot.mouseClick(picker.cancel_button, Qt.MouseButton.LeftButton)
+    assert not picker.progress.isVisible() and picker.use_button.isEnabled()
     assert picker.use_button.text() == "Download and use"
     assert not window.composer.send_button.isEnabled()
 
