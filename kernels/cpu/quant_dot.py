@@ -318,14 +318,14 @@ def matvec_parallel(qtypes, ws, starts, x, out, n16, chunks):
         matvec_rows(qtypes, ws, starts, x, act, out, c * total // chunks, (c + 1) * total // chunks, n16)
 
 
-# rows of a weight multiplied by every input row in turn: small enough to stay in L1 meanwhile
-_ROW_TILE_BYTES = 16 << 10
+# rows of a weight multiplied by every input row in turn: small enough to stay in L2 meanwhile
+_ROW_TILE_BYTES = 64 << 10
 
 
 @njit(parallel=True, **KERNEL)
 def matmul_rows(qtype, w, X, Y, n16, chunks):
     """Y[i] = W . X[i] for a few input rows, reading W from memory once: each of `chunks`
-    threads walks its share of W's rows in L1-sized tiles, multiplying each by every row of X."""
+    threads walks its share of W's rows in L2-sized tiles, multiplying each by every row of X."""
     n, rows = X.shape[0], w.shape[0]
     acts = [activations(X[i]) for i in range(n)]
     tile = max(1, _ROW_TILE_BYTES // w.shape[1])

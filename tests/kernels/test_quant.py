@@ -82,8 +82,8 @@ def test_gather_and_dequantize(qtype, mode):
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q8_0], ids=lambda t: t.name)
 def test_few_row_matmul_covers_every_weight_tile(qtype, mode):
-    """Few-row products walk the weight in L1-sized row tiles: many tiles, uneven over threads."""
-    w, W, rng = _case(qtype, rows=301)
+    """Few-row products walk the weight in L2-sized row tiles: many tiles, uneven over threads."""
+    w, W, rng = _case(qtype, rows=1201)
     X = rng.standard_normal((5, W.shape[1]), dtype=np.float32)
     _assert_products(quant.matmul(qtype, w, X), W, matvec_input(qtype, X))
 
