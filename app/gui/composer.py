@@ -1,5 +1,6 @@
-"""The message input: Enter sends, Shift+Enter adds a line, Esc stops the reply in progress. It stays
-editable while a reply streams (the next message can be typed), but sending waits for the reply to end."""
+"""The message input: Enter sends, Shift+Enter adds a line; Stop (or Esc, the window's shortcut) ends the
+reply in progress. It stays editable while a reply streams (the next message can be typed), but sending
+waits for the reply to end."""
 
 from __future__ import annotations
 
@@ -10,13 +11,11 @@ from PySide6.QtWidgets import QHBoxLayout, QPlainTextEdit, QPushButton, QWidget
 
 class MessageInput(QPlainTextEdit):
     submit = Signal()
-    stop = Signal()
 
     def keyPressEvent(self, event: QKeyEvent) -> None:
-        if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and not event.modifiers() & Qt.KeyboardModifier.ShiftModifier:
+        enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
+        if enter and not event.modifiers() & Qt.KeyboardModifier.ShiftModifier:
             self.submit.emit()
-        elif event.key() == Qt.Key.Key_Escape:
-            self.stop.emit()
         else:
             super().keyPressEvent(event)
 
@@ -43,7 +42,6 @@ class Composer(QWidget):
         layout.addWidget(self.stop_button)
         self.input.submit.connect(self._submit)
         self.send_button.clicked.connect(self._submit)
-        self.input.stop.connect(self.stop_requested)
         self.stop_button.clicked.connect(self.stop_requested)
         self.busy = False
         self.ready = False

@@ -19,7 +19,7 @@ from app.gui.preferences import Preferences
 from app.gui.settings_dialog import SettingsDialog
 from app.gui.sidebar import UNTITLED, Sidebar
 from app.gui.status_line import StatusLine
-from app.gui.worker import EngineClient, EngineStatus
+from app.gui.worker import EngineClient
 from engine.catalog import catalog, default_model_name
 from engine.errors import FucinaError
 from engine.history.store import HistoryStore
@@ -111,7 +111,7 @@ class MainWindow(QMainWindow):
         chat = bar.addMenu("&Chat")
         self._action(chat, "Settings…", self.edit_settings, "Ctrl+,")
         self._action(chat, "Choose model…", self.choose_model)
-        self._action(chat, "Stop reply", self.client.stop)
+        self._action(chat, "Stop reply", self.client.stop, "Esc")
 
     def _connect(self) -> None:
         self.sidebar.new_requested.connect(self.new_chat)
@@ -229,9 +229,11 @@ class MainWindow(QMainWindow):
         if self.streaming and turn is self.client.current_turn:
             self.chat_view.append_reply(text)
 
-    def _turn_finished(self, conversation_id: str, turn) -> None:
+    def _turn_finished(self, conversation_id: str | None, turn) -> None:
         if turn is self.client.current_turn:
             self._end_turn()
+            if conversation_id is None:  # the turn never started (the engine said why)
+                self.chat_view.clear()
             self._refresh_if_current(conversation_id)
         self.sidebar.refresh()  # a first message titles its conversation
 

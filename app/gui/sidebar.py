@@ -4,7 +4,7 @@ that touch an open conversation's engine state (deleting it) go through the main
 
 from __future__ import annotations
 
-from datetime import date, datetime, timedelta
+from datetime import date, datetime
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QFont

@@ -72,7 +72,7 @@ class EngineWorker(QObject):
     conversation_created = Signal(str, object)  # a new chat's first message made it a conversation; the turn
     # A turn is identified by its cancel event, so the UI can ignore a turn it has abandoned.
     reply_text = Signal(str, object)      # the next coalesced piece of the reply, the turn
-    turn_finished = Signal(str, object)   # conversation id, the turn; the store holds the turn now
+    turn_finished = Signal(object, object)  # conversation id (None: none was made), the turn; stored now
     branch_changed = Signal(str)          # conversation id, after a switch or a delete
     conversation_deleted = Signal(str)
     status_changed = Signal(object)       # EngineStatus
@@ -171,9 +171,8 @@ class EngineWorker(QObject):
             self.failed.emit(_describe(e))
         finally:
             batcher.flush()
-            if session is not None:
-                self.turn_finished.emit(session.id, cancel)
-                self._emit_status()
+            self.turn_finished.emit(session and session.id, cancel)
+            self._emit_status()
 
     # -- edits that need no model work -------------------------------------------------------------
     @Slot(str)

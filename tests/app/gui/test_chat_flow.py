@@ -1,5 +1,6 @@
 """Chatting through the window on the real default model: streaming, stop, regenerate, edit and branch
-switching, delete, and a conversation that survives closing the app (resuming warm from its sidecar)."""
+switching, delete, search, and a conversation that survives closing the app (resuming warm from its
+sidecar)."""
 
 from PySide6.QtCore import Qt
 
@@ -46,7 +47,7 @@ def test_stop_mid_reply_keeps_the_partial_reply(qtbot, open_window):
     qtbot.keyClick(window.composer.input, Qt.Key.Key_Return)
     qtbot.waitUntil(lambda: len(window.chat_view.streaming.content) > 20, timeout=TURN_TIMEOUT_MS)
     assert window.composer.stop_button.isVisible()
-    qtbot.mouseClick(window.composer.stop_button, Qt.MouseButton.LeftButton)
+    qtbot.keyClick(window.composer.input, Qt.Key.Key_Escape)
     wait_idle(qtbot, window)
     reply = window.store.active_branch(window.current_id)[-1]
     assert reply["role"] == "assistant" and reply["meta"]["finish_reason"] == "cancelled"
@@ -111,10 +112,12 @@ def test_the_conversation_survives_closing_the_app_and_resumes_warm(qtbot, open_
     send(qtbot, window, "What is the capital of France?")
     conversation_id, before = window.current_id, shown(window)
     context_used = window.status_line.status.context_used
+    window.resize(720, 540)  # within the offscreen screen (800 x 600): restoring clamps to it
     window.close()
 
-    window = open_window()  # same data directory: the last conversation opens again
+    window = open_window()  # same data directory: the last conversation opens again, in the same size
     assert window.current_id == conversation_id
+    assert (window.width(), window.height()) == (720, 540)
     qtbot.waitUntil(lambda: window.status_line.status.context_size > 0, timeout=TURN_TIMEOUT_MS)
     assert shown(window) == before
     assert window.status_line.status.resumed_positions == context_used
