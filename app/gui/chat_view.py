@@ -38,6 +38,7 @@ class ChatView(QScrollArea):
         self.setWidget(container)
         self.messages: list[dict] = []
         self.widgets: list[MessageWidget] = []   # for messages[self._first:], then any pending ones
+        self.streaming: MessageWidget | None = None  # the reply being written
         self._first = 0
         self._follow = True
         self._anchor: int | None = None  # distance from the bottom to keep while older messages load
@@ -62,7 +63,7 @@ class ChatView(QScrollArea):
         self.messages = list(messages)
         for message in messages[self._first + keep:]:
             self._append(message)
-        self._mark_last_reply()
+        self._mark_last_message()
 
     def clear(self) -> None:
         self._follow = True
@@ -70,9 +71,9 @@ class ChatView(QScrollArea):
         self._truncate(0)
         self.messages = []
 
-    def _make(self, message: dict, last_reply: bool = False) -> MessageWidget:
+    def _make(self, message: dict, is_last: bool = False) -> MessageWidget:
         siblings = self._siblings_of(message["id"]) if message["id"] else []
-        widget = MessageWidget(message, siblings, last_reply=last_reply)
+        widget = MessageWidget(message, siblings, is_last=is_last)
         widget.regenerate_requested.connect(self.regenerate_requested)
         widget.edit_requested.connect(self.edit_requested)
         widget.delete_requested.connect(self.delete_requested)
@@ -91,13 +92,14 @@ class ChatView(QScrollArea):
             widget.deleteLater()
         del self.widgets[count:]
 
-    def _mark_last_reply(self) -> None:
-        """Only the last reply offers Regenerate; rebuild the one or two widgets whose role in that changed."""
+    def _mark_last_message(self) -> None:
+        """Only the last message offers a new reply (Regenerate, or Answer on a user message left without
+        one by a stopped reply); rebuild the one or two widgets whose place in that changed."""
         last = len(self.messages) - 1
         for i, widget in enumerate(self.widgets):
-            want = i + self._first == last and widget.role == "assistant"
+            want = i + self._first == last and widget.message_id is not None
             if want != ("regenerate" in widget.actions_):
-                replacement = self._make(widget.message, last_reply=want)
+                replacement = self._make(widget.message, is_last=want)
                 self._column.replaceWidget(widget, replacement)
                 widget.deleteLater()
                 self.widgets[i] = replacement

@@ -204,9 +204,11 @@ class MainWindow(QMainWindow):
         self.client.send(text)
 
     def regenerate(self) -> None:
-        if self.streaming:
+        """A new reply in place of the last one (or to a last user message that has none)."""
+        messages = self.chat_view.messages
+        if self.streaming or not messages:
             return
-        self._begin_turn(len(self.chat_view.messages) - 1)
+        self._begin_turn(len(messages) - (messages[-1]["role"] == "assistant"))
         self.client.regenerate()
 
     def edit(self, message_id: str, text: str) -> None:

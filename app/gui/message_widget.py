@@ -1,5 +1,6 @@
 """One message in the chat: who wrote it, its text, the ‹ 1/2 › switcher between alternatives, and its
-actions (copy; regenerate on the last reply; edit on user messages, which makes a new branch; delete)."""
+actions (copy; regenerate on the last reply, or answer a last user message left without one; edit on user
+messages, which makes a new branch; delete)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ class MessageWidget(QFrame):
     delete_requested = Signal(str)        # message id
     switch_requested = Signal(str)        # the sibling message id to show
 
-    def __init__(self, message: dict, siblings: list[str], *, last_reply: bool = False):
+    def __init__(self, message: dict, siblings: list[str], *, is_last: bool = False):
         """`message` is a store dict (an `id` of None marks one still being written); `siblings` the ids
         of the alternatives at its place in the tree, itself included."""
         super().__init__()
@@ -47,7 +48,7 @@ class MessageWidget(QFrame):
         self.header.addWidget(role_label)
         self._add_switcher()
         self.header.addStretch()
-        self._add_actions(last_reply)
+        self._add_actions(is_last)
 
         if self.role == "user":
             self.body = QLabel(message["content"])
@@ -94,11 +95,13 @@ class MessageWidget(QFrame):
         for widget in (back, self.position_label, forward):
             self.header.addWidget(widget)
 
-    def _add_actions(self, last_reply: bool) -> None:
+    def _add_actions(self, is_last: bool) -> None:
         self.actions_: dict[str, QToolButton] = {}
         specs = [("copy", "Copy", "Copy message", "Copy this message as Markdown")]
-        if self.role == "assistant" and last_reply:
+        if self.role == "assistant" and is_last:
             specs.append(("regenerate", "Regenerate", "Regenerate reply", "Write another reply in its place"))
+        elif self.role == "user" and is_last:
+            specs.append(("regenerate", "Answer", "Answer message", "Write a reply to this message"))
         if self.role == "user":
             specs.append(("edit", "Edit", "Edit message", "Edit and resend; the original stays as an alternative"))
         specs.append(("delete", "Delete", "Delete message", "Delete this message and everything after it"))

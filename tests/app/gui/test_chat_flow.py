@@ -87,6 +87,11 @@ def test_regenerate_edit_switch_and_delete(qtbot, open_window):
     assert [m["content"] for m in window.store.active_branch(window.current_id)] == ["Name a colour."]
     assert len(window.store.siblings(first_reply.message_id)) == 1  # the other reply is still there
 
+    qtbot.mouseClick(window.chat_view.widgets[0].actions_["regenerate"], Qt.MouseButton.LeftButton)  # "Answer"
+    wait_idle(qtbot, window)
+    assert [w.role for w in window.chat_view.widgets] == ["user", "assistant"]
+    assert window.chat_view.widgets[1].position_label.text() == "2/2"
+
 
 def test_search_finds_a_message_and_jumps_to_it(qtbot, open_window):
     window = open_window()
