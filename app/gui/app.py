@@ -21,7 +21,7 @@ def run(screenshot: str | None = None, conversation_id: str | None = None) -> in
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("Fucina")
     app.setApplicationDisplayName("Fucina")
-    window = MainWindow(conversation_id)
+    window = MainWindow(conversation_id, first_run_download=screenshot is None)
     if screenshot is not None:
         Screenshot(window, Path(screenshot))
     window.show()

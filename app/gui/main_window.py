@@ -29,8 +29,9 @@ PREFERENCES_FILE = "gui.ini"
 
 
 class MainWindow(QMainWindow):
-    def __init__(self, conversation_id: str | None = None):
-        """Opens `conversation_id`, else the conversation open when the app last closed."""
+    def __init__(self, conversation_id: str | None = None, *, first_run_download: bool = True):
+        """Opens `conversation_id`, else the conversation open when the app last closed. With no model on
+        disk the model picker opens and (with `first_run_download`) downloads the default model."""
         super().__init__()
         self.setWindowTitle("Fucina")
         self.resize(1100, 760)
@@ -40,6 +41,7 @@ class MainWindow(QMainWindow):
         self.client = EngineClient(db_path)
         self.current_id: str | None = None
         self.model_path: str | None = None       # the model the engine has loaded
+        self.model_requested = False              # a model load was asked for (it may still fail)
         self.streaming = False
         self._new_chat_settings: dict = {}        # settings chosen for a chat not saved yet
         self._pending_jump: str | None = None     # a search hit to show once its branch is
@@ -65,7 +67,7 @@ class MainWindow(QMainWindow):
         if self.preferences.geometry is not None:
             self.restoreGeometry(self.preferences.geometry)
         self.open_conversation(conversation_id or self.preferences.last_conversation)
-        self._load_initial_model()
+        self._load_initial_model(first_run_download)
 
     # -- construction ------------------------------------------------------------------------------
     def _build_layout(self) -> None:
@@ -248,14 +250,14 @@ class MainWindow(QMainWindow):
         self.show_error("Fucina", message)
 
     # -- models ------------------------------------------------------------------------------------
-    def _load_initial_model(self) -> None:
+    def _load_initial_model(self, first_run_download: bool) -> None:
         recent = [p for p in self.preferences.recent_models if Path(p).is_file()]
         default = catalog()[default_model_name()]
         if recent:
             self.load_model(recent[0])
         elif default.is_downloaded():
             self.load_model(str(default.path()))
-        else:
+        elif first_run_download:
             self.choose_model(first_run=True)
 
     def choose_model(self, first_run: bool = False) -> ModelPicker:
@@ -268,6 +270,7 @@ class MainWindow(QMainWindow):
     def load_model(self, path: str) -> None:
         if self.streaming:  # the engine stops the reply; what was written is in the store
             self._end_turn()
+        self.model_requested = True
         self.client.load_model(path)
 
     def _model_loading(self, path: str) -> None:

@@ -1,7 +1,8 @@
 """`fucina --screenshot PATH`: render the window to a PNG (offscreen), for the docs and for tests.
 
-The window starts as usual; the picture is taken once the model has loaded and the conversation is open
-(so the status bar shows real numbers), or after a timeout with whatever is there by then.
+The window starts as usual (except that it downloads no model); the picture is taken once the model has
+loaded and the conversation is open (so the status bar shows real numbers), or after a timeout with
+whatever is there by then.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ class Screenshot(QObject):
         window.resize(*SIZE)
         window.client.worker.conversation_ready.connect(self.settle)
         window.client.worker.model_failed.connect(self.settle)
+        if not window.model_requested:  # no model on disk: the window as it is, without one
+            self.settle()
         QTimer.singleShot(TIMEOUT_MS, self.take)
 
     def settle(self, *_) -> None:

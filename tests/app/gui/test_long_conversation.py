@@ -1,5 +1,6 @@
-"""A 600-message conversation opens quickly (only the newest messages get widgets) and scrolling up
-loads older ones without moving what is on screen."""
+"""Scrolling: a 600-message conversation opens quickly (only the newest messages get widgets) and
+scrolling up loads older ones without moving what is on screen; a streaming reply is followed at the
+bottom, and never moves the view of a reader who scrolled up."""
 
 import time
 
@@ -7,6 +8,7 @@ from PySide6.QtWidgets import QAbstractSlider
 
 from app.gui.chat_view import RENDER_BATCH
 from engine.history.store import HistoryStore
+from tests.app.gui.conftest import TURN_TIMEOUT_MS
 
 MESSAGES = 600
 
@@ -42,3 +44,23 @@ def test_a_long_conversation_opens_fast_and_scrolls_back(qtbot, open_window, fuc
 
     target = view.messages[3]["id"]  # far above: scroll_to_message builds everything down to it
     assert view.scroll_to_message(target) is view.widgets[3]
+
+
+def test_streaming_follows_the_bottom_but_never_moves_a_reader_who_scrolled_up(qtbot, open_window, fucina_home):
+    with HistoryStore(HistoryStore.default_path()) as store:
+        cid = store.create_conversation("model.gguf", sampler={"temperature": 0.0, "max_tokens": 160})
+        for i in range(8):
+            store.add_message(cid, "user", f"Say {i}.")
+            store.add_message(cid, "assistant", f"{i}.\n\n" + "- a line\n" * 6)
+    window = open_window(cid)
+    view, bar = window.chat_view, window.chat_view.verticalScrollBar()
+    window.composer.input.setPlainText("List ten animals, one per line.")
+    window.composer.send_button.click()
+    qtbot.waitUntil(lambda: len(view.streaming.content) > 10, timeout=TURN_TIMEOUT_MS)
+    qtbot.waitUntil(lambda: bar.value() == bar.maximum())  # following the reply as it grows
+    bar.triggerAction(QAbstractSlider.SliderAction.SliderPageStepSub)  # the reader scrolls up
+    reading_at, length = bar.value(), len(view.streaming.content)
+    qtbot.waitUntil(lambda: not window.streaming, timeout=TURN_TIMEOUT_MS)
+    assert len(window.store.active_branch(cid)[-1]["content"]) > length  # the reply grew meanwhile
+    qtbot.wait(50)
+    assert bar.value() == reading_at and bar.maximum() > reading_at

@@ -113,3 +113,13 @@ def test_screenshot_command_renders_the_window(fucina_home, tmp_path):
     assert run.returncode == 0, run.stderr
     image = QImage(str(png))
     assert (image.width(), image.height()) == (1100, 720)
+
+
+def test_screenshot_without_a_model_downloads_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("FUCINA_HOME", str(tmp_path / "home"))
+    png = tmp_path / "shot.png"
+    run = subprocess.run([sys.executable, "-m", "app.cli", "--screenshot", str(png)], cwd=REPO,
+                         capture_output=True, text=True, timeout=TURN_TIMEOUT_MS / 1000)
+    assert run.returncode == 0, run.stderr
+    assert QImage(str(png)).width() == 1100
+    assert not (tmp_path / "home" / "models").exists()
