@@ -39,6 +39,7 @@ class ChatView(QScrollArea):
         self.messages: list[dict] = []
         self.widgets: list[MessageWidget] = []   # for messages[self._first:], then any pending ones
         self.streaming: MessageWidget | None = None  # the reply being written
+        self.busy = False                              # a reply streams: branch-changing actions wait
         self._first = 0
         self._follow = True
         self._anchor: int | None = None  # distance from the bottom to keep while older messages load
@@ -74,6 +75,7 @@ class ChatView(QScrollArea):
     def _make(self, message: dict, is_last: bool = False) -> MessageWidget:
         siblings = self._siblings_of(message["id"]) if message["id"] else []
         widget = MessageWidget(message, siblings, is_last=is_last)
+        widget.set_branch_actions_enabled(not self.busy)
         widget.regenerate_requested.connect(self.regenerate_requested)
         widget.edit_requested.connect(self.edit_requested)
         widget.delete_requested.connect(self.delete_requested)
@@ -105,6 +107,11 @@ class ChatView(QScrollArea):
                 self.widgets[i] = replacement
 
     # -- a reply in progress ---------------------------------------------------------------------
+    def set_busy(self, busy: bool) -> None:
+        self.busy = busy
+        for widget in self.widgets:
+            widget.set_branch_actions_enabled(not busy)
+
     def begin_reply(self, keep: int, user_text: str | None = None) -> None:
         """Show a reply being written after the first `keep` messages, below a new user message if given."""
         keep = max(keep, self._first)

@@ -119,7 +119,7 @@ class MainWindow(QMainWindow):
         self.sidebar.new_requested.connect(self.new_chat)
         self.sidebar.conversation_chosen.connect(self.open_conversation)
         self.sidebar.message_chosen.connect(self.jump_to_message)
-        self.sidebar.delete_requested.connect(self.client.delete_conversation)
+        self.sidebar.delete_requested.connect(self.delete_conversation)
         self.sidebar.export_requested.connect(self.export_conversation)
         self.composer.send_requested.connect(self.send)
         self.composer.stop_requested.connect(self.client.stop)
@@ -194,6 +194,11 @@ class MainWindow(QMainWindow):
             self.preferences.last_conversation = conversation_id
         self.sidebar.select(self.current_id)
 
+    def delete_conversation(self, conversation_id: str) -> None:
+        if conversation_id == self.current_id:
+            self.new_chat()  # stops a reply still being written into it
+        self.client.delete_conversation(conversation_id)
+
     def _conversation_deleted(self, conversation_id: str) -> None:
         if conversation_id == self.current_id:
             self._show_conversation(None)  # the engine closed it already
@@ -221,13 +226,17 @@ class MainWindow(QMainWindow):
         self.client.edit(message_id, text)
 
     def _begin_turn(self, keep: int, user_text: str | None = None) -> None:
-        self.streaming = True
-        self.composer.set_busy(True)
+        self._set_streaming(True)
         self.chat_view.begin_reply(keep, user_text)
 
     def _end_turn(self) -> None:
-        self.streaming = False
-        self.composer.set_busy(False)
+        self._set_streaming(False)
+
+    def _set_streaming(self, streaming: bool) -> None:
+        """While a reply streams, sending and the actions that change the branch wait for it."""
+        self.streaming = streaming
+        self.composer.set_busy(streaming)
+        self.chat_view.set_busy(streaming)
 
     def _reply_text(self, text: str, turn) -> None:
         if self.streaming and turn is self.client.current_turn:

@@ -42,6 +42,7 @@ class MessageWidget(QFrame):
         palette.setColor(QPalette.ColorRole.Window, bubble_color(self, self.role))
         self.setPalette(palette)
 
+        self.previous_button = self.next_button = None  # the ‹ › switcher, when there are alternatives
         self.header = QHBoxLayout()
         self.header.setContentsMargins(0, 0, 0, 0)
         role_label = QLabel(f"<b>{ROLE_NAMES.get(self.role, self.role)}</b>")
@@ -57,12 +58,13 @@ class MessageWidget(QFrame):
             self.body.setTextInteractionFlags(SELECTABLE)
         else:
             self.body = MarkdownView(message["content"])
-        self.layout_ = QVBoxLayout(self)
-        self.layout_.setContentsMargins(12, 6, 12, 10)
-        self.layout_.setSpacing(4)
-        self.layout_.addLayout(self.header)
-        self.layout_.addWidget(self.body)
+        self.column = QVBoxLayout(self)
+        self.column.setContentsMargins(12, 6, 12, 10)
+        self.column.setSpacing(4)
+        self.column.addLayout(self.header)
+        self.column.addWidget(self.body)
         self.editor: QWidget | None = None
+        self.set_branch_actions_enabled(True)
 
     @property
     def message_id(self) -> str | None:
@@ -88,15 +90,13 @@ class MessageWidget(QFrame):
         self.next_button = forward = _tool_button("›", "Next alternative", "Show the next alternative")
         self.position_label = QLabel(f"{index + 1}/{len(self.siblings)}")
         self.position_label.setAccessibleName("Alternative")
-        back.setEnabled(index > 0)
-        forward.setEnabled(index < len(self.siblings) - 1)
         back.clicked.connect(lambda: self.switch_requested.emit(self.siblings[index - 1]))
         forward.clicked.connect(lambda: self.switch_requested.emit(self.siblings[index + 1]))
         for widget in (back, self.position_label, forward):
             self.header.addWidget(widget)
 
     def _add_actions(self, is_last: bool) -> None:
-        self.actions_: dict[str, QToolButton] = {}
+        self.actions_: dict[str, QToolButton] = {}  # trailing underscore: QWidget.actions() is taken
         specs = [("copy", "Copy", "Copy message", "Copy this message as Markdown")]
         if self.role == "assistant" and is_last:
             specs.append(("regenerate", "Regenerate", "Regenerate reply", "Write another reply in its place"))
@@ -107,7 +107,6 @@ class MessageWidget(QFrame):
         specs.append(("delete", "Delete", "Delete message", "Delete this message and everything after it"))
         for key, text, accessible, tip in specs:
             button = _tool_button(text, accessible, tip)
-            button.setEnabled(self.message_id is not None or key == "copy")
             self.header.addWidget(button)
             self.actions_[key] = button
         self.actions_["copy"].clicked.connect(lambda: QGuiApplication.clipboard().setText(self.content))
@@ -116,6 +115,19 @@ class MessageWidget(QFrame):
         if "edit" in self.actions_:
             self.actions_["edit"].clicked.connect(self.start_editing)
         self.actions_["delete"].clicked.connect(lambda: self.delete_requested.emit(self.message_id))
+
+    def set_branch_actions_enabled(self, enabled: bool) -> None:
+        """Everything but Copy changes the conversation's tree, which waits while a reply streams."""
+        enabled = enabled and self.message_id is not None
+        for key, button in self.actions_.items():
+            if key != "copy":
+                button.setEnabled(enabled)
+        if self.previous_button is not None:
+            index = self.siblings.index(self.message_id)
+            self.previous_button.setEnabled(enabled and index > 0)
+            self.next_button.setEnabled(enabled and index < len(self.siblings) - 1)
+        if self.editor is not None:
+            self.save_edit_button.setEnabled(enabled)
 
     def start_editing(self) -> None:
         if self.editor is not None:
@@ -136,7 +148,7 @@ class MessageWidget(QFrame):
         column.addWidget(self.edit_box)
         column.addLayout(buttons)
         self.body.hide()
-        self.layout_.addWidget(self.editor)
+        self.column.addWidget(self.editor)
         self.edit_box.setFocus()
 
     def stop_editing(self) -> None:

@@ -299,11 +299,9 @@ class EngineClient(QObject):
         self._switch.emit(message_id)
 
     def delete_message(self, message_id: str) -> None:
-        self._new_turn()
         self._delete_message.emit(message_id)
 
     def delete_conversation(self, conversation_id: str) -> None:
-        self._new_turn()
         self._delete_conversation.emit(conversation_id)
 
     def update_settings(self, settings: dict) -> None:

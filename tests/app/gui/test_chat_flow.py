@@ -47,13 +47,15 @@ def test_stop_mid_reply_keeps_the_partial_reply(qtbot, open_window):
     qtbot.keyClick(window.composer.input, Qt.Key.Key_Return)
     qtbot.waitUntil(lambda: len(window.chat_view.streaming.content) > 20, timeout=TURN_TIMEOUT_MS)
     assert window.composer.stop_button.isVisible()
+    assert not window.chat_view.widgets[0].actions_["edit"].isEnabled()  # the tree waits for the reply
+    assert window.chat_view.widgets[0].actions_["copy"].isEnabled()
     qtbot.keyClick(window.composer.input, Qt.Key.Key_Escape)
     wait_idle(qtbot, window)
     reply = window.store.active_branch(window.current_id)[-1]
     assert reply["role"] == "assistant" and reply["meta"]["finish_reason"] == "cancelled"
     assert 0 < reply["meta"]["generated_tokens"] < 400
     assert shown(window)[-1] == ("assistant", reply["content"])
-    assert window.composer.send_button.isVisible()
+    assert window.composer.send_button.isVisible() and window.chat_view.widgets[0].actions_["edit"].isEnabled()
 
 
 def test_regenerate_edit_switch_and_delete(qtbot, open_window):
