@@ -48,7 +48,7 @@ def test_a_long_conversation_opens_fast_and_scrolls_back(qtbot, open_window, fuc
 
 def test_streaming_follows_the_bottom_but_never_moves_a_reader_who_scrolled_up(qtbot, open_window, fucina_home):
     with HistoryStore(HistoryStore.default_path()) as store:
-        cid = store.create_conversation("model.gguf", sampler={"temperature": 0.0, "max_tokens": 160})
+        cid = store.create_conversation("model.gguf", sampler={"temperature": 0.0, "max_tokens": 48})
         for i in range(8):
             store.add_message(cid, "user", f"Say {i}.")
             store.add_message(cid, "assistant", f"{i}.\n\n" + "- a line\n" * 6)
