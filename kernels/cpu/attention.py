@@ -13,6 +13,7 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from kernels.cpu.f16 import f16_bits_to_f32
+from kernels.cpu.fast_exp import exp32
 
 
 def as_f32(x):
@@ -71,6 +72,7 @@ def attention_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_keys: int, w
 
 
 _QUERY_CHUNK = 256
+_u = np.uint64  # unsigned subscripts: no negative-index fix-up in the way of the loop vectorizer
 
 
 def attention_prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos0: int, window: int, scale: float) -> np.ndarray:
@@ -83,19 +85,11 @@ def attention_prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos0: int, 
     n_keys, kv_heads, _ = k.shape
     group = n_head // kv_heads
     out = np.empty((n, n_head, d), dtype=np.float32)
-    key_pos = np.arange(n_keys)
     for c0 in range(0, n, _QUERY_CHUNK):
         c1 = min(n, c0 + _QUERY_CHUNK)
-        q_pos = q_pos0 + np.arange(c0, c1)
         # visible keys of this chunk: those any of its queries can see
         lo = 0 if window <= 0 else max(0, q_pos0 + c0 - window + 1)
         hi = q_pos0 + c1
-        rel = q_pos[:, None] - key_pos[None, lo:hi]
-        masked = rel < 0
-        if window > 0:
-            masked |= rel >= window
-        # an additive mask (0 or -inf) is far cheaper than boolean indexing of the scores
-        bias = np.where(masked, np.float32(-np.inf), np.float32(0.0))[:, None, :]
         for kvh in range(kv_heads):
             kt = k[lo:hi, kvh, :]
             vt = v[lo:hi, kvh, :]
@@ -103,10 +97,33 @@ def attention_prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos0: int, 
             # all query heads of the group in one GEMM: [(chunk*group), d] @ [d, keys]
             qg = q[c0:c1, heads, :].reshape(-1, d)
             s = (qg @ kt.T).reshape(c1 - c0, group, hi - lo)
-            s *= np.float32(scale)
-            s += bias
-            s -= s.max(axis=2, keepdims=True)
-            np.exp(s, out=s)
-            s /= s.sum(axis=2, keepdims=True)
+            _masked_softmax(s, q_pos0 + c0, lo, window, np.float32(scale))
             out[c0:c1, heads, :] = (s.reshape(-1, hi - lo) @ vt).reshape(c1 - c0, group, d)
     return out
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def _masked_softmax(s, q_pos0, key_pos0, window, scale):
+    """In place, s [queries, heads, keys] of queries at q_pos0.. and keys at key_pos0..: the
+    softmax of scale * s over each query's visible keys, 0 for the others (one pass per row
+    instead of NumPy's mask, max, exp, sum and divide over the whole block)."""
+    n, heads, m = s.shape
+    for i in range(n):
+        p = q_pos0 + i
+        j_hi = min(m, p - key_pos0 + 1)
+        j_lo = 0 if window <= 0 else min(j_hi, max(0, p - window + 1 - key_pos0))
+        for h in range(heads):
+            row = s[i, h]
+            top = row[j_hi - 1]
+            for j in range(j_lo, j_hi):
+                top = max(top, row[_u(j)])
+            total = np.float32(0.0)
+            for j in range(j_lo, j_hi):
+                e = exp32((row[_u(j)] - top) * scale)
+                row[_u(j)] = e
+                total += e
+            inv = np.float32(1.0) / total
+            for j in range(j_lo, j_hi):
+                row[_u(j)] *= inv
+            row[:j_lo] = 0
+            row[j_hi:] = 0

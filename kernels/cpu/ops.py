@@ -15,7 +15,9 @@ from kernels.cpu.fast_exp import exp32
 # numpy's error model: a float division then needs no zero check, which would keep LLVM
 # from vectorizing the loops around it
 OPS = dict(cache=True, fastmath=True, error_model="numpy")
-_PARALLEL_ROWS = 16
+# below this many elements a norm runs on the calling thread: a 512 x 640 prefill norm takes
+# ~0.1 ms there, less than waking a second thread that another process may be holding
+_PARALLEL_NORM_ELEMENTS = 1 << 20
 idx = np.uint64  # unsigned subscripts: no negative-index fix-up in the way of the loop vectorizer
 
 
@@ -49,7 +51,7 @@ def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray | Non
         out = np.empty_like(x2)
     else:
         out = out.reshape(-1, shape[-1])
-    kernel = _rmsnorm_parallel if x2.shape[0] >= _PARALLEL_ROWS else _rmsnorm_serial
+    kernel = _rmsnorm_parallel if x2.size >= _PARALLEL_NORM_ELEMENTS else _rmsnorm_serial
     kernel(x2, weight, np.float32(eps), out)
     return out.reshape(shape)
 
