@@ -115,7 +115,7 @@ class ModelPicker(QDialog):
             return
         self.download = Download(model.name)
         self.download.progress.connect(self._progress)
-        self.download.done.connect(self.choose)
+        self.download.done.connect(self._downloaded)
         self.download.failed.connect(self._download_failed)
         self.download.cancelled.connect(self._download_ended)
         self.download.finished.connect(self.download.deleteLater)
@@ -127,6 +127,10 @@ class ModelPicker(QDialog):
         self.download.start()
 
     # -- downloading -----------------------------------------------------------------------------
+    def _downloaded(self, path: str) -> None:
+        self.download = None
+        self.choose(path)
+
     def _progress(self, done: int, total: int, stage: str) -> None:
         self.progress.setRange(0, 1000)
         self.progress.setValue(int(1000 * done / max(total, 1)))
@@ -148,8 +152,9 @@ class ModelPicker(QDialog):
         self.progress_label.setText("Download stopped; downloading again resumes it.")
         self.use_button.setEnabled(True)
 
-    def reject(self) -> None:
-        if self.download is not None:  # closing the dialog must not leave a download running unseen
+    def done(self, result: int) -> None:
+        """Closing the dialog, however it closes, stops a download that is still running."""
+        if self.download is not None:
             self.download.cancel()
             self.download.wait()
-        super().reject()
+        super().done(result)

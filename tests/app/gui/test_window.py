@@ -123,3 +123,16 @@ def test_screenshot_without_a_model_downloads_nothing(tmp_path, monkeypatch):
     assert run.returncode == 0, run.stderr
     assert QImage(str(png)).width() == 1100
     assert not (tmp_path / "home" / "models").exists()
+
+
+def test_every_control_has_an_accessible_name(qtbot, open_window):
+    from PySide6.QtWidgets import QAbstractButton, QAbstractItemView, QLineEdit, QPlainTextEdit
+
+    window = open_window()
+    window.apply_settings(GREEDY)
+    send(qtbot, window, "Hi")
+    controls = [w for kind in (QAbstractButton, QLineEdit, QPlainTextEdit, QAbstractItemView)
+                for w in window.findChildren(kind) if w.isVisible()]
+    assert len(controls) > 10
+    unnamed = [w for w in controls if not (w.accessibleName() or getattr(w, "text", lambda: "")())]
+    assert unnamed == []
