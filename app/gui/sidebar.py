@@ -102,7 +102,7 @@ class Sidebar(QWidget):
         item.setFont(font)
         self.list.addItem(item)
 
-    def _add_conversation(self, conv: dict) -> QListWidgetItem:
+    def _add_conversation(self, conv: dict) -> None:
         item = QListWidgetItem(conv["title"] or UNTITLED)
         item.setData(ID_ROLE, conv["id"])
         item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
@@ -111,12 +111,11 @@ class Sidebar(QWidget):
         if conv["id"] == self.current_id:
             item.setSelected(True)
             self.list.setCurrentItem(item)
-        return item
 
     def _show_search(self, query: str) -> None:
         words = query.lower().split()
-        titled = [c for c in self.store.list_conversations()
-                  if all(w in (c["title"] or "").lower() for w in words)]
+        conversations = self.store.list_conversations()
+        titled = [c for c in conversations if all(w in (c["title"] or "").lower() for w in words)]
         if titled:
             self._add_heading("Titles")
             for conv in titled:
@@ -124,7 +123,7 @@ class Sidebar(QWidget):
         hits = self.store.search(query)
         if hits:
             self._add_heading("Messages")
-            titles = {c["id"]: c["title"] or UNTITLED for c in self.store.list_conversations()}
+            titles = {c["id"]: c["title"] or UNTITLED for c in conversations}
             for hit in hits:
                 snippet = " ".join(hit["snippet"].split())
                 item = QListWidgetItem(f"{titles.get(hit['conversation_id'], UNTITLED)}\n   {snippet}")
