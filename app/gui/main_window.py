@@ -318,9 +318,12 @@ class MainWindow(QMainWindow):
         return dialog
 
     def apply_settings(self, settings: dict) -> None:
+        current = self.current_settings()
+        changed = {key: value for key, value in settings.items() if current.get(key) != value}
         if self.current_id is None:
-            self._new_chat_settings = settings
-        self.client.update_settings(settings)
+            self._new_chat_settings = {**current, **changed}
+        if changed:  # a new sampler reopens the engine's cache: only for a real change
+            self.client.update_settings(changed)
 
     def export_conversation(self, conversation_id: str | None) -> None:
         if conversation_id is None:

@@ -171,8 +171,8 @@ class EngineWorker(QObject):
             self.failed.emit(_describe(e))
         finally:
             batcher.flush()
+            self._emit_status()  # first, so the turn's numbers are shown by the time it counts as ended
             self.turn_finished.emit(session and session.id, cancel)
-            self._emit_status()
 
     # -- edits that need no model work -------------------------------------------------------------
     @Slot(str)
