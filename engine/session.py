@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Iterator
 
 from engine.chat import ChatOptions, Conversation, Message, TurnResult
+from engine.errors import FucinaError
 from engine.history.store import HistoryStore
 from engine.kv.sidecar_writer import WRITER
 from engine.models.transformer import Transformer
@@ -119,7 +120,25 @@ class ChatSession:
     def prompt_length(self) -> int:
         """Tokens of the prompt the next reply would be conditioned on (the active branch, which ends with
         a user message, rendered)."""
-        return len(self.convo.tokenizer.encode(self._render(self.messages()), add_special=True))
+        return self._prompt_tokens(self.messages())
+
+    def branch_tokens(self) -> int:
+        """Context positions the active branch fills (what a status bar shows; the cache may still hold a
+        branch left by a switch or a delete until the next reply): its render up to the last user message
+        plus the reply after it."""
+        branch = self.messages()
+        reply = 0
+        if branch and branch[-1]["role"] == "assistant":
+            last = branch.pop()
+            reply = (last["meta"].get("generated_tokens")
+                     or len(self.convo.tokenizer.encode(last["content"], add_special=False)))
+        try:
+            return (self._prompt_tokens(branch) if branch else 0) + reply
+        except FucinaError:  # a branch no template renders (an imported oddity): what the cache holds
+            return self.context_used
+
+    def _prompt_tokens(self, branch: list[dict]) -> int:
+        return len(self.convo.tokenizer.encode(self._render(branch), add_special=True))
 
     # -- replies: each returns the reply's text pieces as a generator; closing it early stops the reply --
 

@@ -224,7 +224,7 @@ class EngineWorker(QObject):
         turn = s.last_turn
         stats = turn.stats if turn is not None else None
         self.status_changed.emit(EngineStatus(
-            context_used=s.context_used, context_size=s.context_size, resumed_positions=s.resumed_positions,
+            context_used=s.branch_tokens(), context_size=s.context_size, resumed_positions=s.resumed_positions,
             ttft_ms=stats and stats.ttft_ms, decode_tps=stats and stats.decode_tps,
             reused_tokens=stats.reused_tokens if stats else 0, prefilled_tokens=stats.prefilled_tokens if stats else 0,
             finish_reason=turn and turn.finish_reason))

@@ -186,3 +186,15 @@ def test_sidecar_bytes_per_token_match_the_geometry(smollm2, home):
     per_token = persist.bytes_per_token(s.convo.cache)
     assert per_token == 4 + sum(2 * kv_heads * smollm2.args.head_dim * 2 for kv_heads in smollm2.args.n_head_kv)
     assert size == persist.header_size(s.convo.cache) + s.context_used * per_token
+
+
+def test_branch_tokens_follow_the_active_branch_not_the_cache(smollm2, home):
+    store, sidecars = home
+    s = ChatSession.open(store, smollm2, sidecar_dir=sidecars, sampler=GREEDY)
+    reply(s.send("Hello there."))
+    after_first = s.context_used
+    assert s.branch_tokens() == after_first
+    reply(s.send("What is two plus two?"))
+    assert s.branch_tokens() == s.context_used > after_first
+    s.delete_message(s.messages()[2]["id"])
+    assert s.branch_tokens() == after_first < s.context_used  # the cache rewinds at the next reply only
