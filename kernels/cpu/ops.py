@@ -1,8 +1,9 @@
 """Elementwise and row-wise transformer ops: RMSNorm, RoPE, activations, softmax.
 
-All operate on float32 and are Numba-compiled with the on-disk cache on. Row
-loops run in parallel only when there are enough rows to pay for the thread
-launch (decode works on a single row).
+All operate on float32 and are Numba-compiled with the on-disk cache on. They
+run on the calling thread (only very large norms split over threads): a prefill
+alternates them with OpenBLAS GEMMs, and waking a second pool of threads there
+costs more than these vectorized loops take.
 """
 
 import math
@@ -116,27 +117,18 @@ def gated_range(act, g, u, o, start, stop):
 
 
 @njit(**OPS)
-def _gated_serial(act, g, u, o):
+def _gated(act, g, u, o):
     gated_range(act, g, u, o, 0, g.size)
 
 
-@njit(**OPS, parallel=True)
-def _gated_parallel(act, g, u, o):
-    chunk = 4096
-    for c in prange((g.size + chunk - 1) // chunk):
-        gated_range(act, g, u, o, c * chunk, min(g.size, (c + 1) * chunk))
-
-
-_PARALLEL_ELEMENTS = 1 << 16
-
-
 def _apply_gated(act, gate, up, out):
-    """activation(gate) * up elementwise; threads only for sizes that repay the launch."""
+    """activation(gate) * up elementwise, on the calling thread: vectorized, a 512 x 2048
+    prefill block takes about a millisecond, and waking kernel threads between OpenBLAS
+    calls (whose own threads are still spinning) cost more than that (~10% of a prefill)."""
     if out is None:
         out = np.empty_like(gate)
     g, u = np.ascontiguousarray(gate).reshape(-1), np.ascontiguousarray(up).reshape(-1)
-    kernel = _gated_parallel if g.size >= _PARALLEL_ELEMENTS else _gated_serial
-    kernel(act, g, u, out.reshape(-1))
+    _gated(act, g, u, out.reshape(-1))
     return out
 
 
