@@ -30,20 +30,25 @@ HELP = """commands:
   /quit         leave (so does end of input)"""
 
 
-class _EphemeralChat:
-    """A chat that lives only in this process."""
-
-    def __init__(self, model, args):
-        self.convo = Conversation.for_model(model, ChatOptions(
-            system=args.system, capacity=args.ctx, kv_dtype=args.kv, max_tokens=args.max_tokens,
-            think_off=args.no_think, sampler=sampler_config(args)))
+class _Chat:
+    """What the loop talks to: `target` (a Conversation or a ChatSession) sends and keeps the last turn."""
+    target: Conversation | ChatSession
 
     @property
     def last_turn(self) -> TurnResult | None:
-        return self.convo.last_turn
+        return self.target.last_turn
 
     def send(self, text: str) -> Iterator[str]:
-        return self.convo.send(text)
+        return self.target.send(text)
+
+
+class _EphemeralChat(_Chat):
+    """A chat that lives only in this process."""
+
+    def __init__(self, model, args):
+        self.convo = self.target = Conversation.for_model(model, ChatOptions(
+            system=args.system, capacity=args.ctx, kv_dtype=args.kv, max_tokens=args.max_tokens,
+            think_off=args.no_think, sampler=sampler_config(args)))
 
     def reset(self) -> str:
         self.convo.reset()
@@ -55,7 +60,7 @@ class _EphemeralChat:
         return "(system prompt set; conversation reset)" if system else "(system prompt cleared)"
 
 
-class _StoredChat:
+class _StoredChat(_Chat):
     """A chat in the history store, through the session layer."""
 
     def __init__(self, model, args, store: HistoryStore):
@@ -69,20 +74,17 @@ class _StoredChat:
         else:
             self.session = ChatSession(store, model, find_conversation(store, args.conversation))
             self.settings, self.system = self.session.settings["sampler"], self.session.settings["system_prompt"]
+        resumed = self.session.resumed_positions
         print(f"(conversation {self.session.id[:8]}: {len(self.session.messages())} messages"
-              f"{f', resumed {self.session.resumed_positions} positions from its sidecar' if self.session.resumed_positions else ''})",
-              file=sys.stderr)
+              f"{f', resumed {resumed} positions from its sidecar' if resumed else ''})", file=sys.stderr)
+
+    @property
+    def target(self) -> ChatSession:
+        return self.session
 
     def _new(self) -> ChatSession:
         return ChatSession.open(self.store, self.model, system_prompt=self.system,
                                 sampler={k: v for k, v in self.settings.items() if v is not None})
-
-    @property
-    def last_turn(self) -> TurnResult | None:
-        return self.session.last_turn
-
-    def send(self, text: str) -> Iterator[str]:
-        return self.session.send(text)
 
     def reset(self) -> str:
         self.session.close()

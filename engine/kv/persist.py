@@ -70,7 +70,7 @@ def bytes_per_token(cache: KvCache) -> int:
 
 
 def header_size(cache: KvCache, prefix_rows: int = 0) -> int:
-    return 60 + 8 * cache.n_layers + (8 if prefix_rows else 0)
+    return len(_header(cache, bytes(32), prefix_rows, 0))
 
 
 def reset(path, cache: KvCache, fingerprint: bytes, prefix_rows: int = 0) -> None:

@@ -27,7 +27,7 @@ from kernels.cpu.int8_dot import (
 )
 from kernels.cpu.quant_blocks import (
     BF16, F16, F32, KERNEL, KERNEL_ONCE, N16, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
-    bits, idx, join, k_scale_min, load_f16, load_u32, q3_k_scale, span,
+    bits, idx, join, k_scale_min, load_f16, q3_k_scale, span,
 )
 
 # smaller weights run on the calling thread: a parallel launch costs more than it saves
