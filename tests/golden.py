@@ -1,9 +1,9 @@
-"""llama.cpp's reference data for the starter models (the shared golden/ directory beside the repository)."""
+"""llama.cpp's reference data for the starter models (tests/data/golden, a read-only copy of llama.cpp output)."""
 
 import json
 from pathlib import Path
 
-GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "golden"
+GOLDEN = Path(__file__).resolve().parent / "data" / "golden"
 
 # starter model -> stem of its golden files
 GOLDEN_STEM = {

@@ -44,12 +44,12 @@ class TextBatcher:
     def __init__(self, emit: Callable[[str], None], interval: float = FLUSH_INTERVAL_S):
         self._emit, self._interval = emit, interval
         self._pending: list[str] = []
-        self._last = 0.0
+        self._last: float | None = None  # when the last batch went out; None: the first piece goes at once
 
     def add(self, piece: str) -> None:
         self._pending.append(piece)
         now = time.monotonic()
-        if now - self._last >= self._interval:
+        if self._last is None or now - self._last >= self._interval:
             self._last = now
             self.flush()
 
