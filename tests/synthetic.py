@@ -6,6 +6,8 @@ import numpy as np
 import gguf
 from gguf.constants import GGMLQuantizationType as T
 
+from tests.quant_weights import random_weight
+
 FAMILY_TENSORS = {
     "llama": dict(bias=False, qk_norm=False, post_norms=False),
     "qwen2": dict(bias=True, qk_norm=False, post_norms=False),
@@ -14,10 +16,17 @@ FAMILY_TENSORS = {
 }
 
 
-def _quantized(arr: np.ndarray, qtype: T):
-    """(data, raw_dtype) for add_tensor: F32 as is, others pre-quantized by gguf.quants."""
+# gguf.quants cannot quantize these: their weights are random blocks (tests.quant_weights)
+_RANDOM_BLOCK_TYPES = {T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL}
+
+
+def _quantized(arr: np.ndarray, qtype: T, rng: np.random.Generator):
+    """(data, raw_dtype) for add_tensor: F32 as is, K-quants random blocks of the same shape, others
+    pre-quantized by gguf.quants."""
     if qtype == T.F32:
         return arr.astype(np.float32), None
+    if qtype in _RANDOM_BLOCK_TYPES:
+        return random_weight(qtype, *arr.shape, rng), qtype
     return gguf.quants.quantize(arr.astype(np.float32), qtype), qtype
 
 
@@ -49,7 +58,7 @@ def write_tiny_model(path, arch: str = "llama", *, n_layers: int = 2, n_embd: in
     def mat(name, rows, cols, scale=0.08):
         if name in skip_tensors:
             return
-        data, raw = _quantized(rng.normal(0, scale, (rows, cols)), qtype)
+        data, raw = _quantized(rng.normal(0, scale, (rows, cols)), qtype, rng)
         w.add_tensor(name, data, raw_dtype=raw)
 
     def vec(name, n, center=1.0):

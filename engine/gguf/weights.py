@@ -54,6 +54,10 @@ class LinearWeight:
             return quant.matvec(self.qtype, self.raw, x[0])[None, :]
         return quant.matmul(self.qtype, self.raw, x)
 
+    def row_wise(self, x: np.ndarray) -> np.ndarray:
+        """x [n, in] -> [n, out] row-wise: row i bitwise what x[i] alone gives (see kernels.cpu.quant.rows)."""
+        return quant.rows(self.qtype, self.raw, x)
+
     def rows(self, ids: np.ndarray) -> np.ndarray:
         """Dequantized rows (the embedding lookup), float32 [len(ids), in]."""
         return quant.gather_rows(self.qtype, self.raw, np.asarray(ids, dtype=np.int64))

@@ -8,22 +8,35 @@ A forward pass works on *segments*: (tokens, cache) pairs. The linear layers
 run once over the rows of every segment together (one weight pass), while
 attention runs per segment against its own cache. A plain forward is one
 segment; a batched decode step is one single-token segment per conversation.
+
+Two paths compute a forward, and `Transformer._forward` is the one place that
+chooses between them:
+- row-wise (decode, speculative verification, batched decode): every row gets
+  exactly the bits it would get if it were fed alone, one token at a time, so a
+  verified draft, a batched stream and a plain decode agree bit for bit. The
+  whole stack of layers runs in one kernel call (kernels.cpu.decode) that still
+  reads each weight once for all rows.
+- prefill (prompts, teacher-forced scoring): `Block.__call__`, dequantized
+  weight tiles and BLAS for many rows, much faster on long prompts, with numerics
+  that depend on the batch shape (deterministic for a given shape).
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+from numba import typed
 
 from engine.errors import ConfigError, KvCacheOverflow, KvCacheShapeMismatch
 from engine.gguf.reader import GGUFFile
 from engine.gguf.weights import LinearGroup, LinearWeight, load_vector
 from engine.kv.cache import KvCache, KvDtype
 from kernels.cpu import decode, ops, quant
-from kernels.cpu.attention import attention_decode, attention_prefill
+from kernels.cpu.attention import attention_prefill
 
 
 @dataclass
@@ -106,15 +119,8 @@ class Attention:
             ops.rope(ks, positions, self.rope_dims, self.rope_base, self.rope_neox)
             cache.append_layer(self.layer, ks, v[r0:r1])
             n_keys = pos0 + (r1 - r0)
-            if r1 - r0 == 1 and cache.dtype is KvDtype.F16:
-                attention_decode(qs[0], cache.k[self.layer], cache.v[self.layer], n_keys,
-                                 self.window, self.scale, out[r0])
-            elif r1 - r0 == 1:
-                attention_decode(qs[0], cache.keys_f32(self.layer, n_keys), cache.values_f32(self.layer, n_keys),
-                                 n_keys, self.window, self.scale, out[r0])
-            else:
-                out[r0:r1] = attention_prefill(qs, cache.keys_f32(self.layer, n_keys),
-                                               cache.values_f32(self.layer, n_keys), pos0, self.window, self.scale)
+            out[r0:r1] = attention_prefill(qs, cache.keys_f32(self.layer, n_keys),
+                                           cache.values_f32(self.layer, n_keys), pos0, self.window, self.scale)
         return self.wo(out.reshape(n, -1))
 
 
@@ -147,29 +153,39 @@ class Block:
             self.post_attn_norm = load_vector(file, p + "post_attention_norm.weight", e)
             self.post_ffn_norm = load_vector(file, p + "post_ffw_norm.weight", e)
 
-        self.fused = self._fused_layer(args)
+        self.kernel_layer = self._kernel_layer(args)
 
-    def _fused_layer(self, args: ModelArgs) -> tuple | None:
-        """The arguments of kernels.cpu.decode.decode_layer for this layer, or None when a
-        weight has no native kernel (those layers decode through the general path)."""
+    def _kernel_layer(self, args: ModelArgs) -> decode.Layer | None:
+        """This layer as the row-wise kernel reads it, or None when a weight has no native kernel (such
+        a model feeds rows one at a time through the prefill path instead)."""
         attn, mlp = self.attn, self.mlp
-        parts = [*attn.qkv.parts, attn.wo, *mlp.gate_up.parts, mlp.down]
-        if not all(quant.has_native_kernel(p.qtype) for p in parts):
+        if not all(quant.has_native_kernel(p.qtype) for p in [*attn.qkv.parts, attn.wo, *mlp.gate_up.parts,
+                                                                mlp.down]):
             return None
-        none = np.zeros(0, np.float32)
-        vecs = (self.attn_norm, self.ffn_norm, self.post_attn_norm, self.post_ffn_norm, attn.q_norm, attn.k_norm,
-                *(attn.bias or (None,) * 3))
-        geo = np.array([attn.n_head, attn.n_head_kv, attn.head_dim, attn.rope_dims, attn.rope_neox,
-                        ops.GELU if args.activation == "gelu" else ops.SILU, attn.window], np.int64)
-        return (tuple(quant.kernel_weight(p.qtype, p.raw) for p in parts), np.array([p.qtype for p in parts]),
-                tuple(none if v is None else v for v in vecs), geo, self.eps, attn.rope_base, attn.scale)
 
-    def decode_one(self, x: np.ndarray, cache: KvCache, threads: int) -> None:
-        """x [n_embd] += this layer's output for one token at cache.len (f16 cache, fused kernel)."""
-        layer = self.attn.layer
-        decode.decode_layer(x, *self.fused, cache.k[layer], cache.v[layer], cache.len, threads)
+        def weights(parts):
+            return (tuple(quant.kernel_weight(p.qtype, p.raw) for p in parts),
+                    np.array([p.qtype for p in parts], np.int64))
+
+        def vector(v):
+            return np.zeros(0, np.float32) if v is None else v
+
+        (qkv, qkv_types), (out, out_types) = weights(attn.qkv.parts), weights([attn.wo])
+        (gate_up, gate_up_types), (down, down_types) = weights(mlp.gate_up.parts), weights([mlp.down])
+        q_bias, k_bias, v_bias = attn.bias or (None,) * 3
+        return decode.Layer(
+            qkv=qkv, qkv_types=qkv_types, out=out, out_types=out_types, gate_up=gate_up,
+            gate_up_types=gate_up_types, down=down, down_types=down_types,
+            attn_norm=self.attn_norm, ffn_norm=self.ffn_norm, post_attn_norm=vector(self.post_attn_norm),
+            post_ffn_norm=vector(self.post_ffn_norm), q_norm=vector(attn.q_norm), k_norm=vector(attn.k_norm),
+            q_bias=vector(q_bias), k_bias=vector(k_bias), v_bias=vector(v_bias),
+            n_head=attn.n_head, n_kv=attn.n_head_kv, head_dim=attn.head_dim, rope_dims=attn.rope_dims,
+            rope_neox=bool(attn.rope_neox), rope_base=float(attn.rope_base),
+            activation=ops.GELU if args.activation == "gelu" else ops.SILU, window=int(attn.window),
+            eps=float(self.eps), attn_scale=float(attn.scale))
 
     def __call__(self, x: np.ndarray, segments) -> np.ndarray:
+        """The prefill path: x [rows, n_embd] of every segment through this layer."""
         a = self.attn(ops.rmsnorm(x, self.attn_norm, self.eps), segments)
         if self.post_attn_norm is not None:
             a = ops.rmsnorm(a, self.post_attn_norm, self.eps)
@@ -183,6 +199,9 @@ class Block:
 # Prompts are fed in slices of at most this many tokens, so activations stay bounded
 # (a 4k-token prompt would otherwise hold several [4096, n_ff] f32 buffers at once).
 UBATCH = 512
+# Row-wise calls take at most this many rows (verification needs far fewer): the logits of a call
+# are [rows, vocab] float32, 67 MB at 64 rows for Gemma's 262k vocabulary.
+ROWS_MAX = 64
 
 
 class Transformer:
@@ -194,10 +213,14 @@ class Transformer:
         self.embed = LinearWeight.load(file, "token_embd.weight", args.vocab_size, args.n_embd)
         self.blocks = [Block(file, args, i) for i in range(args.n_layers)]
         self.norm = load_vector(file, "output_norm.weight", args.n_embd)
-        self._fused = all(b.fused is not None for b in self.blocks)  # single-token decode in one call per layer
         # tied embeddings when the file has no separate output matrix
         self.output = (LinearWeight.load(file, "output.weight", args.vocab_size, args.n_embd)
                        if "output.weight" in file.tensors else self.embed)
+        # the row-wise kernel's view of the layers; None when a weight type has no native kernel
+        self._kernel_layers = None
+        if all(b.kernel_layer is not None for b in self.blocks):
+            self._kernel_layers = typed.List([b.kernel_layer for b in self.blocks])
+        self._cache_views: "weakref.WeakKeyDictionary[KvCache, tuple]" = weakref.WeakKeyDictionary()
 
     @property
     def vocab_size(self) -> int:
@@ -211,12 +234,70 @@ class Transformer:
         a = self.args
         return KvCache(a.n_head_kv, [a.head_dim] * a.n_layers, capacity, dtype)
 
-    def _check_cache(self, cache: KvCache) -> None:
-        a = self.args
-        if cache.kv_heads != tuple(a.n_head_kv) or cache.head_dims != (a.head_dim,) * a.n_layers:
-            raise KvCacheShapeMismatch("the KV cache was made for a different model geometry")
+    # -- the model interface ----------------------------------------------------------------------------
 
-    def _run(self, token_spans: Sequence[Sequence[int]], caches: Sequence[KvCache], all_rows: bool) -> np.ndarray:
+    def forward(self, tokens: Sequence[int], cache: KvCache) -> np.ndarray:
+        """Feed tokens at position cache.len; return the last row's logits [vocab] (a prompt is prefilled;
+        a single token is a decode step, row-wise)."""
+        self._check_room(len(tokens), cache)
+        for start in range(0, len(tokens) - UBATCH, UBATCH):
+            self._forward([tokens[start : start + UBATCH]], [cache], all_rows=False)
+        last = (max(len(tokens) - 1, 0) // UBATCH) * UBATCH
+        return self._forward([tokens[last:]], [cache], all_rows=False)[0]
+
+    def forward_all(self, tokens: Sequence[int], cache: KvCache) -> np.ndarray:
+        """Feed tokens at position cache.len through the prefill path; return logits for every row
+        [n, vocab]."""
+        self._check_room(len(tokens), cache)
+        return np.concatenate([self._forward([tokens[s : s + UBATCH]], [cache], all_rows=True)
+                               for s in range(0, max(len(tokens), 1), UBATCH)])
+
+    def forward_rows(self, tokens: Sequence[int], cache: KvCache) -> np.ndarray:
+        """Feed tokens at position cache.len row-wise; return logits for every row [n, vocab], each row
+        bitwise what feeding the tokens one at a time gives (the speculative verify forward)."""
+        self._check_room(len(tokens), cache)
+        return np.concatenate([self._forward([tokens[s : s + ROWS_MAX]], [cache], all_rows=True, row_wise=True)
+                               for s in range(0, max(len(tokens), 1), ROWS_MAX)])
+
+    def decode_batch(self, tokens: Sequence[int], caches: Sequence[KvCache]) -> np.ndarray:
+        """One decode step for several conversations, one weight pass, row-wise: logits [len(caches), vocab]."""
+        return self._forward([[t] for t in tokens], caches, all_rows=False, row_wise=True)
+
+    # -- the two paths ----------------------------------------------------------------------------------
+
+    def _forward(self, token_spans: Sequence[Sequence[int]], caches: Sequence[KvCache], *, all_rows: bool,
+                 row_wise: bool | None = None) -> np.ndarray:
+        """Feed each span to its cache; the logits of every row (all_rows) or of each span's last row.
+        row_wise None: a single row is a decode step (row-wise), more are a prefill."""
+        segments = self._segments(token_spans, caches)
+        n = segments[-1][1]
+        if row_wise is None:
+            row_wise = n == 1
+        x = self._embed(token_spans, n)
+        if not row_wise:
+            for block in self.blocks:
+                x = block(x, segments)
+        elif self._kernel_layers is not None:
+            self._rows_kernel(x, segments)
+        else:  # no native kernel for some weight: one row at a time through the prefill path
+            x = np.concatenate([self._one_row(x[r : r + 1], cache) for r0, r1, cache in segments
+                                for r in range(r0, r1)])
+        if not row_wise or self._kernel_layers is not None:
+            for r0, r1, cache in segments:
+                cache.advance(r1 - r0)
+        if not all_rows:
+            x = x[[r1 - 1 for _, r1, _ in segments]]
+        h = ops.rmsnorm(x, self.norm, self.args.norm_eps)
+        return self.output.row_wise(h) if row_wise else self.output(h)
+
+    def _one_row(self, row: np.ndarray, cache: KvCache) -> np.ndarray:
+        """One row through the prefill path's layers, the cache advanced past it."""
+        for block in self.blocks:
+            row = block(row, [(0, 1, cache)])
+        cache.advance(1)
+        return row
+
+    def _segments(self, token_spans, caches) -> list[tuple[int, int, KvCache]]:
         if len(token_spans) != len(caches) or len({id(c) for c in caches}) != len(caches):
             raise ValueError("each segment needs its own cache")
         segments, r = [], 0
@@ -227,49 +308,52 @@ class Transformer:
             self._check_room(len(toks), cache)
             segments.append((r, r + len(toks), cache))
             r += len(toks)
-        ids = np.fromiter((t for toks in token_spans for t in toks), dtype=np.int64, count=r)
+        return segments
+
+    def _embed(self, token_spans, n: int) -> np.ndarray:
+        ids = np.fromiter((t for toks in token_spans for t in toks), dtype=np.int64, count=n)
         if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
             bad = ids[(ids < 0) | (ids >= self.vocab_size)][0]
             raise ValueError(f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})")
         x = self.embed.rows(ids)
         if self.args.embed_scale != 1.0:
             x *= np.float32(self.args.embed_scale)
-        if self._fused and r == 1 and caches[0].dtype is KvDtype.F16:
-            threads = quant.threads()
-            for block in self.blocks:
-                block.decode_one(x[0], caches[0], threads)
+        return x
+
+    def _rows_kernel(self, x: np.ndarray, segments) -> None:
+        """x [rows, n_embd] += every layer's outputs through the row-wise kernel; writes each row's K/V."""
+        slots = np.empty(x.shape[0], np.int64)
+        positions = np.empty(x.shape[0], np.int64)
+        if len(segments) == 1:
+            kcs, vcs = self._views(segments[0][2])
         else:
-            for block in self.blocks:
-                x = block(x, segments)
-        for r0, r1, cache in segments:
-            cache.advance(r1 - r0)
-        if not all_rows:
-            x = x[[r1 - 1 for _, r1, _ in segments]]
-        return self.output(ops.rmsnorm(x, self.norm, self.args.norm_eps))
+            kcs, vcs = typed.List(), typed.List()
+            for _, _, cache in segments:
+                k, v = self._views(cache)
+                kcs.extend(k)
+                vcs.extend(v)
+        for slot, (r0, r1, cache) in enumerate(segments):
+            slots[r0:r1] = slot
+            positions[r0:r1] = np.arange(cache.len, cache.len + (r1 - r0))
+        decode.forward_rows(x, self._kernel_layers, kcs, vcs, slots, positions, quant.threads())
 
-    def forward(self, tokens: Sequence[int], cache: KvCache) -> np.ndarray:
-        """Feed tokens at position cache.len; return the last row's logits [vocab]."""
-        self._check_room(len(tokens), cache)
-        for start in range(0, len(tokens) - UBATCH, UBATCH):
-            self._run([tokens[start : start + UBATCH]], [cache], all_rows=False)
-        last = (max(len(tokens) - 1, 0) // UBATCH) * UBATCH
-        return self._run([tokens[last:]], [cache], all_rows=False)[0]
+    def _views(self, cache: KvCache) -> tuple:
+        """The cache's per-layer K and V arrays as the kernel takes them (built once per cache)."""
+        views = self._cache_views.get(cache)
+        if views is None:
+            views = self._cache_views[cache] = (typed.List(cache.k), typed.List(cache.v))
+        return views
 
-    def forward_all(self, tokens: Sequence[int], cache: KvCache) -> np.ndarray:
-        """Feed tokens at position cache.len; return logits for every row [n, vocab]."""
-        self._check_room(len(tokens), cache)
-        return np.concatenate([self._run([tokens[s : s + UBATCH]], [cache], all_rows=True)
-                               for s in range(0, max(len(tokens), 1), UBATCH)])
+    def _check_cache(self, cache: KvCache) -> None:
+        a = self.args
+        if cache.kv_heads != tuple(a.n_head_kv) or cache.head_dims != (a.head_dim,) * a.n_layers:
+            raise KvCacheShapeMismatch("the KV cache was made for a different model geometry")
 
     @staticmethod
     def _check_room(n: int, cache: KvCache) -> None:
         # checked up front so a long prompt fails before any of it is written
         if cache.len + n > cache.capacity:
             raise KvCacheOverflow(f"context full: {cache.len} + {n} tokens exceed the context of {cache.capacity}")
-
-    def decode_batch(self, tokens: Sequence[int], caches: Sequence[KvCache]) -> np.ndarray:
-        """One decode step for several conversations, one weight pass: logits [len(caches), vocab]."""
-        return self._run([[t] for t in tokens], caches, all_rows=False)
 
 
 def default_attn_scale(head_dim: int) -> float:

@@ -9,27 +9,17 @@ p - j < w (llama.cpp's standard sliding window).
 """
 
 import numpy as np
-from numba import njit, prange, types
-from numba.extending import overload
+from numba import njit, prange
 
-from kernels.cpu.f16 import f16_bits_to_f32
 from kernels.cpu.fast_exp import exp32
+from kernels.cpu.float_dot import as_f32, dot
+from kernels.cpu.quant_blocks import KERNEL
 
 
-def as_f32(x):
-    """Widen one cache element to float32 (Numba-only; specialised per element type)."""
-    raise NotImplementedError
-
-
-@overload(as_f32, inline="always")
-def _as_f32_overload(x):
-    if x == types.uint16:
-        return lambda x: f16_bits_to_f32(x)
-    return lambda x: np.float32(x)
-
-
-@njit(cache=True, fastmath=True, parallel=True)
+@njit(parallel=True, **KERNEL)
 def decode_heads(q, k, v, n_keys, window, scale, out):
+    """out [heads, d] = attention of one query row q [heads, d] (C-contiguous) over cache rows
+    [0, n_keys) of k, v [positions, kv_heads, d] (f16 bits or float32), heads split over threads."""
     n_head, d = q.shape
     group = n_head // k.shape[1]
     start = 0
@@ -40,18 +30,15 @@ def decode_heads(q, k, v, n_keys, window, scale, out):
         scores = np.empty(n_keys - start, dtype=np.float32)
         m = np.float32(-np.inf)
         for j in range(start, n_keys):
-            s = np.float32(0.0)
-            for c in range(d):
-                s += q[h, c] * as_f32(k[j, kvh, c])
-            s *= scale
+            s = dot(q[h], k[j, kvh]) * scale
             scores[j - start] = s
             if s > m:
                 m = s
+        for j in range(scores.size):  # apart from the sum, so the exp vectorizes
+            scores[j] = exp32(scores[j] - m)
         total = np.float32(0.0)
         for j in range(scores.size):
-            e = np.exp(scores[j] - m)
-            scores[j] = e
-            total += e
+            total += scores[j]
         acc = np.zeros(d, dtype=np.float32)
         for j in range(start, n_keys):
             p = scores[j - start]
@@ -102,7 +89,7 @@ def attention_prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos0: int, 
     return out
 
 
-@njit(cache=True, fastmath=True, error_model="numpy")
+@njit(**KERNEL)
 def _masked_softmax(s, q_pos0, key_pos0, window, scale):
     """In place, s [queries, heads, keys] of queries at q_pos0.. and keys at key_pos0..: the
     softmax of scale * s over each query's visible keys, 0 for the others (one pass per row
@@ -117,11 +104,11 @@ def _masked_softmax(s, q_pos0, key_pos0, window, scale):
             top = row[j_hi - 1]
             for j in range(j_lo, j_hi):
                 top = max(top, row[_u(j)])
+            for j in range(j_lo, j_hi):  # apart from the sum, so the exp vectorizes
+                row[_u(j)] = exp32((row[_u(j)] - top) * scale)
             total = np.float32(0.0)
             for j in range(j_lo, j_hi):
-                e = exp32((row[_u(j)] - top) * scale)
-                row[_u(j)] = e
-                total += e
+                total += row[_u(j)]
             inv = np.float32(1.0) / total
             for j in range(j_lo, j_hi):
                 row[_u(j)] *= inv

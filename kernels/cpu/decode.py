@@ -1,39 +1,74 @@
-"""One decoder layer for one token in one kernel call.
+"""The row-wise forward: every decoder layer over m token rows in one kernel call (decode, verify).
 
-At decode a layer is a chain of small steps (norm, q/k/v, RoPE, cache write,
-attention, output, residual, norm, gate/up, activation, down, residual); run
-one by one from Python they cost more in calls than in arithmetic on small
-models. Here the chain runs inside Numba: the matvecs and attention still
-split over threads, each in its own parallel region, and the elementwise steps
-stay on the calling thread.
+Row-wise numerics: each row goes through exactly the arithmetic of a one-token step (its own int8
+activation quantization, the same dot products in the same order, attention over the keys up to its own
+position), so one call over m rows gives, row for row, the bits of m one-token calls. Only the weights are
+shared: each tile of a weight is read from memory once and multiplied by every row while it sits in L2.
+This is what makes verifying m drafted tokens cost little more than decoding one. (Prefill takes the other
+path, engine.models.transformer's Block: dequantized tiles and BLAS, faster for long prompts but with
+numerics that depend on the batch shape.)
 
-A layer is described by
-- `ws`: its seven weights (q, k, v, o, gate, up, down) as read-only uint8 GGUF
-  block arrays, with their GGML types in `qtypes`;
-- `vecs`: float32 vectors (attention norm, FFN norm, post-attention norm,
-  post-FFN norm, q norm, k norm, q/k/v biases); an empty vector leaves its
-  step out;
-- `geo`: int64 (heads, kv heads, head dim, RoPE dims, RoPE NeoX style,
-  activation, sliding window), `eps`, `rope_base`, `scale`.
-The K/V cache rows are f16 bit patterns [capacity, kv_heads, head_dim].
+At decode a layer is a chain of small steps (norm, q/k/v, RoPE, cache write, attention, output, residual,
+norm, gate/up, activation, down, residual); run one by one from Python they cost more in calls than in
+arithmetic on small models, so the whole stack of layers runs here in one call. Products and attention
+split over threads, each in its own parallel region; elementwise steps stay on the calling thread.
+
+A layer is a `Layer` (a named tuple: weights as read-only uint8 GGUF block arrays with their GGML type ids,
+float32 vectors where an empty one leaves its step out, and the attention geometry). The K/V cache of row i
+is `kcs[slots[i] * n_layers + layer]` (f16 bit patterns [capacity, kv_heads, head_dim], or q8_0 blocks
+[capacity, kv_heads, head_dim / 32 * 34]) and row i sits at position `positions[i]`. Rows of one cache come
+in position order; all rows' keys and values are written before any row attends, and row i reads keys
+[0, positions[i]], so later rows of the same call never leak into earlier ones.
 """
 
+from typing import NamedTuple
+
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 from kernels.cpu import ops
 from kernels.cpu.attention import decode_heads
 from kernels.cpu.f16 import f32_to_f16_bits
 from kernels.cpu.quant_blocks import KERNEL
-from kernels.cpu.quant_dot import matvec_stacked
+from kernels.cpu.quant_dot import parallel_chunks, products
+from kernels.cpu.q8_0 import dequantize_rows, quantize_row
 
-ATTN_NORM, FFN_NORM, POST_ATTN_NORM, POST_FFN_NORM, Q_NORM, K_NORM, Q_BIAS, K_BIAS, V_BIAS = range(9)
-WQ, WK, WV, WO, W_GATE, W_UP, W_DOWN = range(7)
+
+class Layer(NamedTuple):
+    qkv: tuple               # q, k, v weights
+    qkv_types: np.ndarray    # their GGML type ids, int64
+    out: tuple               # (attention output weight,)
+    out_types: np.ndarray
+    gate_up: tuple           # gate, up weights
+    gate_up_types: np.ndarray
+    down: tuple              # (down weight,)
+    down_types: np.ndarray
+    attn_norm: np.ndarray
+    ffn_norm: np.ndarray
+    post_attn_norm: np.ndarray  # Gemma's norms after attention and FFN (empty: none)
+    post_ffn_norm: np.ndarray
+    q_norm: np.ndarray       # per-head q/k norms (empty: none)
+    k_norm: np.ndarray
+    q_bias: np.ndarray       # q/k/v biases (empty: none)
+    k_bias: np.ndarray
+    v_bias: np.ndarray
+    n_head: int
+    n_kv: int
+    head_dim: int
+    rope_dims: int
+    rope_neox: bool
+    rope_base: float
+    activation: int          # ops.SILU or ops.GELU
+    window: int              # sliding window; 0 = global attention
+    eps: float
+    attn_scale: float
 
 
 @njit(**KERNEL)
-def _norm(x, w, eps, out):
-    ops.rmsnorm_row(x, w, eps, out)
+def _norm_rows(x, w, eps, out):
+    for i in range(x.shape[0]):
+        ops.rmsnorm_row(x[i], w, eps, out[i])
 
 
 @njit(**KERNEL)
@@ -42,59 +77,112 @@ def _add(x, v):
         x[i] += v[i]
 
 
-@njit(**KERNEL)
-def _store_f16(rows, dst):
-    """dst[h, c] = f16(rows[h, c]) (what the cache's own encoder stores)."""
-    for h in range(rows.shape[0]):
-        for c in range(rows.shape[1]):
-            dst[h, c] = f32_to_f16_bits(rows[h, c])
+def store_rows(rows, dst):
+    """dst = rows [kv_heads, head_dim] in the cache's storage form (Numba-only; per cache dtype)."""
+    raise NotImplementedError
+
+
+@overload(store_rows, inline="always")
+def _store_rows_overload(rows, dst):
+    if dst.dtype == types.uint16:  # f16 bits, as the cache's own encoder stores them
+        def store_f16(rows, dst):
+            for h in range(rows.shape[0]):
+                for c in range(rows.shape[1]):
+                    dst[h, c] = f32_to_f16_bits(rows[h, c])
+        return store_f16
+
+    def store_q8_0(rows, dst):
+        for h in range(rows.shape[0]):
+            quantize_row(rows[h], dst[h])
+    return store_q8_0
+
+
+def attend(q, kc, vc, n_keys, window, scale, out):
+    """Attention of one row's heads q [heads, head_dim] over cache rows [0, n_keys) (Numba-only)."""
+    raise NotImplementedError
+
+
+@overload(attend, inline="always")
+def _attend_overload(q, kc, vc, n_keys, window, scale, out):
+    if kc.dtype == types.uint16:
+        return lambda q, kc, vc, n_keys, window, scale, out: decode_heads(q, kc, vc, n_keys, window, scale, out)
+
+    def attend_q8_0(q, kc, vc, n_keys, window, scale, out):  # the values a dequantized cache would hold
+        decode_heads(q, dequantize_rows(kc[:n_keys]), dequantize_rows(vc[:n_keys]), n_keys, window, scale, out)
+    return attend_q8_0
 
 
 @njit(**KERNEL)
-def decode_layer(x, ws, qtypes, vecs, geo, eps, rope_base, scale, kc, vc, pos, threads):
-    """x [n_embd] += the layer's attention and FFN outputs for the token at position pos,
-    whose keys and values are written to kc[pos], vc[pos]."""
-    n_head, n_kv, hd, n_rot, neox, act, window = geo[0], geo[1], geo[2], geo[3], geo[4] != 0, geo[5], geo[6]
-    eps = np.float32(eps)
+def _attention(x, layer, li, n_layers, kcs, vcs, slots, positions, threads, h, out):
+    """out [m, n_embd] = the attention block's output for the rows of x, given h = its normed input."""
+    m = x.shape[0]
+    n_head, n_kv, hd = layer.n_head, layer.n_kv, layer.head_dim
+    qkv = np.empty((m, (n_head + 2 * n_kv) * hd), np.float32)
+    products(layer.qkv_types, layer.qkv, h, qkv, parallel_chunks(layer.qkv, threads))
+    eps = np.float32(layer.eps)
+    q3 = np.empty((m, n_head, hd), np.float32)
+    for i in range(m):
+        row = qkv[i]
+        q = row[: n_head * hd]
+        k = row[n_head * hd : (n_head + n_kv) * hd]
+        v = row[(n_head + n_kv) * hd :]
+        if layer.q_bias.size:
+            _add(q, layer.q_bias)
+            _add(k, layer.k_bias)
+            _add(v, layer.v_bias)
+        qi, ki = q.reshape(1, n_head, hd), k.reshape(1, n_kv, hd)
+        if layer.q_norm.size:
+            for j in range(n_head):
+                ops.rmsnorm_row(qi[0, j], layer.q_norm, eps, qi[0, j])
+            for j in range(n_kv):
+                ops.rmsnorm_row(ki[0, j], layer.k_norm, eps, ki[0, j])
+        pos = positions[i : i + 1]
+        ops.rope_inplace(qi, pos, layer.rope_dims, layer.rope_base, layer.rope_neox)
+        ops.rope_inplace(ki, pos, layer.rope_dims, layer.rope_base, layer.rope_neox)
+        q3[i] = qi[0]
+        cache = slots[i] * n_layers + li
+        store_rows(ki[0], kcs[cache][positions[i]])
+        store_rows(v.reshape(n_kv, hd), vcs[cache][positions[i]])
+    attn = np.empty((m, n_head * hd), np.float32)
+    for i in range(m):  # every row's keys are in the cache now; row i reads up to its own position
+        cache = slots[i] * n_layers + li
+        attend(q3[i], kcs[cache], vcs[cache], positions[i] + 1, layer.window, np.float32(layer.attn_scale),
+               attn[i].reshape(n_head, hd))
+    products(layer.out_types, layer.out, attn, out, parallel_chunks(layer.out, threads))
+    if layer.post_attn_norm.size:
+        _norm_rows(out, layer.post_attn_norm, eps, out)
+
+
+@njit(**KERNEL)
+def _ffn(layer, h, threads, out):
+    """out [m, n_embd] = the FFN block's output for its normed input h."""
+    m = h.shape[0]
+    n_ff = layer.gate_up[0].shape[0]
+    gate_up = np.empty((m, 2 * n_ff), np.float32)
+    products(layer.gate_up_types, layer.gate_up, h, gate_up, parallel_chunks(layer.gate_up, threads))
+    gated = np.empty((m, n_ff), np.float32)
+    for i in range(m):
+        ops.gated_range(layer.activation, gate_up[i, :n_ff], gate_up[i, n_ff:], gated[i], 0, n_ff)
+    products(layer.down_types, layer.down, gated, out, parallel_chunks(layer.down, threads))
+    if layer.post_ffn_norm.size:
+        _norm_rows(out, layer.post_ffn_norm, np.float32(layer.eps), out)
+
+
+@njit(**KERNEL)
+def forward_rows(x, layers, kcs, vcs, slots, positions, threads):
+    """x [m, n_embd] (the rows' embeddings) += every layer's attention and FFN outputs, in place; row i's
+    keys and values are written to its cache at positions[i]."""
+    n_layers = len(layers)
     h = np.empty_like(x)
-    _norm(x, vecs[ATTN_NORM], eps, h)
-
-    qkv = np.empty((n_head + 2 * n_kv) * hd, np.float32)
-    matvec_stacked(qtypes[WQ:WO], (ws[WQ], ws[WK], ws[WV]), h, qkv, threads)
-    q = qkv[: n_head * hd]
-    k = qkv[n_head * hd : (n_head + n_kv) * hd]
-    v = qkv[(n_head + n_kv) * hd :]
-    if vecs[Q_BIAS].size:
-        _add(q, vecs[Q_BIAS])
-        _add(k, vecs[K_BIAS])
-        _add(v, vecs[V_BIAS])
-    q3, k3 = q.reshape(1, n_head, hd), k.reshape(1, n_kv, hd)
-    if vecs[Q_NORM].size:
-        for i in range(n_head):
-            _norm(q3[0, i], vecs[Q_NORM], eps, q3[0, i])
-        for i in range(n_kv):
-            _norm(k3[0, i], vecs[K_NORM], eps, k3[0, i])
-    positions = np.full(1, pos, np.int64)
-    ops.rope_inplace(q3, positions, n_rot, rope_base, neox)
-    ops.rope_inplace(k3, positions, n_rot, rope_base, neox)
-    _store_f16(k3[0], kc[pos])
-    _store_f16(v.reshape(n_kv, hd), vc[pos])
-
-    attn = np.empty((n_head, hd), np.float32)
-    decode_heads(q3[0], kc, vc, pos + 1, window, np.float32(scale), attn)
     a = np.empty_like(x)
-    matvec_stacked(qtypes[WO:W_GATE], (ws[WO],), attn.reshape(-1), a, threads)
-    if vecs[POST_ATTN_NORM].size:
-        _norm(a, vecs[POST_ATTN_NORM], eps, a)
-    _add(x, a)
-
-    _norm(x, vecs[FFN_NORM], eps, h)
-    n_ff = ws[W_GATE].shape[0]
-    gate_up = np.empty(2 * n_ff, np.float32)
-    matvec_stacked(qtypes[W_GATE:W_DOWN], (ws[W_GATE], ws[W_UP]), h, gate_up, threads)
-    gated = np.empty(n_ff, np.float32)
-    ops.gated_range(act, gate_up[:n_ff], gate_up[n_ff:], gated, 0, n_ff)
-    matvec_stacked(qtypes[W_DOWN:], (ws[W_DOWN],), gated, a, threads)
-    if vecs[POST_FFN_NORM].size:
-        _norm(a, vecs[POST_FFN_NORM], eps, a)
-    _add(x, a)
+    for li in range(n_layers):
+        layer = layers[li]
+        eps = np.float32(layer.eps)
+        _norm_rows(x, layer.attn_norm, eps, h)
+        _attention(x, layer, li, n_layers, kcs, vcs, slots, positions, threads, h, a)
+        for i in range(x.shape[0]):
+            _add(x[i], a[i])
+        _norm_rows(x, layer.ffn_norm, eps, h)
+        _ffn(layer, h, threads, a)
+        for i in range(x.shape[0]):
+            _add(x[i], a[i])

@@ -30,7 +30,7 @@ def _f32_from_bits(typingctx, bits):
     return types.float32(types.uint32), codegen
 
 
-@njit(cache=True, fastmath=True, inline="always")
+@njit(cache=True, inline="always")
 def exp32(x):
     x = min(max(x, _LO), _HI)
     n = np.floor(x * _LOG2E + np.float32(0.5))

@@ -119,7 +119,6 @@ def _row_dot(block_bytes, weights, offset=None):
             row_a, xq_a, xd_a, xsum_a = (context.make_array(t)(context, builder, a) for t, a in zip(sig.args, args))
             lanes = 8 if _AVX2 else 32
             fvec = _vec(ir.FloatType(), lanes)
-            fast = ("fast",)
 
             def add_block(b, acc, acc_offset):
                 block = builder.gep(row_a.data, [builder.mul(b, ir.Constant(b.type, block_bytes))])
@@ -128,15 +127,15 @@ def _row_dot(block_bytes, weights, offset=None):
                 x = builder.load(builder.bitcast(x_ptr, _vec(_I8, 32).as_pointer()), align=1)
                 w, x = weights(builder, block, x)
                 xd_b = builder.load(builder.gep(xd_a.data, [b]))
-                scale = _splat_float(builder, builder.fmul(_f16(builder, block), xd_b, flags=fast), lanes)
+                scale = _splat_float(builder, builder.fmul(_f16(builder, block), xd_b), lanes)
                 prods = builder.sitofp(_madd(builder, w, x), fvec)
-                builder.store(builder.fadd(builder.load(acc), builder.fmul(prods, scale, flags=fast), flags=fast), acc)
+                builder.store(builder.fadd(builder.load(acc), builder.fmul(prods, scale)), acc)
                 if offset is not None:
                     byte, factor = offset
                     xs_b = builder.sitofp(builder.load(builder.gep(xsum_a.data, [b])), ir.FloatType())
-                    t = builder.fmul(_f16(builder, _at(builder, block, byte)), xd_b, flags=fast)
-                    t = builder.fmul(builder.fmul(t, xs_b, flags=fast), ir.Constant(ir.FloatType(), factor), flags=fast)
-                    builder.store(builder.fadd(builder.load(acc_offset), t, flags=fast), acc_offset)
+                    t = builder.fmul(_f16(builder, _at(builder, block, byte)), xd_b)
+                    t = builder.fmul(builder.fmul(t, xs_b), ir.Constant(ir.FloatType(), factor))
+                    builder.store(builder.fadd(builder.load(acc_offset), t), acc_offset)
 
             # two independent accumulator chains (even and odd blocks) hide the add latency
             accs = [cgutils.alloca_once_value(builder, ir.Constant(fvec, None)) for _ in range(2)]
@@ -150,11 +149,11 @@ def _row_dot(block_bytes, weights, offset=None):
                 add_block(builder.add(b, one), accs[1], offs[1])
             with builder.if_then(builder.trunc(nblocks, ir.IntType(1))):
                 add_block(builder.sub(nblocks, one), accs[0], offs[0])
-            acc = builder.fadd(builder.load(accs[0]), builder.load(accs[1]), flags=fast)
+            acc = builder.fadd(builder.load(accs[0]), builder.load(accs[1]))
             total = _call(builder, f"llvm.vector.reduce.fadd.v{lanes}f32", ir.FloatType(),
                           [ir.Constant(ir.FloatType(), 0), acc])
-            offsets = builder.fadd(builder.load(offs[0]), builder.load(offs[1]), flags=fast)
-            return builder.fadd(total, offsets, flags=fast)
+            offsets = builder.fadd(builder.load(offs[0]), builder.load(offs[1]))
+            return builder.fadd(total, offsets)
 
         return types.float32(row, xq, xd, xsum), codegen
 
@@ -235,7 +234,7 @@ def dot_q6_k32(typingctx, row, q_at, shift, qh_at, h_shift, xq, e):
     return types.UniTuple(types.int32, 2)(row, q_at, shift, qh_at, h_shift, xq, e), codegen
 
 
-@njit(cache=True, fastmath=True, nogil=True)
+@njit(cache=True, nogil=True)
 def quantize(x):
     """x (length a multiple of 32) -> int8 values, and per block of 32 the float32 scale
     (x ~ scale * value) and the int32 sum of the values (for the formats' offsets)."""

@@ -14,8 +14,8 @@ from numba import njit, prange
 from kernels.cpu.fast_exp import exp32
 
 # numpy's error model: a float division then needs no zero check, which would keep LLVM
-# from vectorizing the loops around it
-OPS = dict(cache=True, fastmath=True, error_model="numpy")
+# from vectorizing the loops around it; no fast-math, so every compilation sums in the same order
+OPS = dict(cache=True, error_model="numpy")
 # below this many elements a norm runs on the calling thread: a 512 x 640 prefill norm takes
 # ~0.1 ms there, less than waking a second thread that another process may be holding
 _PARALLEL_NORM_ELEMENTS = 1 << 20

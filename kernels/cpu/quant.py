@@ -6,9 +6,13 @@ BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K..Q6_K have Numba kernels that read
 the blocks directly; every other type `gguf.quants` can dequantize goes through
 one generic path (row tiles dequantized, multiplied with NumPy).
 
-Decode (one input row) and short prompts (a few rows) stream the blocks once
-in fused kernels; longer prefills dequantize row tiles of a few MB and hand
-them to OpenBLAS sgemm.
+Two products, with different numerics:
+- `rows` (and `matvec`, its one-row case) is the row-wise product of decode and
+  verification: each input row's outputs are computed exactly as for that row
+  alone, for any number of rows, and the weight blocks are read once for all rows.
+- `matmul` is the prefill product: the same block kernels for a few rows, and
+  past that dequantized row tiles of a few MB handed to OpenBLAS sgemm, whose
+  results depend on the batch shape (deterministic for a given shape).
 """
 
 from __future__ import annotations
@@ -25,12 +29,12 @@ from kernels.cpu import quant_dot as dot
 from kernels.cpu import quant_generic as generic
 
 _TILE_BYTES = 4 << 20  # float32 tile of dequantized rows in GEMMs: big enough for sgemm, fits in L3
-_PARALLEL_MIN_BYTES = dot.PARALLEL_MIN_BYTES
 # matmul inputs up to this many rows use the block kernels (weights read once, int8 dots); past it
 # dequantized tiles and sgemm win, since the block kernels unpack each weight block once per input
 # row (Qwen2.5, quiet machine: 5 rows 0.13 s vs 0.42 s, 8 rows 0.53 s vs 0.24 s, 21 rows 1.04 s vs 0.61 s)
 _MATVEC_MAX_ROWS = 5
 
+_PARALLEL_MIN_BYTES = dot.PARALLEL_MIN_BYTES
 _threads: int | None = None  # None: follow numba's own setting
 
 
@@ -57,11 +61,6 @@ def threads() -> int:
     if _threads is not None and numba.get_num_threads() != _threads:
         numba.set_num_threads(_threads)
     return numba.get_num_threads()
-
-
-def _chunks_for(nbytes: int) -> int:
-    """How many threads a kernel reading nbytes of weights should use."""
-    return threads() if nbytes >= _PARALLEL_MIN_BYTES else 1
 
 
 # --- validation ---------------------------------------------------------------
@@ -112,7 +111,8 @@ def _weight(qtype: int, w: np.ndarray) -> tuple[np.ndarray, int]:
 
 
 def _inputs(x: np.ndarray, ndim: int, cols: int, w: np.ndarray, qtype: int) -> np.ndarray:
-    """x as read-only contiguous float32 whose last axis matches the weight's columns."""
+    """x as writable contiguous float32 (the type the fused kernels pass, so the product kernels compile
+    once) whose last axis matches the weight's columns."""
     x = np.asarray(x)
     if x.ndim != ndim or x.shape[-1] != cols:
         expected = f"[{cols}]" if ndim == 1 else f"[n, {cols}]"
@@ -120,7 +120,8 @@ def _inputs(x: np.ndarray, ndim: int, cols: int, w: np.ndarray, qtype: int) -> n
             f"input of shape {x.shape} does not fit a {_type_name(qtype)} weight of shape {w.shape} "
             f"({cols} columns): expected {expected}"
         )
-    return _readonly(np.ascontiguousarray(x, dtype=np.float32))
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    return x if x.flags.writeable else x.copy()
 
 
 def _row_range(w: np.ndarray, start: int, stop: int | None) -> tuple[int, int]:
@@ -143,13 +144,22 @@ def matvec(qtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray | None = No
     """y[r] = sum_c W[r, c] * x[c] as float32 [rows] (written into `out` when given)."""
     w, cols = _weight(qtype, w)
     x = _inputs(x, 1, cols, w, qtype)
-    rows = w.shape[0]
+    n_rows = w.shape[0]
     if out is None:
-        out = np.empty(rows, np.float32)
-    elif out.dtype != np.float32 or out.shape != (rows,) or not out.flags.c_contiguous:
-        raise ValueError(f"out must be contiguous float32 of shape ({rows},), got {out.dtype} {out.shape}")
-    _matvec_into(qtype, (w,), x, out)
+        out = np.empty(n_rows, np.float32)
+    elif out.dtype != np.float32 or out.shape != (n_rows,) or not out.flags.c_contiguous:
+        raise ValueError(f"out must be contiguous float32 of shape ({n_rows},), got {out.dtype} {out.shape}")
+    _rows_into(qtype, (w,), x[None], out[None])
     return out
+
+
+def rows(qtype: int, w: np.ndarray, X: np.ndarray) -> np.ndarray:
+    """X float32 [n, cols] -> X @ W.T, float32 [n, rows], row i bitwise equal to matvec(w, X[i])."""
+    w, cols = _weight(qtype, w)
+    X = _inputs(X, 2, cols, w, qtype)
+    Y = np.empty((X.shape[0], w.shape[0]), np.float32)
+    _rows_into(qtype, (w,), X, Y)
+    return Y
 
 
 def matvec_group(qtype: int, ws: tuple[np.ndarray, ...], x: np.ndarray) -> list[np.ndarray]:
@@ -168,7 +178,7 @@ def matvec_group(qtype: int, ws: tuple[np.ndarray, ...], x: np.ndarray) -> list[
     x = _inputs(x, 1, cols, ws[0], qtype)
     starts = _row_starts(ws)
     out = np.empty(starts[-1], np.float32)
-    _matvec_into(qtype, ws, x, out)
+    _rows_into(qtype, ws, x[None], out[None])
     return [out[a:b] for a, b in zip(starts, starts[1:])]
 
 
@@ -179,7 +189,7 @@ def matmul(qtype: int, w: np.ndarray, X: np.ndarray) -> np.ndarray:
     n, rows = X.shape[0], w.shape[0]
     Y = np.empty((n, rows), np.float32)
     if has_native_kernel(qtype) and n <= _MATVEC_MAX_ROWS:
-        dot.matmul_rows(qtype, w, X, Y, blocks.N16, _chunks_for(w.nbytes))
+        _rows_into(qtype, (w,), X, Y)
     elif n:
         for r0, r1, tile in _dequantized_tiles(qtype, w, cols):
             np.matmul(X, tile.T, out=Y[:, r0:r1])
@@ -211,18 +221,16 @@ def _row_starts(ws: tuple[np.ndarray, ...]) -> list[int]:
     return list(accumulate((w.shape[0] for w in ws), initial=0))
 
 
-def _matvec_into(qtype: int, ws: tuple[np.ndarray, ...], x: np.ndarray, out: np.ndarray) -> None:
-    """out = the stacked matvecs of ws (out[starts[i]:starts[i+1]] for weight i)."""
-    starts = _row_starts(ws)
-    if not has_native_kernel(qtype):
-        for w, row0 in zip(ws, starts):
-            for r0, r1, tile in _dequantized_tiles(qtype, w, x.shape[0]):
-                np.matmul(tile, x, out=out[row0 + r0 : row0 + r1])
-    elif (chunks := _chunks_for(sum(w.nbytes for w in ws))) > 1:
-        dot.matvec_parallel(np.full(len(ws), qtype), ws, np.array(starts), x, out, blocks.N16, chunks)
-    else:
-        for w, row0 in zip(ws, starts):
-            dot.dot_rows(qtype, w, x, out[row0 : row0 + w.shape[0]], blocks.N16)
+def _rows_into(qtype: int, ws: tuple[np.ndarray, ...], X: np.ndarray, Y: np.ndarray) -> None:
+    """Y[n] = the stacked products of ws with X[n] (Y[n, starts[i]:starts[i+1]] for weight i), row-wise."""
+    if not has_native_kernel(qtype):  # one row at a time, so each row's numerics are its own
+        for x, y in zip(X, Y):
+            for w, row0 in zip(ws, _row_starts(ws)):
+                for r0, r1, tile in _dequantized_tiles(qtype, w, x.shape[0]):
+                    np.matmul(tile, x, out=y[row0 + r0 : row0 + r1])
+    elif X.shape[0]:
+        chunks = threads() if sum(w.nbytes for w in ws) >= _PARALLEL_MIN_BYTES else 1
+        dot.products(np.full(len(ws), qtype), ws, X, Y, chunks)
 
 
 def _decode(qtype: int, w: np.ndarray, ids: np.ndarray, cols: int) -> np.ndarray:

@@ -28,7 +28,10 @@ from numba import njit
 
 from kernels.cpu.f16 import f16_bits_to_f32
 
-KERNEL = dict(cache=True, fastmath=True, nogil=True, error_model="numpy")  # no zero-division checks in loops
+# No fast-math: reassociation lets each compilation order float sums its own way, so a cold and a warm
+# cache (or a kernel inlined in two places) gave different bits. Sums that must vectorize spell their order
+# out (vector accumulators in int8_dot and float_dot). numpy's error model: no zero-division checks in loops.
+KERNEL = dict(cache=True, nogil=True, error_model="numpy")
 # Per-format kernels have one call site (their dispatcher): inlining them there saves compiling them twice.
 KERNEL_ONCE = dict(KERNEL, inline="always")
 

@@ -10,8 +10,8 @@ folded in through block sums of x, so the inner loops stay plain multiply-adds.
 Layouts and the vectorization idioms (`n16`, `idx`, `bits`, `join`) are
 described in quant_blocks.
 
-`dot_rows` dispatches on the GGML type id and `matvec_parallel` splits the rows
-of one or several weights over threads. Entry points live next to the kernels
+`products` multiplies one or several stacked weights by one or more input rows,
+reading each weight tile once for all rows and splitting the rows over threads. Entry points live next to the kernels
 they inline because Numba's on-disk cache only notices edits to the file that
 defines a function (after editing quant_blocks' helpers, int8_dot or f16.py,
 delete the `__pycache__/*.nb*` files).
@@ -252,12 +252,6 @@ def dot_q6_k(w, x, act, out, n16):
 
 
 @njit(**KERNEL)
-def dot_rows(qtype, w, x, out, n16):
-    """out[r] = W[r] . x for every row of w."""
-    _dispatch(qtype, w, x, activations(x), out, n16)
-
-
-@njit(**KERNEL)
 def _dispatch(qtype, w, x, act, out, n16):
     if qtype == Q4_K:
         dot_q4_k(w, x, act, out, n16)
@@ -299,53 +293,55 @@ def activations(x):
     return xs, xq, xd, xsum
 
 
-@njit(**KERNEL)
-def matvec_rows(qtypes, ws, starts, x, act, out, lo, hi, n16):
-    """Rows [lo, hi) of the weights stacked in ws (weight i, of GGML type qtypes[i], owns
-    out[starts[i]:starts[i+1]]), given act = activations(x)."""
-    for i in range(len(ws)):
-        a, b = max(lo, starts[i]), min(hi, starts[i + 1])
-        if a < b:
-            _dispatch(qtypes[i], ws[i][a - starts[i] : b - starts[i]], x, act, out[a:b], n16)
-
-
-@njit(parallel=True, **KERNEL)
-def matvec_parallel(qtypes, ws, starts, x, out, n16, chunks):
-    """matvec_rows over all the stacked rows, split into `chunks` equal row ranges."""
-    total = starts[-1]
-    act = activations(x)
-    for c in prange(chunks):
-        matvec_rows(qtypes, ws, starts, x, act, out, c * total // chunks, (c + 1) * total // chunks, n16)
-
-
 # rows of a weight multiplied by every input row in turn: small enough to stay in L2 meanwhile
 _ROW_TILE_BYTES = 64 << 10
 
 
+@njit(**KERNEL)
+def _products_range(qtypes, ws, starts, X, acts, Y, lo, hi):
+    """Stacked rows [lo, hi) of the weights in ws (weight i, of GGML type qtypes[i], owns columns
+    starts[i]:starts[i+1] of Y) times every row of X, given acts[n] = activations(X[n]): each tile of
+    weight rows is read once and multiplied by every input row while it stays in L2."""
+    for i in range(len(ws)):
+        a, b = max(lo, starts[i]), min(hi, starts[i + 1])
+        if a >= b:
+            continue
+        w = ws[i]
+        tile = max(1, _ROW_TILE_BYTES // w.shape[1])
+        for r0 in range(a, b, tile):
+            r1 = min(b, r0 + tile)
+            for n in range(X.shape[0]):
+                _dispatch(qtypes[i], w[r0 - starts[i] : r1 - starts[i]], X[n], acts[n], Y[n, r0:r1], N16)
+
+
 @njit(parallel=True, **KERNEL)
-def matmul_rows(qtype, w, X, Y, n16, chunks):
-    """Y[i] = W . X[i] for a few input rows, reading W from memory once: each of `chunks`
-    threads walks its share of W's rows in L2-sized tiles, multiplying each by every row of X."""
-    n, rows = X.shape[0], w.shape[0]
-    acts = [activations(X[i]) for i in range(n)]
-    tile = max(1, _ROW_TILE_BYTES // w.shape[1])
+def _products_parallel(qtypes, ws, starts, X, acts, Y, chunks):
+    """_products_range over all the stacked rows, split into `chunks` equal row ranges."""
+    total = starts[-1]
     for c in prange(chunks):
-        for r0 in range(c * rows // chunks, (c + 1) * rows // chunks, tile):
-            r1 = min((c + 1) * rows // chunks, r0 + tile)
-            for i in range(n):
-                _dispatch(qtype, w[r0:r1], X[i], acts[i], Y[i, r0:r1], n16)
+        _products_range(qtypes, ws, starts, X, acts, Y, c * total // chunks, (c + 1) * total // chunks)
 
 
 @njit(**KERNEL)
-def matvec_stacked(qtypes, ws, x, out, threads):
-    """out = the stacked products of ws with x, on `threads` threads when the weights are big
-    enough to repay a parallel launch (the entry point for fused kernels)."""
-    starts = np.zeros(len(ws) + 1, np.int64)
+def parallel_chunks(ws, threads):
+    """How many threads a product over the weights ws should use: smaller weights stay on the
+    calling thread, where a parallel launch would cost more than it saves."""
     nbytes = 0
     for i in range(len(ws)):
-        starts[i + 1] = starts[i] + ws[i].shape[0]
         nbytes += ws[i].size
-    if threads > 1 and nbytes >= PARALLEL_MIN_BYTES:
-        matvec_parallel(qtypes, ws, starts, x, out, N16, threads)
+    return threads if nbytes >= PARALLEL_MIN_BYTES else 1
+
+
+@njit(**KERNEL)
+def products(qtypes, ws, X, Y, chunks):
+    """Y[n] = the stacked products of the weights in ws with X[n], for every row n of X (float32 [m, cols],
+    C-contiguous; Y [m, total rows]), split over `chunks` threads. Row n's outputs are computed exactly as
+    for X[n] alone (the same activations, the same dot, the same order), whatever m and the chunks."""
+    starts = np.zeros(len(ws) + 1, np.int64)
+    for i in range(len(ws)):
+        starts[i + 1] = starts[i] + ws[i].shape[0]
+    acts = [activations(X[n]) for n in range(X.shape[0])]
+    if chunks > 1:
+        _products_parallel(qtypes, ws, starts, X, acts, Y, chunks)
     else:
-        matvec_rows(qtypes, ws, starts, x, activations(x), out, 0, starts[-1], N16)
+        _products_range(qtypes, ws, starts, X, acts, Y, 0, starts[-1])

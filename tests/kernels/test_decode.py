@@ -1,4 +1,5 @@
-"""The fused decode layer equals the same steps run one kernel at a time."""
+"""The row-wise layer kernel: equal to the same steps run one kernel at a time, and m rows in one call
+bitwise equal to m one-row calls."""
 
 import numpy as np
 import pytest
@@ -6,7 +7,9 @@ from gguf.constants import GGMLQuantizationType as T
 
 from kernels.cpu import ops, quant
 from kernels.cpu.attention import attention_decode
-from kernels.cpu.decode import decode_layer
+from numba import typed
+
+from kernels.cpu.decode import Layer, forward_rows
 from tests.quant_weights import random_weight
 
 E, HEADS, KV, HD, FF, POS = 64, 4, 2, 16, 96, 9
@@ -28,16 +31,23 @@ def _layer(variant, rng):
     def vec(n, on=True):
         return (1 + 0.1 * rng.standard_normal(n)).astype(np.float32) if on else np.zeros(0, np.float32)
 
-    vecs = (vec(E), vec(E), vec(E, post), vec(E, post), vec(HD, qk_norm), vec(HD, qk_norm),
-            vec(HEADS * HD, bias), vec(KV * HD, bias), vec(KV * HD, bias))
-    geo = np.array([HEADS, KV, HD, HD, neox, act, window], np.int64)
-    return ws, np.array(QTYPES, np.int64), vecs, geo, 1e-6, 10000.0, 0.25
+    types = np.array(QTYPES, np.int64)
+    return Layer(qkv=ws[:3], qkv_types=types[:3], out=ws[3:4], out_types=types[3:4], gate_up=ws[4:6],
+                 gate_up_types=types[4:6], down=ws[6:], down_types=types[6:], attn_norm=vec(E), ffn_norm=vec(E),
+                 post_attn_norm=vec(E, post), post_ffn_norm=vec(E, post), q_norm=vec(HD, qk_norm),
+                 k_norm=vec(HD, qk_norm), q_bias=vec(HEADS * HD, bias), k_bias=vec(KV * HD, bias),
+                 v_bias=vec(KV * HD, bias), n_head=HEADS, n_kv=KV, head_dim=HD, rope_dims=HD, rope_neox=neox,
+                 rope_base=10000.0, activation=act, window=window, eps=1e-6, attn_scale=0.25)
 
 
 def _reference(x, layer, kc, vc):
     """The layer through the separate kernels, the cache written as KvCache encodes it."""
-    ws, qtypes, vecs, geo, eps, base, scale = layer
-    neox, act, window = bool(geo[4]), geo[5], geo[6]
+    ws = (*layer.qkv, *layer.out, *layer.gate_up, *layer.down)
+    qtypes = (*layer.qkv_types, *layer.out_types, *layer.gate_up_types, *layer.down_types)
+    eps, base, scale, neox, act, window = (layer.eps, layer.rope_base, layer.attn_scale, layer.rope_neox,
+                                           layer.activation, layer.window)
+    vecs = (layer.attn_norm, layer.ffn_norm, layer.post_attn_norm, layer.post_ffn_norm, layer.q_norm,
+            layer.k_norm, layer.q_bias, layer.k_bias, layer.v_bias)
     mv = [lambda v, w=w, t=t: quant.matvec(int(t), w, v) for w, t in zip(ws, qtypes)]
 
     def norm(v, w):
@@ -68,7 +78,34 @@ def test_fused_layer_equals_separate_kernels(variant):
     x = rng.standard_normal(E).astype(np.float32)
     kc_ref, vc_ref = kc.copy(), vc.copy()
     expected = _reference(x, layer, kc_ref, vc_ref)
-    decode_layer(x, *layer, kc, vc, POS, 2)
+    rows = x[None].copy()
+    _run(rows, layer, kc, vc, POS)
     np.testing.assert_array_equal(kc, kc_ref)
     np.testing.assert_array_equal(vc, vc_ref)
-    np.testing.assert_allclose(x, expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(rows[0], expected, rtol=1e-5, atol=1e-5)
+
+
+def _run(rows, layer, kc, vc, pos0, threads=2):
+    m = rows.shape[0]
+    forward_rows(rows, typed.List([layer]), typed.List([kc]), typed.List([vc]), np.zeros(m, np.int64),
+                 np.arange(pos0, pos0 + m, dtype=np.int64), threads)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_rows_in_one_call_equal_rows_one_at_a_time(variant, threads):
+    rng = np.random.default_rng(5)
+    layer = _layer(variant, rng)
+    m, pos0 = 9, 3
+    kc = rng.standard_normal((pos0 + m, KV, HD)).astype(np.float16).view(np.uint16)
+    vc = rng.standard_normal((pos0 + m, KV, HD)).astype(np.float16).view(np.uint16)
+    x = rng.standard_normal((m, E)).astype(np.float32)
+    one_kc, one_vc, one = kc.copy(), vc.copy(), x.copy()
+    for i in range(m):
+        row = one[i : i + 1].copy()
+        _run(row, layer, one_kc, one_vc, pos0 + i, threads=1)
+        one[i] = row[0]
+    _run(x, layer, kc, vc, pos0, threads)
+    np.testing.assert_array_equal(x, one)
+    np.testing.assert_array_equal(kc, one_kc)
+    np.testing.assert_array_equal(vc, one_vc)
