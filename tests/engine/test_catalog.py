@@ -18,7 +18,7 @@ import pytest
 import resources
 from engine import catalog
 from engine.catalog import StarterModel, WheelPart, pull, resolve_model
-from engine.errors import DownloadCancelled, ModelDownloadError, ModelNotFound
+from engine.errors import DownloadCancelled, ModelDownloadError, ModelFileDamaged, ModelNotFound
 
 try:
     import fcntl
@@ -68,7 +68,10 @@ def test_resolve_starter_name(monkeypatch, tmp_path):
         resolve_model("smollm2-135m-instruct")
     model.path().parent.mkdir(parents=True)
     with open(model.path(), "wb") as f:
-        f.truncate(model.size)  # sparse: only the size matters to resolve_model
+        f.truncate(model.size)  # sparse: the right size, but never verified and not the real bytes
+    with pytest.raises(ModelFileDamaged, match=f"{model.file} has changed.*fucina models pull smollm2-135m-instruct"):
+        resolve_model("smollm2-135m-instruct")
+    catalog.mark_verified(model)  # as a pull does; from then on the record vouches for the file
     assert resolve_model("smollm2-135m-instruct") == tmp_path / "models" / model.file
 
 
@@ -105,6 +108,8 @@ def fake(tmp_path, monkeypatch):
     """A two-part model served by local wheels, pulled into a temp models dir.
 
     Every pip run costs about a second, so tests that need no split use `fake.single` (part 1 only).
+    `fake.resolve(model, ...)` resolves it by name, as if it were in the catalog; a pull it starts
+    finds the same wheels, through pip's environment.
     """
     wheels = tmp_path / "wheels"
     wheels.mkdir()
@@ -118,6 +123,9 @@ def fake(tmp_path, monkeypatch):
     data = b"".join(blobs)
     model = StarterModel("fake", "Fake", "test model", "fake.gguf", len(data), hashlib.sha256(data).hexdigest(), tuple(parts))
     single = StarterModel(**{**model.__dict__, "size": len(blobs[0]), "sha256": hashlib.sha256(blobs[0]).hexdigest(), "parts": tuple(parts[:1])})
+    monkeypatch.setenv("FUCINA_HOME", str(tmp_path))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
     directory = tmp_path / "models"
     stages = []
 
@@ -129,13 +137,17 @@ def fake(tmp_path, monkeypatch):
 
         return pull(model, record, directory=directory, pip_args=("--no-index", "--find-links", str(wheels)), **kw)
 
+    def resolve(model, name_or_path="fake", **kw):
+        monkeypatch.setattr(catalog, "catalog", lambda: {model.name: model})
+        return resolve_model(name_or_path, progress=lambda done, total, stage: stages.append(stage), **kw)
+
     def leftovers():
-        """What the pull left beside the model besides its lock and a partial file."""
-        kept = {".fake.gguf.lock", "fake.gguf", "fake.gguf.partial"}
+        """What the pull left beside the model besides its lock, its verified record and a partial file."""
+        kept = {".fake.gguf.lock", ".fake.gguf.verified", "fake.gguf", "fake.gguf.partial"}
         return sorted(p.name for p in directory.iterdir() if p.name not in kept)
 
     return SimpleNamespace(
-        model=model, single=single, data=data, blob1=blobs[0], pull=run, stages=stages,
+        model=model, single=single, data=data, blob1=blobs[0], pull=run, resolve=resolve, stages=stages,
         leftovers=leftovers, directory=directory, final=directory / "fake.gguf",
         partial=directory / "fake.gguf.partial",
     )  # fmt: skip
@@ -160,14 +172,8 @@ def test_pull_of_complete_model_is_a_noop_unless_verifying(fake):
     fake.stages.clear()
     fake.pull(fake.single)
     assert fake.stages == []
-    damaged = bytearray(fake.blob1)
-    damaged[5] ^= 1
-    fake.final.write_bytes(damaged)  # same size: only a re-hash notices
-    fake.pull(fake.single)
-    assert fake.stages == []
-    fake.pull(fake.single, verify=True)
-    assert fake.final.read_bytes() == fake.blob1
-    assert len(downloads(fake.stages)) == 1
+    fake.pull(fake.single, verify=True)  # re-hashes even a file its record vouches for
+    assert fake.stages[-1] == "verified" and "verifying" in fake.stages and downloads(fake.stages) == []
 
 
 def test_sha_mismatch_deletes_the_partial(fake):
@@ -258,6 +264,78 @@ def test_wrong_member_size_is_an_error(fake):
     model = StarterModel(**{**fake.model.__dict__, "parts": (WheelPart(part.dist, part.version, part.member, 999),), "size": 999})
     with pytest.raises(ModelDownloadError, match="the catalog expects 999"):
         fake.pull(model)
+
+
+# --- a downloaded model changed on disk ---------------------------------------------------------
+
+
+def tamper(path: Path, keep_mtime: bool = False):
+    """Flip one byte in place: same size; the mtime moves on (a second on) or is set back as it was."""
+    before = path.stat()
+    with open(path, "r+b") as f:
+        f.seek(100)
+        byte = f.read(1)[0]
+        f.seek(100)
+        f.write(bytes([byte ^ 1]))
+    mtime = before.st_mtime_ns if keep_mtime else before.st_mtime_ns + 10**9
+    os.utime(path, ns=(before.st_atime_ns, mtime))
+
+
+def test_an_untouched_model_is_not_rehashed(fake):
+    fake.pull(fake.single)
+    fake.stages.clear()
+    assert fake.resolve(fake.single) == fake.final
+    assert fake.resolve(fake.single, str(fake.final)) == fake.final
+    assert fake.stages == []
+
+
+def test_a_model_changed_in_place_is_refused_then_pulled_again(fake):
+    fake.pull(fake.single)
+    tamper(fake.final)
+    with pytest.raises(ModelFileDamaged) as err:
+        fake.resolve(fake.single)
+    assert str(fake.final) in str(err.value) and "run `fucina models pull fake`" in str(err.value)
+    with pytest.raises(ModelFileDamaged):  # opening the file by its path is checked the same way
+        fake.resolve(fake.single, str(fake.final))
+    assert fake.final.read_bytes() != fake.blob1  # refused, not deleted: only a pull replaces it
+    fake.stages.clear()
+    assert fake.resolve(fake.single, pull_missing=True) == fake.final
+    assert fake.final.read_bytes() == fake.blob1
+    assert "verifying" in fake.stages and len(downloads(fake.stages)) == 1
+
+
+def test_a_plain_pull_downloads_a_model_changed_in_place_again(fake):
+    fake.pull(fake.single)
+    tamper(fake.final)
+    fake.stages.clear()
+    fake.pull(fake.single)
+    assert fake.final.read_bytes() == fake.blob1 and len(downloads(fake.stages)) == 1
+
+
+@pytest.mark.skipif(os.name == "nt", reason="st_ctime is the creation time on Windows, which a write keeps")
+def test_a_change_whose_mtime_was_set_back_is_still_refused(fake):
+    fake.pull(fake.single)
+    tamper(fake.final, keep_mtime=True)  # only the ctime, which no one can set back, shows the write
+    with pytest.raises(ModelFileDamaged, match="SHA-256"):
+        fake.resolve(fake.single)
+
+
+@pytest.mark.parametrize("record", ["missing", "garbage", "touched"])
+def test_an_unvouched_model_is_rehashed_once_and_kept(fake, record):
+    fake.pull(fake.single)
+    verified = fake.directory / ".fake.gguf.verified"
+    if record == "missing":  # e.g. downloaded before records existed
+        verified.unlink()
+    elif record == "garbage":
+        verified.write_bytes(b"\xff{not json")
+    else:  # same bytes, new mtime (copied back from a backup, say)
+        st = fake.final.stat()
+        os.utime(fake.final, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    fake.stages.clear()
+    assert fake.resolve(fake.single) == fake.final
+    assert fake.stages[0] == "verifying" and fake.stages[-1] == "verified"
+    fake.stages.clear()
+    assert fake.resolve(fake.single) == fake.final and fake.stages == []
 
 
 # --- a pull killed outright ----------------------------------------------------------------------
