@@ -53,6 +53,11 @@ class DownloadCancelled(ModelDownloadError):
     """A model download stopped because its cancel event was set; pulling again resumes it."""
 
 
+class ModelFileDamaged(ModelDownloadError):
+    """A downloaded starter model's file that cannot be used as it is: changed since it was verified
+    (its size or SHA-256 no longer matches the catalog) or unreadable."""
+
+
 class TokenizerError(FucinaError):
     """Tokenizer metadata that is missing, malformed or of a kind the engine does not implement."""
 

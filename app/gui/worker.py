@@ -17,6 +17,7 @@ from typing import Callable, Iterator
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
+from engine.catalog import resolve_model
 from engine.errors import FucinaError
 from engine.history.store import HistoryStore
 from engine.models import load_model
@@ -98,7 +99,7 @@ class EngineWorker(QObject):
     def load_model(self, path: str) -> None:
         self.model_loading.emit(path)
         try:
-            model = load_model(path)
+            model = load_model(resolve_model(path))  # a starter model changed on disk is refused here
         except Exception as e:  # a corrupt file may fail anywhere in parsing; the old model stays
             self.model_failed.emit(path, _describe(e))
             return

@@ -1,5 +1,6 @@
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,12 +21,14 @@ def home(tmp_path, monkeypatch):
     return tmp_path
 
 
-def fake_download(name):
-    """Put a right-sized (sparse) file where a pull of `name` would."""
+def fake_download(name, verified=True):
+    """Put a right-sized (sparse) file where a pull of `name` would, recorded as verified as a pull does."""
     model = catalog.catalog()[name]
     model.path().parent.mkdir(parents=True, exist_ok=True)
     with open(model.path(), "wb") as f:
         f.truncate(model.size)
+    if verified:
+        catalog.mark_verified(model)
     return model.path()
 
 
@@ -88,6 +91,25 @@ def test_pull_of_downloaded_model_does_nothing(home, capsys, monkeypatch):
     monkeypatch.setattr(catalog, "pull", lambda *a, **k: pytest.fail("pulled again"))
     assert main(["models", "pull", SMOL]) == 0
     assert "already downloaded" in capsys.readouterr().err
+
+
+def test_pull_of_a_model_changed_since_it_was_verified_pulls_again(home, capsys, monkeypatch):
+    path = fake_download(SMOL)
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    pulled = []
+    monkeypatch.setattr(catalog, "pull", lambda name, progress=None, verify=False: pulled.append(name) or path)
+    assert main(["models", "pull", SMOL]) == 0
+    assert pulled == [SMOL] and "already downloaded" not in capsys.readouterr().err
+
+
+def test_a_changed_model_is_refused_by_the_commands_that_use_it(home, capsys):
+    path = fake_download(SMOL, verified=False)  # never verified, and not the real bytes
+    assert main(["tokenize", SMOL, "--text", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path} has changed since it was downloaded")
+    assert err.strip().endswith(f"run `fucina models pull {SMOL}` to download it again")
+    assert len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,9 @@ model it had; switching models mid-conversation re-renders the history for the n
 
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 
-from tests.app.gui.conftest import TURN_TIMEOUT_MS
+from app.gui.worker import EngineWorker
+from engine.catalog import catalog
+from tests.app.gui.conftest import MODEL, TURN_TIMEOUT_MS
 from tests.app.gui.test_chat_flow import GREEDY, send
 
 
@@ -48,3 +50,17 @@ def test_switching_models_mid_conversation_rerenders_the_history(qtbot, open_win
     status = window.status_line.status
     assert status.reused_tokens == 0 and status.prefilled_tokens > 10  # the whole history, rendered for Gemma
     assert window.store.get_conversation(window.current_id)["model"] == other
+
+
+def test_a_starter_model_changed_on_disk_is_refused_before_loading(tmp_path, monkeypatch):
+    monkeypatch.setenv("FUCINA_HOME", str(tmp_path))
+    model = catalog()[MODEL]
+    model.path().parent.mkdir(parents=True)
+    with open(model.path(), "wb") as f:
+        f.truncate(model.size)  # the right size, never verified, not the real bytes
+    worker = EngineWorker(tmp_path / "history.db")
+    failed = []
+    worker.model_failed.connect(lambda path, message: failed.append(message))
+    worker.load_model(str(model.path()))  # as a recent model is opened, by its path
+    assert len(failed) == 1 and worker.model is None
+    assert "has changed since it was downloaded" in failed[0] and f"fucina models pull {MODEL}" in failed[0]
