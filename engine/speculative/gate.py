@@ -88,7 +88,8 @@ class CostGate:
         self.adapt_budget = adapt_budget
         self.rescale_weight, self.rescale_clamp = rescale_weight, rescale_clamp
         self.state = self.ON
-        self._window: deque[tuple[int, float, int, int]] = deque(maxlen=rate_window)  # produced, cost, drafted, accepted
+        # per verify step: tokens produced, plain-step cost, drafted, accepted
+        self._window: deque[tuple[int, float, int, int]] = deque(maxlen=rate_window)
         self._scale: dict[int, float] = {}  # rows -> EWMA of measured / table seconds
         self._backoff = reprobe_after
         self._off_left = 0
