@@ -165,19 +165,6 @@ class SamIndex:
 
     # --- link-cut tree (path-assign, point query, cut) -------------------------------------------------
 
-    def _is_splay_root(self, x: int) -> bool:
-        p = self._up[x]
-        return p < 0 or (self._left[p] != x and self._right[p] != x)
-
-    def _push(self, x: int) -> None:
-        t = self._lazy[x]
-        if t >= 0:
-            for child in (self._left[x], self._right[x]):
-                if child >= 0:
-                    self._stamp[child] = t
-                    self._lazy[child] = t
-            self._lazy[x] = -1
-
     def _rotate(self, x: int) -> None:
         left, right, up = self._left, self._right, self._up
         p = up[x]
@@ -201,20 +188,35 @@ class SamIndex:
         up[p] = x
 
     def _splay(self, x: int) -> None:
-        chain = [x]
+        """Rotate x to the root of its splay tree (the hot path: helpers inlined)."""
+        left, right, up, stamp, lazy = self._left, self._right, self._up, self._stamp, self._lazy
+        chain = [x]  # x and its splay ancestors: their pending stamps go down first
         y = x
-        while not self._is_splay_root(y):
-            y = self._up[y]
-            chain.append(y)
+        while True:
+            p = up[y]
+            if p < 0 or (left[p] != y and right[p] != y):
+                break
+            chain.append(p)
+            y = p
         for y in reversed(chain):
-            self._push(y)
-        left, up = self._left, self._up
-        while not self._is_splay_root(x):
+            t = lazy[y]
+            if t >= 0:
+                c = left[y]
+                if c >= 0:
+                    stamp[c] = lazy[c] = t
+                c = right[y]
+                if c >= 0:
+                    stamp[c] = lazy[c] = t
+                lazy[y] = -1
+        rotate = self._rotate
+        while True:
             p = up[x]
-            if not self._is_splay_root(p):
-                g = up[p]
-                self._rotate(p if (left[g] == p) == (left[p] == x) else x)
-            self._rotate(x)
+            if p < 0 or (left[p] != x and right[p] != x):
+                break
+            g = up[p]
+            if g >= 0 and (left[g] == p or right[g] == p):
+                rotate(p if (left[g] == p) == (left[p] == x) else x)
+            rotate(x)
 
     def _access(self, x: int) -> None:
         """Make the root..x path one splay tree, rooted at x."""
