@@ -11,7 +11,7 @@ was shortened before verification, so its acceptance accounting covers only what
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, Sequence
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,6 @@ class TopKRow:
     topk: tuple[int, ...]
 
 
-@runtime_checkable
 class DraftSource(Protocol):
     def suggest(self, context: Sequence[int], budget: int) -> Sequence[int]:
         """Up to `budget` tokens that may follow `context` (the committed stream); empty for no draft."""

@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.errors import AllTokensMasked, InvalidDecodeState, InvalidSpeculationConfig
 from engine.sampling.processor import LogitProcessor
@@ -119,6 +121,28 @@ def test_cascade_stream_equals_plain(name):
     assert s.committed == sum(map(len, spec.replies))
     assert s.spec_steps > 0 and s.accepted > 0  # drafts were verified and some accepted
     assert s.steps < s.committed  # fewer steps than tokens: speculation did work
+
+
+configs = st.builds(
+    SamplerConfig, temperature=st.sampled_from([0.0, 0.5, 1.0, 1.5]), top_k=st.sampled_from([0, 1, 5, 40]),
+    top_p=st.sampled_from([1.0, 0.9, 0.5]), min_p=st.sampled_from([0.0, 0.05, 0.3]),
+    repeat_penalty=st.sampled_from([1.0, 1.3]), repeat_last_n=st.sampled_from([0, 8, -1]), seed=st.integers(0, 99))
+
+
+@settings(max_examples=25, deadline=None)
+@given(config=configs, model_seed=st.integers(0, 5), max_draft=st.integers(2, 16),
+       prompts=st.lists(st.lists(st.integers(0, 47), min_size=1, max_size=8), min_size=1, max_size=3))
+def test_any_configuration_streams_like_plain(config, model_seed, max_draft, prompts):
+    model = FakeModel(seed=model_seed)
+    plain = plain_run(model, Sampler(config), prompts, max_tokens=30)
+    options = SpecOptions(max_draft=max_draft, stop_tokens=frozenset({STOP}))
+
+    def make(target, sampler):
+        return SpeculativeDecoder(target, sampler, SpeculationIndex(model.vocab), vocab_size=model.vocab,
+                                  options=options)
+
+    spec, _ = spec_run(model, Sampler(config), prompts, make, max_tokens=30, on_turn=sync_cascade)
+    assert_same(plain, spec)
 
 
 @pytest.mark.parametrize("name", CONFIGS)
