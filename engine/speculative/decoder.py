@@ -117,15 +117,17 @@ class SpeculativeDecoder:
     def bootstrap(self, logits: np.ndarray, history: list[int], *,
                   is_stop: Callable[[int], bool] | None = None,
                   sink: Callable[[int], None] | None = None) -> StepResult:
-        """Commit the first token from the prefill's last-row logits. The cache must hold the whole
-        history (the prefill fed every pending token); appends to `history`."""
+        """Commit the first token from the prefill's logits ([vocab], or [m, vocab] of which the last row
+        counts). The cache must hold the whole history (the prefill fed every pending token); appends to
+        `history`."""
         base = len(self.target)
         if base < len(history):
             raise InvalidDecodeState(f"bootstrap needs the cache to hold the whole history: it holds {base} "
                                      f"positions for {len(history)} history tokens")
         self._offset = base - len(history)
         step = _Step(base, [], [], verified=False)
-        rows = np.asarray(logits).reshape(1, -1)
+        rows = np.asarray(logits)
+        rows = rows.reshape(1, -1) if rows.ndim == 1 else rows[-1:]
         try:
             self._sample_rows(step, rows, history, is_stop, sink)
         finally:

@@ -340,6 +340,18 @@ def test_step_needs_the_state_bootstrap_left():
         decoder.bootstrap(logits, history + [1, 2, 3])
 
 
+def test_bootstrap_takes_the_last_row_of_the_prefill():
+    committed = []
+    for whole in (False, True):
+        target, history = FakeTarget(MODEL), []
+        history.extend([1, 2, 3])
+        rows = target.feed(history)
+        decoder = SpeculativeDecoder(target, Sampler(CONFIGS["sampled"]), SpeculationIndex(MODEL.vocab),
+                                     vocab_size=MODEL.vocab)
+        committed.append(decoder.bootstrap(rows if whole else rows[-1], history).committed)
+    assert committed[0] == committed[1] and len(committed[0]) == 1
+
+
 def test_a_stop_ends_the_turn_until_the_next_bootstrap():
     target = FakeTarget(MODEL)
     decoder = SpeculativeDecoder(target, Sampler(), SpeculationIndex(MODEL.vocab), vocab_size=MODEL.vocab,
