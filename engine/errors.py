@@ -96,3 +96,20 @@ class InvalidPrefix(FucinaError):
 
 class KvPersistTokenMismatch(KvCacheError):
     """A KV sidecar append whose prefix rows and tokens do not describe the cache's positions."""
+
+
+class SpeculativeError(FucinaError):
+    """Base for speculative-decoding errors (spec 13.9)."""
+
+
+class InvalidSpeculationConfig(SpeculativeError):
+    """A speculative-decoding setting outside its range (draft budgets, gate windows, the cost table)."""
+
+
+class InvalidDecodeState(SpeculativeError):
+    """A speculative step whose cache and history disagree (the step needs the cache to hold every committed
+    token but the last); call bootstrap() after each prefill."""
+
+
+class SamIndexError(SpeculativeError):
+    """A suffix-automaton index that cannot take an append: frozen, poisoned by a failed append, or full."""
