@@ -71,7 +71,7 @@ def run_eval(args) -> int:
     if args.top < 1:
         raise FucinaError("--top must be at least 1")
     rows = []
-    for logits in generate.teacher_forced(model, ids, args.kv):
+    for logits in generate.teacher_forced(model, ids, args.kv, path=args.path):
         top_ids, top_vals = generate.top_k(logits, args.top)
         rows.extend({"top_ids": i.tolist(), "top_logits": [round(float(v), 5) for v in l]}
                     for i, l in zip(top_ids, top_vals))
@@ -113,6 +113,9 @@ def register(subparsers) -> None:
     source.add_argument("--ids", help="comma-separated token ids")
     source.add_argument("--prompt", help="text, encoded with the model's tokenizer")
     p.add_argument("--top", type=int, default=10, help="how many logits per position (default 10)")
+    p.add_argument("--path", choices=generate.PATHS, default="prefill",
+                   help="prefill: the prompt path (default); rows: one row-wise call, as speculative verification "
+                        "runs; decode: one token at a time. rows and decode print identical numbers")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run_eval)
 

@@ -20,13 +20,26 @@ def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return np.take_along_axis(idx, order, axis=-1), np.take_along_axis(vals, order, axis=-1)
 
 
+# How teacher_forced feeds the ids: the prefill path (a prompt), one row-wise call per chunk (a verify),
+# or one token at a time (decode). "rows" and "decode" give identical logits.
+PATHS = ("prefill", "rows", "decode")
+
+
 def teacher_forced(model: Transformer, ids: Sequence[int], kv: KvDtype | str = KvDtype.F16,
-                   chunk: int = UBATCH) -> Iterator[np.ndarray]:
+                   chunk: int = UBATCH, path: str = "prefill") -> Iterator[np.ndarray]:
     """Logits after every prefix of ids, one [n, vocab] array per chunk (so a long text never holds
     all of its logits at once)."""
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {', '.join(PATHS)}, got {path!r}")
     cache = model.new_cache(len(ids), kv)
     for start in range(0, len(ids), chunk):
-        yield model.forward_all(ids[start : start + chunk], cache)
+        span = ids[start : start + chunk]
+        if path == "prefill":
+            yield model.forward_all(span, cache)
+        elif path == "rows":
+            yield model.forward_rows(span, cache)
+        else:
+            yield np.stack([model.forward([t], cache) for t in span])
 
 
 def greedy(model: Transformer, prompt: Sequence[int], max_tokens: int, stop_ids: Iterable[int] = (),

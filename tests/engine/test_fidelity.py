@@ -18,11 +18,11 @@ def golden_positions(golden_file: str):
     return tf["ids"], tf[f"{k}_ids"], tf[f"{k}_logits"]
 
 
-def fidelity(model_file, ids, ref_ids, ref_logits, kv, capsys):
+def fidelity(model_file, ids, ref_ids, ref_logits, kv, capsys, path="prefill"):
     """(agreement at margin > 0.5, agreement at margin > 1.0, mean |Δlogit| over the reference top-k)."""
     k = len(ref_ids[0])
     assert fucina(["eval", str(model_file), "--ids", ",".join(map(str, ids)), "--top", "64",
-                   "--kv", kv, "--json"]) == 0
+                   "--kv", kv, "--path", path, "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["positions"]
     assert len(rows) == len(ids)
     agree = {0.5: [], 1.0: []}
@@ -37,11 +37,14 @@ def fidelity(model_file, ids, ref_ids, ref_logits, kv, capsys):
     return np.mean(agree[0.5]), np.mean(agree[1.0]), float(np.mean(diffs))
 
 
+# "rows" is the decode numerics (bitwise one token at a time, tests/engine/test_row_wise.py) at the cost of
+# one weight pass per 64 positions
+@pytest.mark.parametrize("path", ["prefill", "rows"])
 @pytest.mark.parametrize("model,golden", CASES)
-def test_f16_cache_meets_the_bars(model, golden, model_path, capsys):
+def test_f16_cache_meets_the_bars(model, golden, path, model_path, capsys):
     ids, ref_ids, ref_logits = golden_positions(golden)
-    a05, _, diff = fidelity(model_path(model), ids, ref_ids, ref_logits, "f16", capsys)
-    print(f"\n{golden} f16: agreement@0.5 {a05:.4f}, mean|dlogit| {diff:.4f}")
+    a05, _, diff = fidelity(model_path(model), ids, ref_ids, ref_logits, "f16", capsys, path)
+    print(f"\n{golden} f16 {path}: agreement@0.5 {a05:.4f}, mean|dlogit| {diff:.4f}")
     assert a05 == 1.0
     assert diff <= 0.25
 
