@@ -2,6 +2,7 @@
 
 import resource
 import sys
+import threading
 import time
 
 import pytest
@@ -172,3 +173,27 @@ def test_renders_in_process_where_no_renderer_process_can_start(monkeypatch):
     assert template.render(HI) == "<|user|>\nHi\n<|assistant|>\n"
     with pytest.raises(ChatTemplateError, match="more than"):
         JinjaTemplate("{{ 'x' * 10**9 }}").render(HI)
+
+
+def test_other_threads_run_while_a_hostile_render_runs_out_its_time():
+    """The app's threads (the GUI's) keep running: the waiting thread holds no GIL, unlike C code
+    running in-process."""
+    template = JinjaTemplate("{{ ('a ' * 8000000)|wordcount }}", time_limit_s=0.5)
+    errors = []
+
+    def run():
+        try:
+            template.render(HI)
+        except ChatTemplateError as e:
+            errors.append(e)
+
+    render = threading.Thread(target=run)
+    render.start()
+    longest, last = 0.0, time.monotonic()
+    while render.is_alive():
+        time.sleep(0.01)
+        now = time.monotonic()
+        longest, last = max(longest, now - last), now
+    render.join()
+    assert longest < 0.2
+    assert "ran longer than 0.5 s" in str(errors[0])
