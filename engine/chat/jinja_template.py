@@ -107,7 +107,7 @@ class _BoundedSandbox(ImmutableSandboxedEnvironment):
                 if total <= self.max_output:
                     stack.extend(v.items() if isinstance(v, dict) else v)
             elif isinstance(v, range):
-                total += 2 + 2 * len(v)  # its items are numbers printed short next to the sandbox's range cap
+                total += 2 + 2 * len(v)  # the sandbox caps its length; its numbers print short
             elif isinstance(v, int) and abs(v) > self.max_output:
                 total += abs(v)  # a count or width that large can only build something oversized
             else:
@@ -210,9 +210,12 @@ def _replaced_size(s: Any, old: Any, new: Any) -> int:
 
 
 def _joined_size(env: _BoundedSandbox, items: Any, sep: Any) -> int:
-    if not isinstance(items, (list, tuple, range)):
-        return 0  # a string or mapping: joined item by item, no bigger than its weight times the separator
-    return env.weigh(*items) + len(str(sep)) * len(items)
+    """The size of `sep.join(items)`, a lazy sequence being a list by now."""
+    if isinstance(items, str):
+        return len(items) * (1 + len(str(sep)))
+    if isinstance(items, (list, tuple, range, dict, set, frozenset)):
+        return env.weigh(*items) + len(str(sep)) * len(items)
+    return 0  # nothing join can iterate: it raises
 
 
 def _width(value: Any) -> int:

@@ -6,7 +6,8 @@ allocates. A child process can be both killed and capped: the parent waits for e
 wall-clock timeout (its thread sleeps in poll without the GIL, so the app stays responsive) and kills the
 child when it overruns; the next call starts a fresh one. On Linux the child caps its own address space
 (RLIMIT_AS) at its size after start-up plus `memory_limit`, so an oversized allocation fails there as a
-MemoryError. macOS accepts RLIMIT_AS without enforcing it and Windows has no resource limits: there the
+MemoryError; a child whose heap stays grown by a quarter of that after a call (the allocator keeps freed
+memory) retires after replying, so every call gets close to the full allowance. macOS accepts RLIMIT_AS without enforcing it and Windows has no resource limits: there the
 wall-clock kill still holds and `memory_limited` is False.
 
 The child is a multiprocessing "spawn" child: the start method every platform has, safe in a process with
@@ -50,13 +51,15 @@ class LimitedProcess:
                 conn.send(args)
                 replied = conn.poll(timeout_s)
                 if replied:
-                    ok, value = conn.recv()
+                    ok, value, retired = conn.recv()
             except (EOFError, OSError):  # killed (e.g. by the kernel) or died mid-call
                 self._stop()
                 raise ChildProcessError("the child process died") from None
             if not replied:
                 self._stop()
                 raise TimeoutError(f"no reply within {timeout_s:g} s")
+            if retired:
+                self._stop()
         if ok:
             return value
         raise value
@@ -107,31 +110,40 @@ class LimitedProcess:
 def _serve(conn, handler: Callable[..., Any], memory_limit: int) -> None:
     """The child's loop: one reply per request until the parent closes the pipe."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal is for the parent to handle
-    conn.send((_READY, _limit_memory(memory_limit)))
+    start_size = _address_space()
+    if start_size is not None:
+        _limit_address_space(start_size + memory_limit)
+    conn.send((_READY, start_size is not None))
     while True:
         try:
             args = conn.recv()
         except (EOFError, OSError):
             return
         try:
-            reply = (True, handler(*args))
+            ok, value = True, handler(*args)
         except BaseException as e:  # noqa: BLE001 (every failure is the caller's to see)
-            reply = (False, e)
+            ok, value = False, e
+        retire = start_size is not None and _address_space() > start_size + memory_limit // 4
         try:
-            conn.send(reply)
+            conn.send((ok, value, retire))
         except Exception as e:  # an unpicklable result or exception, or no memory left to pickle it
-            conn.send((False, RuntimeError(f"{type(e).__name__}: {e}")))
+            conn.send((False, RuntimeError(f"{type(e).__name__}: {e}"), retire))
+        if retire:
+            return
 
 
-def _limit_memory(extra: int) -> bool:
-    """Cap this process's address space at its current size plus `extra` bytes, where that is enforced."""
+def _address_space() -> int | None:
+    """This process's address-space size in bytes, where it can be read and capped (Linux)."""
     if not sys.platform.startswith("linux"):
-        return False
+        return None
     import resource
 
     with open("/proc/self/statm") as f:
-        size = int(f.read().split()[0]) * resource.getpagesize()
+        return int(f.read().split()[0]) * resource.getpagesize()
+
+
+def _limit_address_space(size: int) -> None:
+    import resource
+
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    limit = size + extra if hard == resource.RLIM_INFINITY else min(size + extra, hard)
-    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-    return True
+    resource.setrlimit(resource.RLIMIT_AS, (size if hard == resource.RLIM_INFINITY else min(size, hard), hard))

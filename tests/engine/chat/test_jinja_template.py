@@ -127,6 +127,7 @@ def _peak_rss() -> int:
     "{{ ('a' * 100000)|wordwrap(1, wrapstring='x' * 10000) }}",
     "{{ (messages * 1000)|tojson(indent=100000) }}",
     "{{ ('x' * 10**6).join(range(1000)|map('string')) }}",
+    "{{ ('x' * 1000)|join('y' * 1000000) }}",
     "{{ ('ab' * 1000).translate({97: 'y' * 10**6}) }}",
 ])
 @LAYERS

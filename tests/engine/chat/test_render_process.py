@@ -8,6 +8,13 @@ import pytest
 
 from engine.chat.render_process import LimitedProcess
 
+_HOARD = []  # in the child: what hoard() keeps alive
+
+
+def hoard(size: int) -> int:
+    _HOARD.append(bytearray(size))
+    return len(_HOARD)
+
 
 @pytest.fixture
 def limited():
@@ -59,3 +66,13 @@ def test_the_childs_memory_is_capped(limited):
     with pytest.raises(MemoryError):
         p.call(1 << 30, timeout_s=30)
     assert len(p.call(16 << 20, timeout_s=30)) == 16 << 20  # the same child carries on
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the address space is read on Linux only")
+def test_a_child_that_stays_grown_retires_after_replying(limited):
+    p = limited(hoard, memory_limit=128 << 20)
+    assert p.call(1 << 20, timeout_s=30) == 1
+    assert p.call(1 << 20, timeout_s=30) == 2 and p.pid is not None  # grown a little: the same child
+    assert p.call(48 << 20, timeout_s=30) == 3
+    assert p.pid is None  # grown past a quarter of its allowance: gone
+    assert p.call(1 << 20, timeout_s=30) == 1  # a fresh child
