@@ -19,12 +19,13 @@ ChatTemplateError naming the template. Two layers enforce it:
    to layer 1 in-process; where RLIMIT_AS is not enforced (macOS, Windows) the kill still bounds time and
    layer 1 alone bounds memory, step by step.
 
-Measured (2 shared cores, under load): rendering a one-message chat takes 0.09 ms in-process and 0.14 ms
-through the child; a 21-message chat (12.5k characters) about 0.95 ms either way: the pickled round trip
-costs tens of microseconds. Starting the child (spawn, importing the engine) takes 0.4-0.7 s, once, when
-the first template is compiled (at model load), and after a kill; it holds about 105 MB. Every hostile
-case in tests/engine/chat/test_jinja_template.py fails within the deadline plus the 0.2 s kill grace; with
-the child, the app process's peak RSS does not move and the child's stays under its start size + 256 MB.
+Measured (2 shared cores, under load): a one-message chat renders in 0.05-0.09 ms in-process and
+0.12-0.14 ms through the child, a 21-message one (12.5k characters) in 0.4-1.0 ms in-process and about
+0.1 ms more through the child: the pickled round trip. Starting the child (spawn, importing the engine)
+takes 0.25-0.7 s, once, when the first template is compiled (at model load), and again after a kill; it
+holds about 105 MB. Every hostile case in tests/engine/chat/test_jinja_template.py fails within the
+deadline plus the 0.2 s kill grace; with the child, the app process's peak RSS does not move (104 MB) and
+the child's stays under its start size + 256 MB (349 MB for the worst case, 40 values of 16M characters).
 Layer 1 alone is cheap and covers the known amplifiers, but it bounds one step at a time: 40 values of 16M
 characters each, or one str.split into millions of small strings, still reach hundreds of MB in-process,
 which is why the child is the default.

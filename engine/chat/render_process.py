@@ -13,7 +13,8 @@ wall-clock kill still holds and `memory_limited` is False.
 The child is a multiprocessing "spawn" child: the start method every platform has, safe in a process with
 threads (Qt's), and the one a frozen (PyInstaller) app supports, provided its entry point calls
 multiprocessing.freeze_support() first (app.cli.main does). `handler` must be a module-level function,
-pickled by name and imported by the child.
+pickled by name and imported by the child. As with any spawn child, the child imports the parent's main
+module, so a script that uses the engine keeps its work under `if __name__ == "__main__":`.
 """
 
 from __future__ import annotations
