@@ -48,6 +48,7 @@ from typing import Any, Callable, Sequence
 
 from jinja2 import TemplateError
 from jinja2.compiler import CodeGenerator
+from jinja2.runtime import LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from engine.chat.render_process import LimitedProcess, ProcessUnavailable
@@ -202,7 +203,8 @@ _PRINTF_SPEC = re.compile(r"%(?:\([^)]*\))?([^a-zA-Z%]*)")  # what sits between 
 
 
 def _materialized(value: Any) -> Any:
-    return list(value) if isinstance(value, Iterator) else value
+    """A lazy sequence as a list; a for loop's own `loop` stays itself, since listing it would end the loop."""
+    return list(value) if isinstance(value, Iterator) and not isinstance(value, LoopContext) else value
 
 
 def _replaced_size(s: Any, old: Any, new: Any) -> int:

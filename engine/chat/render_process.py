@@ -7,8 +7,9 @@ wall-clock timeout (its thread sleeps in poll without the GIL, so the app stays 
 child when it overruns; the next call starts a fresh one. On Linux the child caps its own address space
 (RLIMIT_AS) at its size after start-up plus `memory_limit`, so an oversized allocation fails there as a
 MemoryError; a child whose heap stays grown by a quarter of that after a call (the allocator keeps freed
-memory) retires after replying, so every call gets close to the full allowance. macOS accepts RLIMIT_AS without enforcing it and Windows has no resource limits: there the
-wall-clock kill still holds and `memory_limited` is False.
+memory) retires after replying, so every call gets close to the full allowance. macOS accepts RLIMIT_AS
+without enforcing it and Windows has no resource limits: there the wall-clock kill still holds and
+`memory_limited` is False.
 
 The child is a multiprocessing "spawn" child: the start method every platform has, safe in a process with
 threads (Qt's), and the one a frozen (PyInstaller) app supports, provided its entry point calls

@@ -36,6 +36,9 @@ def test_helpers_and_flags():
     assert t.render([Message("user", "café"), Message("user", "x")]) == '"café"'  # BOS dropped, non-ASCII kept
     assert t.render(HI, think_off=True) == '[no-think]"Hi"'
     assert JinjaTemplate("{{ strftime_now('%Y') }}").render(HI).isdigit()
+    lazy = "{{ messages|selectattr('role', 'eq', 'user')|map(attribute='content')|join('+') }}"
+    assert JinjaTemplate(lazy).render([Message("user", "a"), Message("assistant", "b"), Message("user", "c")]) == "a+c"
+    assert JinjaTemplate("{% for m in messages %}{{ loop|length }}{% endfor %}").render([*HI, *HI]) == "22"
 
 
 def test_history_errors_and_template_errors():
