@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import sys
 
 from app import cli_bench, cli_chat, cli_conversations, cli_eval, cli_models, cli_tokenize
@@ -34,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; the return value is the process exit status."""
+    multiprocessing.freeze_support()  # in a frozen app, a child process (the chat-template renderer) runs here
     args = build_parser().parse_args(argv)
     try:
         if not hasattr(args, "func"):

@@ -9,14 +9,21 @@
 - A template in no built-in format renders itself, sandboxed (JinjaTemplate).
 - No template at all (base models such as Gemma 3 270M): the family's format (Gemma's turn markers are in
   its vocabulary, and llama.cpp renders Gemma this way too), else ChatML, the spec's fallback.
+- A template of its own that does not compile, or fails or runs away rendering a one-message chat (a
+  broken or hostile GGUF), is treated as no template, with a warning: the model stays usable. One that
+  fails only on some later chat fails that turn with its ChatTemplateError; the chat stays as it was.
 """
 
 from __future__ import annotations
+
+import logging
 
 from engine.chat.jinja_template import JinjaTemplate
 from engine.chat.templates import Format, Message, Template
 from engine.errors import ChatTemplateError
 from engine.tokenize import Tokenizer
+
+log = logging.getLogger(__name__)
 
 _PROBE = [Message("user", "Hello")]
 _SENTINEL = "\x01system\x01"
@@ -25,14 +32,27 @@ _SENTINEL = "\x01system\x01"
 def template_for_model(metadata: dict, tokenizer: Tokenizer, *,
                        default_system: bool = False) -> Template | JinjaTemplate:
     source = metadata.get("tokenizer.chat_template")
-    if not source:
-        return Template(_family_format(str(metadata.get("general.architecture", ""))))
     builtin = Template.detect(source)
     if builtin is None:
-        return own_template(source, tokenizer)
+        family = Template(_family_format(str(metadata.get("general.architecture", ""))))
+        own = source and _working_own_template(source, tokenizer, family.format)
+        return own or family
     if not default_system:
         return builtin
-    return Template(builtin.format, default_system=own_default_system(builtin, own_template(source, tokenizer)))
+    own = _working_own_template(source, tokenizer, builtin.format)
+    return Template(builtin.format, default_system=own and own_default_system(builtin, own))
+
+
+def _working_own_template(source: str, tokenizer: Tokenizer, instead: Format) -> JinjaTemplate | None:
+    """The GGUF's own template, or None (with a warning naming `instead`, the format used in its place)
+    when it does not compile or cannot render a one-message chat."""
+    try:
+        own = own_template(source, tokenizer)
+        own.render(_PROBE)
+    except ChatTemplateError as e:
+        log.warning("%s; using the %s format instead", e, instead.value)
+        return None
+    return own
 
 
 def own_template(source: str, tokenizer: Tokenizer) -> JinjaTemplate:

@@ -2,9 +2,10 @@
 
 import pytest
 
-from engine.chat import Format, Message, Template, template_for_model
+from engine.chat import Format, JinjaTemplate, Message, Template, template_for_model
 from engine.chat.model_template import own_template
 from engine.errors import ChatTemplateError, EmptyMessages, SystemMidConversation, TrailingAssistantMessage
+from tests.engine.chat.conftest import byte_level_chatml_tokenizer
 from tests.golden import golden
 
 S, U, A = "system", "user", "assistant"
@@ -148,3 +149,30 @@ def test_a_model_without_a_template_gets_its_familys_format(real_model):
     assert "tokenizer.chat_template" not in m.file.metadata
     assert template_for_model(m.file.metadata, tok) == Template(Format.GEMMA)
     assert template_for_model({"general.architecture": "llama"}, tok) == Template(Format.CHATML)
+
+
+@pytest.mark.parametrize("source", [
+    "{% for m in messages %}",  # does not compile
+    "{{ raise_exception('unsupported') }}",
+    "{{ ((9 ** 4096) ** 4096) > 1 }}",
+    "{% for i in range(10**5) %}{% for j in range(10**5) %}{% endfor %}{% endfor %}",
+])
+@pytest.mark.parametrize("arch, fmt", [("gemma3", Format.GEMMA), ("llama", Format.CHATML)])
+def test_a_template_that_cannot_render_a_chat_falls_back_to_the_familys_format(source, arch, fmt, caplog):
+    metadata = {"general.architecture": arch, "tokenizer.chat_template": source}
+    assert template_for_model(metadata, byte_level_chatml_tokenizer()) == Template(fmt)
+    assert f"using the {fmt.value} format instead" in caplog.text and "chat template" in caplog.text
+
+
+def test_a_builtin_format_template_that_cannot_render_keeps_the_builtin_format(caplog):
+    metadata = {"general.architecture": "qwen2", "tokenizer.chat_template": "<|im_start|>{% for m in messages %}"}
+    assert template_for_model(metadata, byte_level_chatml_tokenizer(), default_system=True) == Template(Format.CHATML)
+    assert "does not compile" in caplog.text
+
+
+def test_a_working_template_of_its_own_is_kept():
+    source = "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}[assistant]"
+    template = template_for_model({"general.architecture": "llama", "tokenizer.chat_template": source},
+                                  byte_level_chatml_tokenizer())
+    assert isinstance(template, JinjaTemplate)
+    assert template.render_messages([Message(U, "Hi")]) == "[user]Hi[assistant]"
