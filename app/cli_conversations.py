@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 from engine.errors import FucinaError
-from engine.history.store import HistoryError, HistoryStore
+from engine.errors import HistoryError
+from engine.history.store import HistoryStore
 from engine.session import delete_conversation
 
 
