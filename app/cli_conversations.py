@@ -9,9 +9,9 @@ import json
 import sys
 from pathlib import Path
 
-from engine.errors import FucinaError
 from engine.errors import HistoryError
 from engine.history.store import HistoryStore
+from engine.history.validate import read_export
 from engine.session import delete_conversation
 
 
@@ -72,11 +72,7 @@ def _export(store: HistoryStore, args) -> None:
 
 
 def _import(store: HistoryStore, args) -> None:
-    try:
-        data = json.loads(Path(args.file).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise FucinaError(f"cannot import {args.file}: {e}") from None
-    print(store.import_json(data))
+    print(store.import_json(read_export(args.file)))
 
 
 def _delete(store: HistoryStore, args) -> None:

@@ -23,6 +23,7 @@ from app.gui.worker import EngineClient
 from engine.catalog import catalog, default_model_name
 from engine.errors import FucinaError
 from engine.history.store import HistoryStore
+from engine.history.validate import read_export
 from engine.paths import data_dir
 
 PREFERENCES_FILE = "gui.ini"
@@ -348,8 +349,8 @@ class MainWindow(QMainWindow):
         if not path:
             return
         try:
-            conversation_id = self.store.import_json(json.loads(Path(path).read_text(encoding="utf-8")))
-        except (OSError, ValueError, FucinaError) as e:  # ValueError: not JSON at all
+            conversation_id = self.store.import_json(read_export(path))
+        except FucinaError as e:
             self.show_error("Import failed", f"{Path(path).name}: {e}")
             return
         self.open_conversation(conversation_id)

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from app.cli import main as fucina
+from engine.history import HistoryStore
 
 MODEL = "smollm2-135m-instruct"
 
@@ -74,3 +75,50 @@ def test_bad_names_and_files_are_clear_errors(home, capsys, tmp_path):
     bad.write_text(json.dumps({"format": "something else"}))
     code, _, err = conversations(capsys, "import", str(bad))
     assert code == 2 and "error:" in err
+
+
+@pytest.fixture
+def empty_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("FUCINA_HOME", str(tmp_path))
+    return tmp_path
+
+
+def an_export(**conversation):
+    return {"format": "fucina-conversation", "version": 1, "conversation": {"model": "m", **conversation},
+            "messages": [{"id": "1", "parent_id": None, "role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize("text, expected", [
+    (json.dumps(an_export(sampler={"ctx": "abc"})),
+     "conversation.sampler.ctx: expected an integer between 256 and 131072, got 'abc'"),
+    (json.dumps(an_export(pinned="false")), "conversation.pinned: expected true or false"),
+    ("[" * 50_000 + "]" * 50_000, "nested too deeply"),
+])
+def test_a_malformed_import_is_one_error_line_and_writes_nothing(empty_home, capsys, text, expected):
+    bad = empty_home / "bad.json"
+    bad.write_text(text)
+    code, _, err = conversations(capsys, "import", str(bad))
+    assert code == 2 and err.startswith("error: ") and expected in err and len(err.splitlines()) == 1
+    assert conversations(capsys, "list", "--json")[1].strip() == "[]"
+
+
+def test_a_full_disk_is_one_error_line(empty_home, capsys, monkeypatch):
+    import app.cli_conversations as cli_conversations
+
+    def full_store():
+        store = HistoryStore(HistoryStore.default_path())
+        store.db.execute(f"PRAGMA max_page_count = {store.db.execute('PRAGMA page_count').fetchone()[0]}")
+        return store
+
+    monkeypatch.setattr(cli_conversations, "open_store", full_store)
+    exported = empty_home / "c.json"
+    exported.write_text(json.dumps({**an_export(), "messages": [
+        {"id": str(i), "parent_id": None, "role": "user", "content": "x" * 10_000} for i in range(10)]}))
+    code, _, err = conversations(capsys, "import", str(exported))
+    assert code == 2 and err.startswith("error: cannot write ") and "history.db: database or disk is full" in err
+
+
+def test_an_unusable_data_dir_is_one_error_line(empty_home, capsys):
+    (empty_home / "history.db").mkdir()
+    code, _, err = conversations(capsys, "list")
+    assert code == 2 and err.startswith("error: cannot write ") and "history.db" in err
