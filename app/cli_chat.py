@@ -19,7 +19,7 @@ from app.cli_sampling import add_sampler_options, sampler_config
 from app.cli_conversations import find_conversation, open_store
 from engine.chat import ChatOptions, Conversation, TurnResult
 from engine.history.store import HistoryStore
-from engine.errors import ContextFull, FucinaError
+from engine.errors import ContextFull, FucinaError, StoreError
 from engine.sampling import CHAT_DEFAULTS
 from engine.session import ChatSession
 
@@ -40,6 +40,14 @@ class _Chat:
 
     def send(self, text: str) -> Iterator[str]:
         return self.target.send(text)
+
+    def unsaved_reply(self) -> str | None:
+        """Why the chat cannot end cleanly: a reply the store refused that one more try did not save."""
+        return None
+
+    def last_sidecar_failure(self) -> str | None:
+        """After the chat closed: why its last KV sidecar write failed, if it did."""
+        return None
 
 
 class _EphemeralChat(_Chat):
@@ -96,6 +104,16 @@ class _StoredChat(_Chat):
         self.session.update_settings(system_prompt=system)
         return "(system prompt set)" if system else "(system prompt cleared)"
 
+    def unsaved_reply(self) -> str | None:
+        try:
+            self.session.save_pending()
+        except StoreError as e:
+            return f"the last reply was not saved (it is shown above): {e}"
+        return None
+
+    def last_sidecar_failure(self) -> str | None:
+        return self.session.last_sidecar_failure()
+
 
 def run_chat(args) -> int:
     model = open_model(args)
@@ -117,6 +135,12 @@ def run_chat(args) -> int:
                     break
                 continue
             _reply(chat, text)
+        unsaved = chat.unsaved_reply()
+    if unsaved:
+        print(f"error: {unsaved}", file=sys.stderr)
+        return 2
+    if failure := chat.last_sidecar_failure():  # the last turn's write, which closing the chat waited for
+        _warn_sidecar(failure)
     return 0
 
 
@@ -133,18 +157,35 @@ def _lines(interactive: bool) -> Iterator[str]:
 
 
 def _reply(chat, text: str) -> None:
+    shown = False
     try:
         for piece in chat.send(text):
             print(piece, end="", flush=True)
+            shown = True
     except KeyboardInterrupt:  # Ctrl-C stops this reply, not the chat
         print(" [stopped]", end="")
     except ContextFull as e:
         print(f"error: {e} (/reset starts over)", file=sys.stderr)
         return
+    except StoreError as e:
+        if shown:  # the reply was shown but not stored: the session keeps it for the next write
+            print(flush=True)
+            print(f"error: {e} (the reply above is kept and saved with the next message)", file=sys.stderr)
+        else:
+            print(f"error: {e} (the message was not sent)", file=sys.stderr)
+        return
     except FucinaError as e:
         print(f"error: {e}", file=sys.stderr)
         return
     print(flush=True)
+    if chat.target.sidecar_error:
+        _warn_sidecar(chat.target.sidecar_error)
+
+
+def _warn_sidecar(failure: str) -> None:
+    """A sidecar write that failed costs only warmth (the next open re-prefills), so it is a warning."""
+    print(f"warning: {failure}; the conversation is saved, only its KV cache is not (the next turn rewrites "
+          "it)", file=sys.stderr)
 
 
 def _command(chat, text: str) -> bool:
