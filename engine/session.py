@@ -71,9 +71,13 @@ def delete_conversation(store: HistoryStore, conversation_id: str, sidecar_dir=N
 @dataclasses.dataclass(frozen=True)
 class PendingReply:
     """A finished reply the store could not write yet."""
+    conversation_id: str
     parent_id: str
     text: str
     meta: dict
+
+    def save(self, store: HistoryStore) -> None:
+        store.add_message(self.conversation_id, "assistant", self.text, parent_id=self.parent_id, meta=self.meta)
 
 
 def chat_options(settings: dict) -> ChatOptions:
@@ -212,13 +216,13 @@ class ChatSession:
                 if turn is not before:
                     self.last_turn = turn
                     if turn.text or turn.finish_reason not in ("cancelled", "error"):
-                        self._save_reply(PendingReply(parent_id, turn.text, self._meta(turn)))
+                        self._save_reply(PendingReply(self.id, parent_id, turn.text, self._meta(turn)))
             finally:
                 self._turn_lock.release()
 
     def _save_reply(self, reply: PendingReply) -> None:
         self.pending_reply = reply  # kept until the store has it (a StoreError leaves it here)
-        self.store.add_message(self.id, "assistant", reply.text, parent_id=reply.parent_id, meta=reply.meta)
+        reply.save(self.store)
         self.pending_reply = None
 
     def save_pending(self) -> bool:
