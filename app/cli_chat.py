@@ -19,9 +19,12 @@ from app.cli_sampling import add_sampler_options, sampler_config
 from app.cli_conversations import find_conversation, open_store
 from engine.chat import ChatOptions, Conversation, TurnResult
 from engine.history.store import HistoryStore
+from engine.history.validate import SAMPLER_RANGES
 from engine.errors import ContextFull, FucinaError, StoreError
 from engine.sampling import CHAT_DEFAULTS
 from engine.session import ChatSession
+
+MAX_TOKENS = int(SAMPLER_RANGES["ctx"][2])
 
 HELP = """commands:
   /reset        forget the conversation (a stored chat: start a new one)
@@ -213,10 +216,14 @@ def format_stats(turn: TurnResult) -> str:
             f"{s.decode_tps:.1f} tok/s · ended: {turn.finish_reason}")
 
 
-def positive_int(text: str) -> int:
+def token_count(text: str) -> int:
+    """A context or reply length: at least 1, at most what a stored conversation may hold (beyond it a typo
+    would allocate the KV cache for it up front)."""
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value > MAX_TOKENS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_TOKENS}, got {value}")
     return value
 
 
@@ -227,8 +234,8 @@ def register(subparsers) -> None:
                    help="store the chat: `new`, or reopen a stored one by id or id prefix (its own settings "
                         "apply; see `fucina conversations list`)")
     p.add_argument("--system", default=None, help="system prompt")
-    p.add_argument("--max-tokens", type=positive_int, default=512, help="longest reply in tokens (default 512)")
-    p.add_argument("--ctx", type=positive_int, default=4096, help="context size in tokens (default 4096)")
+    p.add_argument("--max-tokens", type=token_count, default=512, help="longest reply in tokens (default 512)")
+    p.add_argument("--ctx", type=token_count, default=4096, help="context size in tokens (default 4096)")
     p.add_argument("--no-think", action="store_true", help="render with the reasoning channel closed")
     add_sampler_options(p, CHAT_DEFAULTS)
     p.set_defaults(func=run_chat)

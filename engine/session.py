@@ -65,7 +65,11 @@ def delete_conversation(store: HistoryStore, conversation_id: str, sidecar_dir=N
     """Delete the conversation's messages and its KV sidecar."""
     store.delete_conversation(conversation_id)
     WRITER.flush()  # a write still in flight would bring the file back
-    sidecar_path(conversation_id, sidecar_dir).unlink(missing_ok=True)
+    path = sidecar_path(conversation_id, sidecar_dir)
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as e:  # the conversation is gone; its sidecar, which nothing opens again, is left
+        raise storage_error(e, path) from e
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,16 +24,19 @@ def run(screenshot: str | None = None, conversation_id: str | None = None) -> in
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("Fucina")
     app.setApplicationDisplayName("Fucina")
+    lock = None
     try:  # one app per data dir: two would stream into one conversation and race on its sidecar
         lock = app_lock(data_dir())
-    except FucinaError as e:  # DataDirInUse, or a data dir where not even the lock file can be made
+        window = MainWindow(conversation_id, first_run_download=screenshot is None)
+    except FucinaError as e:  # DataDirInUse; a data dir that cannot be written to or a history.db not readable
+        if lock is not None:
+            lock.release()
         if screenshot is not None:
             raise  # the command line prints it
         print(f"error: {e}", file=sys.stderr)
         QMessageBox.critical(None, "Fucina", str(e))
         return 2
     try:
-        window = MainWindow(conversation_id, first_run_download=screenshot is None)
         if screenshot is not None:
             Screenshot(window, Path(screenshot))
         window.show()

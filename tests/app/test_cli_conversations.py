@@ -174,3 +174,11 @@ def test_a_failed_sidecar_write_is_a_warning(home, monkeypatch, capsys):
     # each write failed: the fresh sidecar at open (told after turn 1), turn 1 (after turn 2), turn 2 (at exit)
     assert code == 0 and len(warnings) == 3
     assert all("could not write the sidecar" in w and "No space left on device" in w for w in warnings)
+
+
+def test_an_export_to_an_unwritable_place_is_one_error_line(empty_home, capsys):
+    HistoryStore(HistoryStore.default_path()).create_conversation("m")
+    _, listed, _ = conversations(capsys, "list", "--json")
+    target = empty_home / "no such folder" / "c.md"
+    code, _, err = conversations(capsys, "export", json.loads(listed)[0]["id"], "-o", str(target))
+    assert code == 2 and err == f"error: cannot write {target}: No such file or directory\n"

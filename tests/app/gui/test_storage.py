@@ -125,3 +125,14 @@ def test_a_failed_sidecar_write_is_told_in_the_banner(qtbot, open_window, monkey
     assert "could not write the sidecar" in banner.message.text() and "No space left" in banner.message.text()
     assert "The conversation is saved" in banner.message.text() and not banner.retry.isVisible()
     assert len(window.store.active_branch(window.current_id)) == 2
+
+
+def test_an_unreadable_history_db_is_told_at_start(qapp, fucina_home, monkeypatch):
+    from app.gui.app import run
+
+    told = []
+    monkeypatch.setattr(QMessageBox, "critical", lambda parent, title, text: told.append(text))
+    (fucina_home / "history.db").write_bytes(b"not a database" * 100)
+    assert run() == 2
+    assert told and "history.db is not a readable history database" in told[0]
+    app_lock(fucina_home).release()  # the failed start left no lock behind
