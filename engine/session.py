@@ -85,7 +85,7 @@ class PendingReply:
 
 
 def chat_options(settings: dict) -> ChatOptions:
-    """A stored conversation's sampler settings (engine.history.validate.SAMPLER_KEYS) as ChatOptions; what is not set
+    """A stored conversation's sampler settings (validate.SAMPLER_KEYS) as ChatOptions; what is not set
     takes the chat defaults, and an unset seed a fresh random one."""
     sampler = {k: settings[k] for k in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty")
                if settings.get(k) is not None}
