@@ -98,6 +98,8 @@ class _StoredChat(_Chat):
                                 sampler={k: v for k, v in self.settings.items() if v is not None})
 
     def reset(self) -> str:
+        if unsaved := self.unsaved_reply():  # a new conversation would drop the reply kept for this one
+            return f"(not reset: {unsaved})"
         self.session.close()
         self.session = self._new()
         return f"(new conversation {self.session.id[:8]})"

@@ -156,9 +156,10 @@ def test_a_reply_the_disk_refuses_is_reported_and_fails_the_chat(home, monkeypat
         return add_message(self, conversation_id, role, content, *args, **kwargs)
 
     monkeypatch.setattr(HistoryStore, "add_message", refuse_replies)
-    code, out = stored_chat(monkeypatch, capsys, home, "new", "Hello", "Again")
+    code, out = stored_chat(monkeypatch, capsys, home, "new", "Hello", "Again", "/reset")
     errors = [line for line in out.err.splitlines() if line.startswith("error: ")]
     assert code == 2 and len(out.out.strip().splitlines()) == 1  # the reply was shown; "Again" was not sent
+    assert "(not reset: the last reply was not saved" in out.err
     assert "database or disk is full" in errors[0] and "the reply above is kept" in errors[0]
     assert "the message was not sent" in errors[1]  # saving the pending reply first failed again
     assert errors[2].startswith("error: the last reply was not saved (it is shown above): cannot write")
