@@ -19,9 +19,12 @@ from app.cli_sampling import add_sampler_options, sampler_config
 from app.cli_conversations import find_conversation, open_store
 from engine.chat import ChatOptions, Conversation, TurnResult
 from engine.history.store import HistoryStore
-from engine.errors import ContextFull, FucinaError
+from engine.history.validate import SAMPLER_RANGES
+from engine.errors import ContextFull, FucinaError, StoreError
 from engine.sampling import CHAT_DEFAULTS
 from engine.session import ChatSession
+
+MAX_TOKENS = int(SAMPLER_RANGES["ctx"][2])
 
 HELP = """commands:
   /reset        forget the conversation (a stored chat: start a new one)
@@ -40,6 +43,14 @@ class _Chat:
 
     def send(self, text: str) -> Iterator[str]:
         return self.target.send(text)
+
+    def unsaved_reply(self) -> str | None:
+        """Why the chat cannot end cleanly: a reply the store refused that one more try did not save."""
+        return None
+
+    def last_sidecar_failure(self) -> str | None:
+        """After the chat closed: why its last KV sidecar write failed, if it did."""
+        return None
 
 
 class _EphemeralChat(_Chat):
@@ -87,6 +98,8 @@ class _StoredChat(_Chat):
                                 sampler={k: v for k, v in self.settings.items() if v is not None})
 
     def reset(self) -> str:
+        if unsaved := self.unsaved_reply():  # a new conversation would drop the reply kept for this one
+            return f"(not reset: {unsaved})"
         self.session.close()
         self.session = self._new()
         return f"(new conversation {self.session.id[:8]})"
@@ -95,6 +108,16 @@ class _StoredChat(_Chat):
         self.system = system
         self.session.update_settings(system_prompt=system)
         return "(system prompt set)" if system else "(system prompt cleared)"
+
+    def unsaved_reply(self) -> str | None:
+        try:
+            self.session.save_pending()
+        except StoreError as e:
+            return f"the last reply was not saved (it is shown above): {e}"
+        return None
+
+    def last_sidecar_failure(self) -> str | None:
+        return self.session.last_sidecar_failure()
 
 
 def run_chat(args) -> int:
@@ -117,6 +140,12 @@ def run_chat(args) -> int:
                     break
                 continue
             _reply(chat, text)
+        unsaved = chat.unsaved_reply()
+    if unsaved:
+        print(f"error: {unsaved}", file=sys.stderr)
+        return 2
+    if failure := chat.last_sidecar_failure():  # the last turn's write, which closing the chat waited for
+        _warn_sidecar(failure)
     return 0
 
 
@@ -133,18 +162,35 @@ def _lines(interactive: bool) -> Iterator[str]:
 
 
 def _reply(chat, text: str) -> None:
+    shown = False
     try:
         for piece in chat.send(text):
             print(piece, end="", flush=True)
+            shown = True
     except KeyboardInterrupt:  # Ctrl-C stops this reply, not the chat
         print(" [stopped]", end="")
     except ContextFull as e:
         print(f"error: {e} (/reset starts over)", file=sys.stderr)
         return
+    except StoreError as e:
+        if shown:  # the reply was shown but not stored: the session keeps it for the next write
+            print(flush=True)
+            print(f"error: {e} (the reply above is kept and saved with the next message)", file=sys.stderr)
+        else:
+            print(f"error: {e} (the message was not sent)", file=sys.stderr)
+        return
     except FucinaError as e:
         print(f"error: {e}", file=sys.stderr)
         return
     print(flush=True)
+    if chat.target.sidecar_error:
+        _warn_sidecar(chat.target.sidecar_error)
+
+
+def _warn_sidecar(failure: str) -> None:
+    """A sidecar write that failed costs only warmth (the next open re-prefills), so it is a warning."""
+    print(f"warning: {failure}; the conversation is saved, only its KV cache is not (the next turn rewrites "
+          "it)", file=sys.stderr)
 
 
 def _command(chat, text: str) -> bool:
@@ -172,10 +218,14 @@ def format_stats(turn: TurnResult) -> str:
             f"{s.decode_tps:.1f} tok/s · ended: {turn.finish_reason}")
 
 
-def positive_int(text: str) -> int:
+def token_count(text: str) -> int:
+    """A context or reply length: at least 1, at most what a stored conversation may hold (beyond it a typo
+    would allocate the KV cache for it up front)."""
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value > MAX_TOKENS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_TOKENS}, got {value}")
     return value
 
 
@@ -186,8 +236,8 @@ def register(subparsers) -> None:
                    help="store the chat: `new`, or reopen a stored one by id or id prefix (its own settings "
                         "apply; see `fucina conversations list`)")
     p.add_argument("--system", default=None, help="system prompt")
-    p.add_argument("--max-tokens", type=positive_int, default=512, help="longest reply in tokens (default 512)")
-    p.add_argument("--ctx", type=positive_int, default=4096, help="context size in tokens (default 4096)")
+    p.add_argument("--max-tokens", type=token_count, default=512, help="longest reply in tokens (default 512)")
+    p.add_argument("--ctx", type=token_count, default=4096, help="context size in tokens (default 4096)")
     p.add_argument("--no-think", action="store_true", help="render with the reasoning channel closed")
     add_sampler_options(p, CHAT_DEFAULTS)
     p.set_defaults(func=run_chat)

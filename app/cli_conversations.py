@@ -9,9 +9,11 @@ import json
 import sys
 from pathlib import Path
 
-from engine.errors import FucinaError
-from engine.history.store import HistoryError, HistoryStore
+from engine.errors import HistoryError
+from engine.history.store import HistoryStore
+from engine.history.validate import read_export
 from engine.session import delete_conversation
+from engine.storage_errors import storage_error
 
 
 def open_store() -> HistoryStore:
@@ -65,17 +67,16 @@ def _export(store: HistoryStore, args) -> None:
     text = (json.dumps(store.export_json(cid), indent=1, ensure_ascii=False) + "\n" if args.format == "json"
             else store.export_markdown(cid))
     if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
+        try:
+            Path(args.output).write_text(text, encoding="utf-8")
+        except OSError as e:  # a full disk, a read-only or missing folder
+            raise storage_error(e, args.output) from None
     else:
         sys.stdout.write(text)
 
 
 def _import(store: HistoryStore, args) -> None:
-    try:
-        data = json.loads(Path(args.file).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise FucinaError(f"cannot import {args.file}: {e}") from None
-    print(store.import_json(data))
+    print(store.import_json(read_export(args.file)))
 
 
 def _delete(store: HistoryStore, args) -> None:

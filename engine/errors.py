@@ -113,3 +113,27 @@ class InvalidDecodeState(SpeculativeError):
 
 class SamIndexError(SpeculativeError):
     """A suffix-automaton index that cannot take an append: frozen, poisoned by a failed append, or full."""
+
+
+class HistoryError(FucinaError):
+    """A history operation on a missing conversation or message, or an import or setting that is malformed."""
+
+
+class StoreError(FucinaError):
+    """The history database or a sidecar could not be written (or opened); what was committed before is intact."""
+
+
+class StorageFull(StoreError):
+    """The disk holding the data dir is full (or a file size limit was reached)."""
+
+
+class StorageReadOnly(StoreError):
+    """The data dir or its history.db cannot be written: read-only, immutable or not permitted."""
+
+
+class DataDirInUse(FucinaError):
+    """Another Fucina app already runs on this data dir (its single-instance lock is held)."""
+
+
+class ConversationBusy(FucinaError):
+    """A reply is being written into this conversation by another session or process."""

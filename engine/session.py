@@ -9,6 +9,9 @@ the sidecar follows (rewritten from that position, off the decoding thread).
 
 Store writes are one transaction each: the user message is committed before its reply starts, the reply
 when it ends, so a killed process keeps every finished turn, and a sidecar that resumes a consistent prefix.
+A reply the store refuses (a full disk: StoreError) stays in `pending_reply` and is saved before the next
+write, or by `save_pending`. A turn holds the conversation's lock (engine.locks) while it streams: a turn on
+a conversation another process is streaming into is refused (ConversationBusy) before anything is written.
 """
 
 from __future__ import annotations
@@ -19,15 +22,17 @@ import secrets
 import threading
 import weakref
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from engine.chat import ChatOptions, Conversation, Message, TurnResult
 from engine.errors import FucinaError
 from engine.history.store import HistoryStore
 from engine.kv.sidecar_writer import WRITER
+from engine.locks import busy, conversation_lock
 from engine.models.transformer import Transformer
 from engine.paths import data_dir
 from engine.sampling import CHAT_DEFAULTS
+from engine.storage_errors import storage_error
 from engine.tokenize import Tokenizer, load_tokenizer
 
 DEFAULT_CONTEXT = 4096
@@ -60,11 +65,27 @@ def delete_conversation(store: HistoryStore, conversation_id: str, sidecar_dir=N
     """Delete the conversation's messages and its KV sidecar."""
     store.delete_conversation(conversation_id)
     WRITER.flush()  # a write still in flight would bring the file back
-    sidecar_path(conversation_id, sidecar_dir).unlink(missing_ok=True)
+    path = sidecar_path(conversation_id, sidecar_dir)
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as e:  # the conversation is gone; its sidecar, which nothing opens again, is left
+        raise storage_error(e, path) from e
+
+
+@dataclasses.dataclass(frozen=True)
+class PendingReply:
+    """A finished reply the store could not write yet."""
+    conversation_id: str
+    parent_id: str
+    text: str
+    meta: dict
+
+    def save(self, store: HistoryStore) -> None:
+        store.add_message(self.conversation_id, "assistant", self.text, parent_id=self.parent_id, meta=self.meta)
 
 
 def chat_options(settings: dict) -> ChatOptions:
-    """A stored conversation's sampler settings (HistoryStore.SAMPLER_KEYS) as ChatOptions; what is not set
+    """A stored conversation's sampler settings (validate.SAMPLER_KEYS) as ChatOptions; what is not set
     takes the chat defaults, and an unset seed a fresh random one."""
     sampler = {k: settings[k] for k in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty")
                if settings.get(k) is not None}
@@ -81,11 +102,16 @@ class ChatSession:
     def __init__(self, store: HistoryStore, model: Transformer, conversation_id: str, *, sidecar_dir=None):
         self.store, self.model, self.id = store, model, conversation_id
         self.sidecar = sidecar_path(conversation_id, sidecar_dir)
-        self.sidecar.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.sidecar.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise storage_error(e, self.sidecar.parent) from e
         row = store.get_conversation(conversation_id)
         if row["model"] != self.model_name:  # switched models: the history re-renders for this one
             store.update_settings(conversation_id, model=self.model_name)
         self.last_turn: TurnResult | None = None
+        self.pending_reply: PendingReply | None = None
+        self._turn_lock = conversation_lock(store.path, conversation_id)
         self.resumed_positions = self._open_conversation(row["sampler"])
 
     @classmethod
@@ -144,29 +170,43 @@ class ChatSession:
 
     def send(self, text: str, cancel: threading.Event | None = None) -> Iterator[str]:
         """Add a user message to the active branch and stream the reply."""
-        self.store.add_message(self.id, "user", text)
-        return self._reply(self.messages(), cancel)
+        def branch() -> list[dict]:
+            self.store.add_message(self.id, "user", text)
+            return self.messages()
+        return self._reply(branch, cancel)
 
     def regenerate(self, cancel: threading.Event | None = None) -> Iterator[str]:
         """A new alternative to the last reply (or a reply to a trailing unanswered user message)."""
-        branch = self.messages()
-        if not branch:
-            raise ValueError("the conversation has no message to reply to")
-        if branch[-1]["role"] == "assistant":
-            branch = branch[:-1]
+        def branch() -> list[dict]:
+            messages = self.messages()
+            if not messages:
+                raise ValueError("the conversation has no message to reply to")
+            return messages[:-1] if messages[-1]["role"] == "assistant" else messages
         return self._reply(branch, cancel)
 
     def edit(self, message_id: str, text: str, cancel: threading.Event | None = None) -> Iterator[str]:
         """Branch a user message with new text (the old one stays an alternative) and stream its reply."""
-        if self.store.get_message(message_id)["role"] != "user":
-            raise ValueError("only a user message is edited; regenerate an assistant reply instead")
-        self.store.branch(message_id, text)
-        return self._reply(self.messages(), cancel)
+        def branch() -> list[dict]:
+            if self.store.get_message(message_id)["role"] != "user":
+                raise ValueError("only a user message is edited; regenerate an assistant reply instead")
+            self.store.branch(message_id, text)
+            return self.messages()
+        return self._reply(branch, cancel)
 
-    def _reply(self, branch: list[dict], cancel: threading.Event | None) -> Iterator[str]:
-        if not branch or branch[-1]["role"] != "user":
-            raise ValueError("a reply follows a user message")
-        stream = self.convo.send_rendered(self._render(branch), cancel, reuse=True)
+    def _reply(self, prepare: Callable[[], list[dict]], cancel: threading.Event | None) -> Iterator[str]:
+        """Take the conversation's lock, save a pending reply, write the turn's messages (`prepare` returns the
+        branch to answer) and start the reply; the lock is released when the reply is stored."""
+        if not self._turn_lock.try_acquire():
+            raise busy(self.id)
+        try:
+            self.save_pending()
+            branch = prepare()
+            if not branch or branch[-1]["role"] != "user":
+                raise ValueError("a reply follows a user message")
+            stream = self.convo.send_rendered(self._render(branch), cancel, reuse=True)
+        except BaseException:
+            self._turn_lock.release()
+            raise
         return self._store_reply(stream, branch[-1]["id"])
 
     def _store_reply(self, stream: Iterator[str], parent_id: str) -> Iterator[str]:
@@ -175,12 +215,26 @@ class ChatSession:
             yield from stream
         finally:
             stream.close()  # an early close stops the turn, which records it as cancelled
-            turn = self.convo.last_turn
-            if turn is not before:
-                self.last_turn = turn
-                if turn.text or turn.finish_reason not in ("cancelled", "error"):
-                    self.store.add_message(self.id, "assistant", turn.text, parent_id=parent_id,
-                                           meta=self._meta(turn))
+            try:
+                turn = self.convo.last_turn
+                if turn is not before:
+                    self.last_turn = turn
+                    if turn.text or turn.finish_reason not in ("cancelled", "error"):
+                        self._save_reply(PendingReply(self.id, parent_id, turn.text, self._meta(turn)))
+            finally:
+                self._turn_lock.release()
+
+    def _save_reply(self, reply: PendingReply) -> None:
+        self.pending_reply = reply  # kept until the store has it (a StoreError leaves it here)
+        reply.save(self.store)
+        self.pending_reply = None
+
+    def save_pending(self) -> bool:
+        """Store the reply a refused write left pending; True when there was one. A StoreError keeps it."""
+        if self.pending_reply is None:
+            return False
+        self._save_reply(self.pending_reply)
+        return True
 
     def _render(self, branch: list[dict]) -> str:
         system = self.settings["system_prompt"]
@@ -199,10 +253,12 @@ class ChatSession:
 
     def switch(self, message_id: str) -> None:
         """Show the branch through `message_id` (an alternative of an edited or regenerated message)."""
+        self.save_pending()
         self.store.set_active_leaf(self.id, message_id)
 
     def delete_message(self, message_id: str) -> None:
         """Delete a message and its replies; the next reply rewinds the cache to what is left."""
+        self.save_pending()
         self.store.delete_message(message_id)
 
     # -- settings --
@@ -211,13 +267,23 @@ class ChatSession:
         """Store new settings and apply them: a new system prompt re-renders the chat (the next reply
         prefills from where it changes); a new sampler or context reopens the cache from the sidecar."""
         changes = {k: v for k, v in (("system_prompt", system_prompt), ("sampler", sampler)) if v is not _KEEP}
+        self.save_pending()
         self.store.update_settings(self.id, **changes)
         if sampler is not _KEEP:
             self.resumed_positions = self._open_conversation(sampler or {})
 
     def _open_conversation(self, sampler: dict) -> int:
-        self.convo = Conversation.for_model(self.model, chat_options(sampler), tokenizer=_tokenizer(self.model))
-        return self.convo.enable_persistence(self.sidecar)
+        # under the turn lock: loading (or resetting) the sidecar while another process streams into it
+        # would read a half-written turn or truncate the file under its writer
+        if not self._turn_lock.try_acquire():
+            raise busy(self.id)
+        try:
+            self.convo = Conversation.for_model(self.model, chat_options(sampler), tokenizer=_tokenizer(self.model))
+            return self.convo.enable_persistence(self.sidecar)
+        except OSError as e:  # the sidecar cannot be created or reset: a full or read-only data dir
+            raise storage_error(e, self.sidecar) from e
+        finally:
+            self._turn_lock.release()
 
     @property
     def sidecar_error(self) -> str | None:
@@ -225,5 +291,12 @@ class ChatSession:
         return self.convo.sidecar_error
 
     def close(self) -> None:
-        """Wait for this session's sidecar writes."""
+        """Wait for this session's sidecar writes (`last_sidecar_failure` then says whether the last one
+        failed) and drop the turn lock of a reply that was never read to its end."""
         WRITER.flush()
+        self._turn_lock.release()
+
+    def last_sidecar_failure(self) -> str | None:
+        """Why the latest finished sidecar write failed, if it did (`sidecar_error` reports a failure at the
+        turn after it, which rewrites the file)."""
+        return WRITER.failure(self.sidecar)

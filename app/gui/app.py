@@ -11,18 +11,35 @@ def run(screenshot: str | None = None, conversation_id: str | None = None) -> in
     if screenshot is not None:
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # a screenshot needs no display
     # Qt is imported here, not at module level, so the command line starts fast without it.
-    from PySide6.QtWidgets import QApplication
+    from PySide6.QtWidgets import QApplication, QMessageBox
 
     from app.gui.main_window import MainWindow
     from app.gui.screenshot import Screenshot
+    from engine.errors import FucinaError
+    from engine.locks import app_lock
+    from engine.paths import data_dir
     from engine.runtime import configure_threads
 
     configure_threads()
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("Fucina")
     app.setApplicationDisplayName("Fucina")
-    window = MainWindow(conversation_id, first_run_download=screenshot is None)
-    if screenshot is not None:
-        Screenshot(window, Path(screenshot))
-    window.show()
-    return app.exec()
+    lock = None
+    try:  # one app per data dir: two would stream into one conversation and race on its sidecar
+        lock = app_lock(data_dir())
+        window = MainWindow(conversation_id, first_run_download=screenshot is None)
+    except FucinaError as e:  # DataDirInUse; a data dir that cannot be written to or a history.db not readable
+        if lock is not None:
+            lock.release()
+        if screenshot is not None:
+            raise  # the command line prints it
+        print(f"error: {e}", file=sys.stderr)
+        QMessageBox.critical(None, "Fucina", str(e))
+        return 2
+    try:
+        if screenshot is not None:
+            Screenshot(window, Path(screenshot))
+        window.show()
+        return app.exec()
+    finally:
+        lock.release()

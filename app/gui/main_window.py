@@ -19,10 +19,12 @@ from app.gui.preferences import Preferences
 from app.gui.settings_dialog import SettingsDialog
 from app.gui.sidebar import UNTITLED, Sidebar
 from app.gui.status_line import StatusLine
+from app.gui.storage_banner import StorageBanner
 from app.gui.worker import EngineClient
 from engine.catalog import catalog, default_model_name
-from engine.errors import FucinaError
+from engine.errors import FucinaError, StoreError
 from engine.history.store import HistoryStore
+from engine.history.validate import read_export
 from engine.paths import data_dir
 
 PREFERENCES_FILE = "gui.ini"
@@ -56,6 +58,7 @@ class MainWindow(QMainWindow):
         self.settings_button.setAccessibleName("Conversation settings")
         self.settings_button.setToolTip("System prompt, sampling and context (Ctrl+,)")
         self.status_line = StatusLine()
+        self.storage_banner = StorageBanner()
         self.load_progress = QProgressBar()
         self.load_progress.setRange(0, 0)
         self.load_progress.setMaximumWidth(140)
@@ -87,7 +90,13 @@ class MainWindow(QMainWindow):
         splitter.addWidget(right)
         splitter.setStretchFactor(1, 1)
         splitter.setSizes([260, 840])
-        self.setCentralWidget(splitter)
+        central = QWidget()
+        window_column = QVBoxLayout(central)
+        window_column.setContentsMargins(0, 0, 0, 0)
+        window_column.setSpacing(0)
+        window_column.addWidget(self.storage_banner)
+        window_column.addWidget(splitter, 1)
+        self.setCentralWidget(central)
         self.statusBar().addWidget(self.status_line, 1)
         self.statusBar().addPermanentWidget(self.load_progress)
 
@@ -129,6 +138,8 @@ class MainWindow(QMainWindow):
         self.chat_view.switch_requested.connect(self.client.switch)
         self.model_button.clicked.connect(self.choose_model)
         self.settings_button.clicked.connect(self.edit_settings)
+        self.storage_banner.retry_requested.connect(self.client.save_pending)
+        self.sidebar.storage_failed.connect(lambda message: self.storage_banner.show_failure(message, None))
         worker = self.client.worker
         worker.model_loading.connect(self._model_loading)
         worker.model_loaded.connect(self._model_loaded)
@@ -141,6 +152,8 @@ class MainWindow(QMainWindow):
         worker.branch_changed.connect(self._refresh_if_current)
         worker.status_changed.connect(self.status_line.show_status)
         worker.failed.connect(self._engine_failed)  # a bound slot, so it runs on this (the UI) thread
+        worker.storage_failed.connect(self._storage_failed)
+        worker.storage_recovered.connect(self.storage_banner.clear)
 
     def _siblings(self, message_id: str) -> list[str]:
         return [m["id"] for m in self.store.siblings(message_id)]
@@ -247,8 +260,14 @@ class MainWindow(QMainWindow):
             self._end_turn()
             if conversation_id is None:  # the turn never started (the engine said why)
                 self.chat_view.clear()
-            self._refresh_if_current(conversation_id)
+            if self.storage_banner.reply is None:  # else the view keeps the reply the store has not got yet
+                self._refresh_if_current(conversation_id)
         self.sidebar.refresh()  # a first message titles its conversation
+
+    def _storage_failed(self, message: str, reply: str | None, unsent: str | None) -> None:
+        self.storage_banner.show_failure(message, reply)
+        if unsent and not self.composer.input.toPlainText().strip():  # the message is not lost: type it again
+            self.composer.input.setPlainText(unsent)
 
     def copy_last_reply(self) -> None:
         text = self.chat_view.last_reply_text()
@@ -348,8 +367,11 @@ class MainWindow(QMainWindow):
         if not path:
             return
         try:
-            conversation_id = self.store.import_json(json.loads(Path(path).read_text(encoding="utf-8")))
-        except (OSError, ValueError, FucinaError) as e:  # ValueError: not JSON at all
+            conversation_id = self.store.import_json(read_export(path))
+        except StoreError as e:
+            self.storage_banner.show_failure(str(e), None)
+            return
+        except FucinaError as e:
             self.show_error("Import failed", f"{Path(path).name}: {e}")
             return
         self.open_conversation(conversation_id)

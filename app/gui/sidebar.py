@@ -11,6 +11,7 @@ from PySide6.QtGui import QFont
 from PySide6.QtWidgets import (QLineEdit, QListWidget, QListWidgetItem, QMenu, QMessageBox, QPushButton,
                                QVBoxLayout, QWidget)
 
+from engine.errors import StoreError
 from engine.history.store import HistoryStore
 
 ID_ROLE = Qt.ItemDataRole.UserRole
@@ -48,6 +49,7 @@ class Sidebar(QWidget):
     new_requested = Signal()
     delete_requested = Signal(str)
     export_requested = Signal(str)
+    storage_failed = Signal(str)             # a rename or pin the disk refused: why
 
     def __init__(self, store: HistoryStore):
         super().__init__()
@@ -154,7 +156,7 @@ class Sidebar(QWidget):
     def _renamed(self, item: QListWidgetItem) -> None:
         title = item.text().strip()
         if item.data(ID_ROLE) and title:
-            self.store.rename(item.data(ID_ROLE), title)
+            self._write(lambda: self.store.rename(item.data(ID_ROLE), title))
         self.refresh()
 
     def _context_menu(self, position) -> None:
@@ -172,8 +174,14 @@ class Sidebar(QWidget):
         menu.exec(self.list.viewport().mapToGlobal(position))
 
     def set_pinned(self, conversation_id: str, pinned: bool) -> None:
-        self.store.set_pinned(conversation_id, pinned)
+        self._write(lambda: self.store.set_pinned(conversation_id, pinned))
         self.refresh()
+
+    def _write(self, change) -> None:
+        try:
+            change()
+        except StoreError as e:  # the window's storage banner says why
+            self.storage_failed.emit(str(e))
 
     def confirm_delete(self, conversation_id: str) -> None:
         title = self.store.get_conversation(conversation_id)["title"] or UNTITLED

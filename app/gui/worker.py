@@ -18,10 +18,10 @@ from typing import Callable, Iterator
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from engine.catalog import resolve_model
-from engine.errors import FucinaError
+from engine.errors import FucinaError, HistoryError, StoreError
 from engine.history.store import HistoryStore
 from engine.models import load_model
-from engine.session import ChatSession, delete_conversation
+from engine.session import ChatSession, PendingReply, delete_conversation
 
 FLUSH_INTERVAL_S = 1 / 30
 
@@ -78,6 +78,10 @@ class EngineWorker(QObject):
     conversation_deleted = Signal(str)
     status_changed = Signal(object)       # EngineStatus
     failed = Signal(str)                  # a request the engine refused
+    # The disk refused a write: why, the text of a reply kept in memory until it is saved (or None), and the
+    # text of a message that was not sent (or None). storage_recovered: writes work again, nothing is pending.
+    storage_failed = Signal(str, object, object)
+    storage_recovered = Signal()
 
     def __init__(self, db_path: Path, sidecar_dir: Path | None = None):
         super().__init__()
@@ -87,6 +91,8 @@ class EngineWorker(QObject):
         self.session: ChatSession | None = None
         self._conversation_id: str | None = None  # what the UI shows; None: a new chat
         self._pending_settings: dict = {}          # settings for the new chat, applied when it is created
+        self._storage_failing = False              # the last write was refused (the UI shows a banner)
+        self._unsaved: list[PendingReply] = []     # refused replies of sessions closed since, oldest first
 
     @property
     def store(self) -> HistoryStore:
@@ -122,13 +128,15 @@ class EngineWorker(QObject):
                 self.session = ChatSession.open(self.store, self.model, self._conversation_id,
                                                 sidecar_dir=self._sidecar_dir)
             except FucinaError as e:
-                self.failed.emit(_describe(e))
+                self._report(e)
                 return
         self.conversation_ready.emit(self._conversation_id)
         self._emit_status()
 
     def _close_session(self) -> None:
         if self.session is not None:
+            if self.session.pending_reply is not None:  # kept for Retry (or the next write) after the switch
+                self._unsaved.append(self.session.pending_reply)
             self.session.close()
             self.session = None
 
@@ -151,7 +159,7 @@ class EngineWorker(QObject):
     # -- turns -------------------------------------------------------------------------------------
     @Slot(str, object)
     def send(self, text: str, cancel: threading.Event) -> None:
-        self._turn(lambda s: s.send(text, cancel), cancel)
+        self._turn(lambda s: s.send(text, cancel), cancel, text)
 
     @Slot(object)
     def regenerate(self, cancel: threading.Event) -> None:
@@ -161,15 +169,25 @@ class EngineWorker(QObject):
     def edit(self, message_id: str, text: str, cancel: threading.Event) -> None:
         self._turn(lambda s: s.edit(message_id, text, cancel), cancel)
 
-    def _turn(self, start: Callable[[ChatSession], Iterator[str]], cancel: threading.Event) -> None:
+    def _turn(self, start: Callable[[ChatSession], Iterator[str]], cancel: threading.Event,
+              text: str | None = None) -> None:
+        """`text`: the message sent, handed back to the UI when the store refuses it."""
         session = None
         batcher = TextBatcher(lambda text: self.reply_text.emit(text, cancel))
         try:
-            session = self._session_for_turn(cancel)
-            for piece in start(session):
+            try:
+                session = self._session_for_turn(cancel)
+                stream = start(session)  # writes the turn's messages (a StoreError here: nothing was sent)
+            except StoreError as e:
+                self._report(e, unsent=text)
+                return
+            for piece in stream:
                 batcher.add(piece)
+            self._save_unsaved()
+            self._stored()
+            self._tell_sidecar_failure(session)
         except Exception as e:  # the reply ends, the app and the conversation stay usable
-            self.failed.emit(_describe(e))
+            self._report(e)
         finally:
             batcher.flush()
             self._emit_status()  # first, so the turn's numbers are shown by the time it counts as ended
@@ -189,8 +207,9 @@ class EngineWorker(QObject):
             session = self._session()
             change(session)
         except FucinaError as e:
-            self.failed.emit(_describe(e))
+            self._report(e)
             return
+        self._stored()
         self.branch_changed.emit(session.id)
         self._emit_status()
 
@@ -201,7 +220,7 @@ class EngineWorker(QObject):
         try:
             delete_conversation(self.store, conversation_id, self._sidecar_dir)
         except FucinaError as e:
-            self.failed.emit(_describe(e))
+            self._report(e)
             return
         self.conversation_deleted.emit(conversation_id)
 
@@ -214,8 +233,62 @@ class EngineWorker(QObject):
         try:
             self.session.update_settings(**settings)
         except FucinaError as e:
-            self.failed.emit(_describe(e))
+            self._report(e)
         self._emit_status()
+
+    @Slot()
+    def save_pending(self) -> None:
+        """Retry storing the replies the disk refused."""
+        try:
+            saved = self._save_unsaved()
+            if self.session is not None:
+                saved += self.session.save_pending()
+        except StoreError as e:
+            self._report(e)
+            return
+        self._stored()
+        if saved and self.session is not None:
+            self.branch_changed.emit(self.session.id)
+
+    def _save_unsaved(self) -> int:
+        """Store the refused replies of sessions closed since; a StoreError keeps the rest."""
+        saved = 0
+        while self._unsaved:
+            try:
+                self._unsaved[0].save(self.store)
+            except HistoryError:  # its conversation was deleted since: nothing to keep it in
+                pass
+            self._unsaved.pop(0)
+            saved += 1
+        return saved
+
+    def _pending(self) -> PendingReply | None:
+        """The newest reply kept in memory until the store takes it."""
+        if self.session is not None and self.session.pending_reply is not None:
+            return self.session.pending_reply
+        return self._unsaved[-1] if self._unsaved else None
+
+    def _report(self, error: Exception, unsent: str | None = None) -> None:
+        """A refused write goes to the storage banner (with what is kept in memory), anything else to `failed`."""
+        if not isinstance(error, StoreError):
+            self.failed.emit(_describe(error))
+            return
+        self._storage_failing = True
+        pending = self._pending()
+        self.storage_failed.emit(str(error), pending and pending.text, unsent)
+
+    def _stored(self) -> None:
+        """A write went through: the banner goes once nothing is kept in memory any more."""
+        if self._storage_failing and self._pending() is None:
+            self._storage_failing = False
+            self.storage_recovered.emit()
+
+    def _tell_sidecar_failure(self, session: ChatSession) -> None:
+        """A failed sidecar write costs only warmth (the next turn rewrites the file), but is told."""
+        if session.sidecar_error:
+            self._storage_failing = True
+            self.storage_failed.emit(f"{session.sidecar_error}. The conversation is saved; only its KV cache is "
+                                     "not, and the next reply rewrites it.", None, None)
 
     def _emit_status(self) -> None:
         s = self.session
@@ -233,6 +306,10 @@ class EngineWorker(QObject):
     @Slot()
     def shutdown(self) -> None:
         self._close_session()
+        try:
+            self._save_unsaved()  # a last try: space may have come back since the banner
+        except StoreError:
+            pass  # the reply was offered for copy; there is nowhere left to keep it
         if self._store is not None:
             self._store.close()
         QThread.currentThread().quit()
@@ -251,6 +328,7 @@ class EngineClient(QObject):
     _delete_message = Signal(str)
     _delete_conversation = Signal(str)
     _update_settings = Signal(dict)
+    _save_pending = Signal()
     _shutdown = Signal()
 
     def __init__(self, db_path: Path, sidecar_dir: Path | None = None):
@@ -260,7 +338,7 @@ class EngineClient(QObject):
         self.thread.setObjectName("fucina-engine")
         self.worker.moveToThread(self.thread)
         for name in ("load_model", "open_conversation", "send", "regenerate", "edit", "switch",
-                     "delete_message", "delete_conversation", "update_settings", "shutdown"):
+                     "delete_message", "delete_conversation", "update_settings", "save_pending", "shutdown"):
             getattr(self, f"_{name}").connect(getattr(self.worker, name))
         self._cancel = threading.Event()
         self.thread.start()
@@ -307,6 +385,10 @@ class EngineClient(QObject):
 
     def update_settings(self, settings: dict) -> None:
         self._update_settings.emit(settings)
+
+    def save_pending(self) -> None:
+        """Retry storing a reply the disk refused (storage_failed / storage_recovered tell how it went)."""
+        self._save_pending.emit()
 
     def close(self, timeout_ms: int = 30_000) -> None:
         """Stop any reply, let the worker flush its session, and end the thread."""

@@ -1,5 +1,6 @@
 """Chat history: conversations as message trees in a local SQLite file."""
 
-from engine.history.store import HistoryError, HistoryStore
+from engine.errors import HistoryError
+from engine.history.store import HistoryStore
 
 __all__ = ["HistoryError", "HistoryStore"]

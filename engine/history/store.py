@@ -8,6 +8,7 @@ every write is one transaction, so killing the process loses at most the write i
 import json
 import os
 import re
+import sqlite3
 import uuid
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -15,21 +16,16 @@ from pathlib import Path
 
 import sqlite_utils
 
-from engine.errors import FucinaError
+from engine.errors import HistoryError
 from engine.history.schema import MIGRATIONS
+from engine.history.validate import EXPORT_FORMAT, ROLES, check_export, check_sampler, check_text
 from engine.paths import data_dir
+from engine.storage_errors import storage_error
 
-ROLES = ("system", "user", "assistant")
-SAMPLER_KEYS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed", "max_tokens", "ctx")
-EXPORT_FORMAT = "fucina-conversation"
 TITLE_CHARS = 60
 
 # "Not passed" marker (keep the setting / use the active leaf), distinct from None, a real value here.
 _KEEP = object()
-
-
-class HistoryError(FucinaError):
-    """A history operation on a missing conversation or message, or an import that is malformed."""
 
 
 def _now() -> str:
@@ -44,12 +40,19 @@ class HistoryStore:
     """Conversations and their message trees in one SQLite file."""
 
     def __init__(self, path: str | os.PathLike):
+        """Raises a StoreError (engine.errors) when the file cannot be created or opened for writing."""
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite_utils.Database(self.path)
-        self.db.enable_wal()
-        self.db.execute("PRAGMA foreign_keys = ON")
-        self._migrate()
+        self.db = None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.db = sqlite_utils.Database(self.path)
+            self.db.enable_wal()
+            self.db.execute("PRAGMA foreign_keys = ON")
+            self._migrate()
+        except (sqlite3.Error, OSError) as e:
+            if self.db is not None:
+                self.db.close()
+            raise storage_error(e, self.path) from e
 
     @staticmethod
     def default_path() -> Path:
@@ -80,10 +83,16 @@ class HistoryStore:
 
     @contextmanager
     def _tx(self):
-        """One transaction: committed on exit, rolled back on error."""
+        """One transaction: committed on exit, rolled back on error. A write the disk refuses (full, read-only,
+        locked) raises a StoreError and leaves every earlier commit as it was."""
         conn = self.db.conn
-        with conn:
-            yield conn
+        try:
+            with conn:
+                yield conn
+        except sqlite3.Error as e:
+            if conn.in_transaction:
+                conn.rollback()
+            raise storage_error(e, self.path) from e
 
     # -- conversations --
 
@@ -110,6 +119,7 @@ class HistoryStore:
             "SELECT * FROM conversations ORDER BY pinned DESC, updated_at DESC, rowid DESC")]
 
     def rename(self, conversation_id: str, title: str) -> None:
+        title = check_text(title, "title")
         with self._tx():
             self._update_conversation(conversation_id, title=title)
 
@@ -147,6 +157,7 @@ class HistoryStore:
         the active leaf. The first user message titles an untitled conversation."""
         if role not in ROLES:
             raise HistoryError(f"message role {role!r} is not one of {', '.join(ROLES)}")
+        check_text(content, "message content")
         mid = _new_id()
         with self._tx() as conn:
             row = conn.execute("SELECT title, active_leaf FROM conversations WHERE id = ?",
@@ -290,22 +301,26 @@ class HistoryStore:
         }
 
     def import_json(self, data: dict) -> str:
-        """Import an export_json dict as a new conversation (fresh ids, same tree). Returns its id."""
-        conv, messages = _validate_export(data)
+        """Import an export_json dict as a new conversation (fresh ids, same tree). Returns its id. The whole
+        document is checked (engine.history.validate) before anything is written."""
+        try:
+            conv, messages = check_export(data)
+        except HistoryError as e:
+            raise HistoryError(f"cannot import conversation: {e}") from None
+        ordered = _parents_first(messages)
         cid, now = _new_id(), _now()
         new_ids = {m["id"]: _new_id() for m in messages}
         with self._tx() as conn:
             conn.execute(
                 "INSERT INTO conversations VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (cid, conv.get("title"), conv["model"], conv.get("system_prompt"),
-                 _sampler_json(conv.get("sampler")), conv.get("created_at") or now, now,
-                 int(bool(conv.get("pinned"))), new_ids.get(conv.get("active_leaf"))),
+                (cid, conv["title"], conv["model"], conv["system_prompt"], json.dumps(conv["sampler"]),
+                 conv["created_at"] or now, now, int(conv["pinned"]), new_ids.get(conv["active_leaf"])),
             )
-            for m in _parents_first(messages):
+            for m in ordered:
                 conn.execute(
                     "INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (new_ids[m["id"]], cid, new_ids.get(m.get("parent_id")), m["role"], m["content"],
-                     m.get("created_at") or now, json.dumps(m.get("meta") or {})),
+                    (new_ids[m["id"]], cid, new_ids.get(m["parent_id"]), m["role"], m["content"],
+                     m["created_at"] or now, json.dumps(m["meta"])),
                 )
         return cid
 
@@ -316,14 +331,7 @@ def _title_from(content: str) -> str:
 
 
 def _sampler_json(sampler: dict | None) -> str:
-    sampler = sampler or {}
-    if not isinstance(sampler, dict):
-        raise HistoryError(f"sampler must be a dict of {', '.join(SAMPLER_KEYS)}, got {type(sampler).__name__}")
-    unknown = set(sampler) - set(SAMPLER_KEYS)
-    if unknown:
-        raise HistoryError(f"unknown sampler setting(s) {', '.join(sorted(unknown))}; "
-                           f"known: {', '.join(SAMPLER_KEYS)}")
-    return json.dumps(sampler)
+    return json.dumps(check_sampler(sampler))
 
 
 def _conversation(row: dict) -> dict:
@@ -332,39 +340,6 @@ def _conversation(row: dict) -> dict:
 
 def _message(row: dict) -> dict:
     return {**row, "meta": json.loads(row["meta"])}
-
-
-def _validate_export(data) -> tuple[dict, list[dict]]:
-    def bad(why: str) -> HistoryError:
-        return HistoryError(f"cannot import conversation: {why}")
-
-    if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
-        raise bad(f"not a {EXPORT_FORMAT!r} export (missing or wrong 'format')")
-    if data.get("version") != 1:
-        raise bad(f"unsupported export version {data.get('version')!r} (this build reads version 1)")
-    conv, messages = data.get("conversation"), data.get("messages")
-    if not isinstance(conv, dict) or not isinstance(conv.get("model"), str):
-        raise bad("'conversation' must be an object with a string 'model'")
-    if not isinstance(messages, list):
-        raise bad("'messages' must be a list")
-    ids = set()
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("id"), str) or m["id"] in ids:
-            raise bad(f"message {i} needs a unique string 'id'")
-        if m.get("role") not in ROLES:
-            raise bad(f"message {i} has role {m.get('role')!r}, not one of {', '.join(ROLES)}")
-        if not isinstance(m.get("content"), str):
-            raise bad(f"message {i} needs a string 'content'")
-        if m.get("meta") is not None and not isinstance(m["meta"], dict):
-            raise bad(f"message {i} has a 'meta' that is not an object")
-        ids.add(m["id"])
-    for i, m in enumerate(messages):
-        if m.get("parent_id") is not None and m["parent_id"] not in ids:
-            raise bad(f"message {i} has parent_id {m['parent_id']!r}, which is not in the export")
-    leaf = conv.get("active_leaf")
-    if leaf is not None and leaf not in ids:
-        raise bad(f"active_leaf {leaf!r} is not one of the exported messages")
-    return conv, messages
 
 
 def _parents_first(messages: list[dict]) -> list[dict]:

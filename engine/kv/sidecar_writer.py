@@ -45,6 +45,11 @@ class SidecarWriter:
         with self._lock:
             self._lock.wait_for(lambda: not self._busy)
 
+    def failure(self, path: str | os.PathLike) -> str | None:
+        """Why the last update of `path` was not written, without taking it (the owner still will)."""
+        with self._lock:
+            return self._stale.get(os.fspath(path))
+
     def take_failure(self, path: str | os.PathLike) -> str | None:
         """Why the last update of `path` was not written (the file keeps its previous complete prefix), once;
         None when it was. The owner then submits a snapshot from position 0."""

@@ -77,3 +77,9 @@ def test_generate_chat_needs_text(model_path, capsys):
 def test_bad_sampler_flags_are_errors(model_path, capsys, flag):
     assert fucina(["generate", str(model_path(MODEL)), "--prompt", "x", flag]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_a_context_too_large_to_allocate_is_refused_before_loading(capsys):
+    with pytest.raises(SystemExit) as exited:
+        fucina(["chat", "--ctx", str(10**12)])
+    assert exited.value.code == 2 and "--ctx: must be at most 131072, got 1000000000000" in capsys.readouterr().err

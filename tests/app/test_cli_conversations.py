@@ -1,5 +1,6 @@
 """`fucina chat --conversation` and `fucina conversations ...` over a temporary data dir."""
 
+import errno
 import io
 import json
 import sys
@@ -7,6 +8,10 @@ import sys
 import pytest
 
 from app.cli import main as fucina
+from engine import storage_errors
+from engine.history import HistoryStore
+from engine.kv import persist
+from engine.locks import conversation_lock
 
 MODEL = "smollm2-135m-instruct"
 
@@ -74,3 +79,107 @@ def test_bad_names_and_files_are_clear_errors(home, capsys, tmp_path):
     bad.write_text(json.dumps({"format": "something else"}))
     code, _, err = conversations(capsys, "import", str(bad))
     assert code == 2 and "error:" in err
+
+
+@pytest.fixture
+def empty_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("FUCINA_HOME", str(tmp_path))
+    return tmp_path
+
+
+def an_export(**conversation):
+    return {"format": "fucina-conversation", "version": 1, "conversation": {"model": "m", **conversation},
+            "messages": [{"id": "1", "parent_id": None, "role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize("text, expected", [
+    (json.dumps(an_export(sampler={"ctx": "abc"})),
+     "conversation.sampler.ctx: expected an integer between 256 and 131072, got 'abc'"),
+    (json.dumps(an_export(pinned="false")), "conversation.pinned: expected true or false"),
+    ("[" * 50_000 + "]" * 50_000, "nested too deeply"),
+])
+def test_a_malformed_import_is_one_error_line_and_writes_nothing(empty_home, capsys, text, expected):
+    bad = empty_home / "bad.json"
+    bad.write_text(text)
+    code, _, err = conversations(capsys, "import", str(bad))
+    assert code == 2 and err.startswith("error: ") and expected in err and len(err.splitlines()) == 1
+    assert conversations(capsys, "list", "--json")[1].strip() == "[]"
+
+
+def test_a_full_disk_is_one_error_line(empty_home, capsys, monkeypatch):
+    import app.cli_conversations as cli_conversations
+
+    def full_store():
+        store = HistoryStore(HistoryStore.default_path())
+        store.db.execute(f"PRAGMA max_page_count = {store.db.execute('PRAGMA page_count').fetchone()[0]}")
+        return store
+
+    monkeypatch.setattr(cli_conversations, "open_store", full_store)
+    exported = empty_home / "c.json"
+    exported.write_text(json.dumps({**an_export(), "messages": [
+        {"id": str(i), "parent_id": None, "role": "user", "content": "x" * 10_000} for i in range(10)]}))
+    code, _, err = conversations(capsys, "import", str(exported))
+    assert code == 2 and err.startswith("error: cannot write ") and "history.db: database or disk is full" in err
+
+
+def test_an_unusable_data_dir_is_one_error_line(empty_home, capsys):
+    (empty_home / "history.db").mkdir()
+    code, _, err = conversations(capsys, "list")
+    assert code == 2 and err.startswith("error: cannot write ") and "history.db" in err
+
+
+def stored_chat(monkeypatch, capsys, model, conversation, *lines):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("".join(line + "\n" for line in lines)))
+    code = fucina(["chat", model, "--conversation", conversation, "--temp", "0", "--max-tokens", "6"])
+    return code, capsys.readouterr()
+
+
+def test_a_chat_on_a_conversation_streaming_elsewhere_is_refused(home, monkeypatch, capsys, tmp_path):
+    stored_chat(monkeypatch, capsys, home, "new", "Hello")
+    [conv] = HistoryStore(tmp_path / "history.db").list_conversations()
+    streaming = conversation_lock(tmp_path / "history.db", conv["id"])  # what a turn in the app holds
+    assert streaming.try_acquire()
+    code, out = stored_chat(monkeypatch, capsys, home, conv["id"], "Me too")
+    assert code == 2 and out.err.strip().endswith(f"error: conversation {conv['id'][:8]} is busy: a reply is "
+                                                  "being written into it by another Fucina window or command; "
+                                                  "try again when that reply has ended")
+    streaming.release()
+    assert len(HistoryStore(tmp_path / "history.db").active_branch(conv["id"])) == 2  # "Me too" not stored
+
+
+def test_a_reply_the_disk_refuses_is_reported_and_fails_the_chat(home, monkeypatch, capsys):
+    add_message = HistoryStore.add_message
+
+    def refuse_replies(self, conversation_id, role, content, *args, **kwargs):
+        if role == "assistant":
+            raise storage_errors.full(self.path, "database or disk is full")
+        return add_message(self, conversation_id, role, content, *args, **kwargs)
+
+    monkeypatch.setattr(HistoryStore, "add_message", refuse_replies)
+    code, out = stored_chat(monkeypatch, capsys, home, "new", "Hello", "Again", "/reset")
+    errors = [line for line in out.err.splitlines() if line.startswith("error: ")]
+    assert code == 2 and len(out.out.strip().splitlines()) == 1  # the reply was shown; "Again" was not sent
+    assert "(not reset: the last reply was not saved" in out.err
+    assert "database or disk is full" in errors[0] and "the reply above is kept" in errors[0]
+    assert "the message was not sent" in errors[1]  # saving the pending reply first failed again
+    assert errors[2].startswith("error: the last reply was not saved (it is shown above): cannot write")
+
+
+def test_a_failed_sidecar_write_is_a_warning(home, monkeypatch, capsys):
+    def disk_full(path, update):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(persist, "apply", disk_full)
+    code, out = stored_chat(monkeypatch, capsys, home, "new", "Hello", "Again")
+    warnings = [line for line in out.err.splitlines() if line.startswith("warning: ")]
+    # each write failed: the fresh sidecar at open (told after turn 1), turn 1 (after turn 2), turn 2 (at exit)
+    assert code == 0 and len(warnings) == 3
+    assert all("could not write the sidecar" in w and "No space left on device" in w for w in warnings)
+
+
+def test_an_export_to_an_unwritable_place_is_one_error_line(empty_home, capsys):
+    HistoryStore(HistoryStore.default_path()).create_conversation("m")
+    _, listed, _ = conversations(capsys, "list", "--json")
+    target = empty_home / "no such folder" / "c.md"
+    code, _, err = conversations(capsys, "export", json.loads(listed)[0]["id"], "-o", str(target))
+    assert code == 2 and err == f"error: cannot write {target}: No such file or directory\n"

@@ -1,6 +1,7 @@
 """The session layer (engine.session) on the real default model: stored turns, warm reopen from the sidecar,
 branches that rewind the cache, deletion, and a process killed mid-reply."""
 
+import errno
 import signal
 import subprocess
 import sys
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.errors import ConversationBusy, StorageReadOnly
 from engine.history.store import HistoryStore
 from engine.kv import persist
 from engine.session import ChatSession, delete_conversation, sidecar_path
@@ -140,6 +142,7 @@ def test_a_lost_sidecar_is_rewritten_whole_at_the_next_turn(smollm2, home):
 
 _KILLED_MID_REPLY = """
 import sys
+from engine.errors import ConversationBusy, StorageReadOnly
 from engine.history.store import HistoryStore
 from engine.models import load_model
 from engine.session import ChatSession
@@ -198,3 +201,78 @@ def test_branch_tokens_follow_the_active_branch_not_the_cache(smollm2, home):
     assert s.branch_tokens() == s.context_used > after_first
     s.delete_message(s.messages()[2]["id"])
     assert s.branch_tokens() == after_first < s.context_used  # the cache rewinds at the next reply only
+
+
+def test_a_reply_the_store_refuses_stays_pending_and_is_saved_when_writes_work_again(smollm2, home):
+    store, sidecars = home
+    s = ChatSession.open(store, smollm2, sidecar_dir=sidecars, sampler=GREEDY)
+    first = reply(s.send("Hi"))
+    stream = s.send("What is the capital of France?")
+    pieces = [next(stream)]
+    store.db.execute("PRAGMA query_only = 1")  # the data dir turns read-only while the reply streams
+    with pytest.raises(StorageReadOnly, match="history.db"):
+        pieces.extend(stream)
+    shown = "".join(pieces)
+    assert s.pending_reply.text == shown and shown
+    assert [m["content"] for m in s.messages()] == ["Hi", first, "What is the capital of France?"]
+    with pytest.raises(StorageReadOnly):  # the next turn saves the pending reply first, and still cannot
+        s.send("And of Italy?")
+    assert s.pending_reply.text == shown and len(s.messages()) == 3
+    assert store.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+    store.db.execute("PRAGMA query_only = 0")
+    assert s.save_pending() and s.pending_reply is None
+    assert [m["content"] for m in s.messages()] == ["Hi", first, "What is the capital of France?", shown]
+    assert s.messages()[-1]["meta"]["generated_tokens"] == s.last_turn.stats.generated_tokens
+    assert not s.save_pending()
+
+
+def test_the_next_turn_saves_a_pending_reply_before_its_own_message(smollm2, home):
+    store, sidecars = home
+    s = ChatSession.open(store, smollm2, sidecar_dir=sidecars, sampler=GREEDY)
+    stream = s.send("Hi")
+    store.db.execute("PRAGMA query_only = 1")
+    with pytest.raises(StorageReadOnly):
+        reply(stream)
+    store.db.execute("PRAGMA query_only = 0")
+    reply(s.send("Thanks"))
+    assert [m["role"] for m in s.messages()] == ["user", "assistant", "user", "assistant"]
+    assert s.messages()[1]["content"] and s.pending_reply is None
+
+
+def test_a_turn_on_a_conversation_streaming_elsewhere_is_refused_before_anything_is_written(smollm2, home):
+    store, sidecars = home
+    streaming = ChatSession.open(store, smollm2, sidecar_dir=sidecars, sampler=GREEDY)
+    other = ChatSession(HistoryStore(store.path), smollm2, streaming.id, sidecar_dir=sidecars)
+    stream = streaming.send("Hi")
+    next(stream)  # a reply is being written
+    with pytest.raises(ConversationBusy, match=f"conversation {streaming.id[:8]} is busy"):
+        other.send("Me too")
+    with pytest.raises(ConversationBusy):  # nor may a session open (and load or reset its sidecar) now
+        ChatSession(HistoryStore(store.path), smollm2, streaming.id, sidecar_dir=sidecars)
+    assert [m["content"] for m in streaming.messages()] == ["Hi"]
+    reply(stream)
+    streaming.close()
+    after = ChatSession(HistoryStore(store.path), smollm2, streaming.id, sidecar_dir=sidecars)
+    assert after.resumed_positions == streaming.context_used  # the lock is free once the reply is stored
+    other_conversation = ChatSession.open(store, smollm2, sidecar_dir=sidecars, sampler=GREEDY)
+    stream = streaming.send("More")
+    next(stream)
+    assert reply(other_conversation.send("Hi"))  # the lock is per conversation
+    stream.close()
+
+
+def test_a_failed_sidecar_write_is_reported(smollm2, home, monkeypatch):
+    store, sidecars = home
+
+    def disk_full(path, update):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(persist, "apply", disk_full)
+    s = ChatSession.open(store, smollm2, sidecar_dir=sidecars, sampler=GREEDY)
+    reply(s.send("Hi"))
+    s.close()
+    assert "No space left on device" in s.last_sidecar_failure()
+    reply(s.send("Again"))
+    assert "could not write the sidecar" in s.sidecar_error and "No space left" in s.sidecar_error
+    assert len(s.messages()) == 4  # the chat itself is stored

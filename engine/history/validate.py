@@ -1,0 +1,182 @@
+"""Checks on what the history store is asked to keep, made before anything is written.
+
+One validator for sampler settings, whether they come from the app's settings dialog, the CLI's flags or an
+imported file, and one for a whole imported document. Errors are HistoryErrors naming the JSON path of the
+offending field: "conversation.sampler.ctx: expected an integer between 256 and 131072, got 'abc'".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+from engine.errors import HistoryError
+
+ROLES = ("system", "user", "assistant")
+EXPORT_FORMAT = "fucina-conversation"
+
+# key -> (type, lowest, highest). A context beyond 131072 positions is a typo, not a chat: its KV cache
+# would be allocated up front (10**12 positions is hundreds of TiB).
+SAMPLER_RANGES: dict[str, tuple[type, float, float]] = {
+    "temperature": (float, 0.0, 10.0),
+    "top_k": (int, 0, 1_000_000),
+    "top_p": (float, 0.0, 1.0),
+    "min_p": (float, 0.0, 1.0),
+    "repeat_penalty": (float, 0.01, 10.0),
+    "seed": (int, 0, 2**63 - 1),
+    "max_tokens": (int, 1, 131_072),
+    "ctx": (int, 256, 131_072),
+}
+SAMPLER_KEYS = tuple(SAMPLER_RANGES)
+
+MAX_IMPORT_BYTES = 256 * 1024 * 1024
+MAX_MESSAGES = 100_000
+MAX_META_DEPTH = 16  # a message's meta holds flat figures; deeper nesting is not an export of ours
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
+def check_sampler(sampler, where: str = "sampler") -> dict:
+    """`sampler` checked key by key (None: not set) and returned as a new dict; a whole-number float for an
+    integer key becomes an int. `where` prefixes the path in the error."""
+    if sampler is None:
+        return {}
+    if not isinstance(sampler, dict):
+        raise HistoryError(f"{where}: expected an object of {', '.join(SAMPLER_KEYS)}, got {_shown(sampler)}")
+    unknown = sorted(str(k) for k in sampler if k not in SAMPLER_RANGES)
+    if unknown:
+        raise HistoryError(f"{where}: unknown sampler setting(s) {', '.join(unknown)}; known: "
+                           f"{', '.join(SAMPLER_KEYS)}")
+    checked = {}
+    for key, value in sampler.items():
+        kind, low, high = SAMPLER_RANGES[key]
+        if value is not None:
+            value = _number(value, kind, low, high, f"{where}.{key}")
+        checked[key] = value
+    return checked
+
+
+def _number(value, kind: type, low: float, high: float, where: str):
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is int and is_number and isinstance(value, float) and value.is_integer():
+        value = int(value)
+    ok = is_number and (kind is float or isinstance(value, int)) and math.isfinite(value) and low <= value <= high
+    if not ok:
+        noun = "an integer" if kind is int else "a number"
+        raise HistoryError(f"{where}: expected {noun} between {low:g} and {high:g}, got {_shown(value)}")
+    return float(value) if kind is float else value
+
+
+def check_text(value, where: str, *, optional: bool = False) -> str | None:
+    """A string SQLite can store as UTF-8 (no lone surrogate, which JSON's \\ud800 escapes allow)."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise HistoryError(f"{where}: expected a string{' or null' if optional else ''}, got {_shown(value)}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise HistoryError(f"{where}: contains a lone surrogate {value[e.start]!r} at character {e.start}, "
+                           "which is not text") from None
+    return value
+
+
+def _check_json_value(value, where: str, depth: int = 0) -> None:
+    if depth > MAX_META_DEPTH:
+        raise HistoryError(f"{where}: nested deeper than {MAX_META_DEPTH} levels")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            check_text(key, f"{where} key")
+            _check_json_value(item, f"{where}.{key}", depth + 1)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_json_value(item, f"{where}[{i}]", depth + 1)
+    elif isinstance(value, str):
+        check_text(value, where)
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise HistoryError(f"{where}: {value} is not a number JSON can hold")
+    elif value is not None and not isinstance(value, (bool, int, float)):
+        raise HistoryError(f"{where}: {_shown(value)} is not a JSON value")
+
+
+def _field(obj: dict, key: str, where: str, kind: type, *, required: bool = False):
+    value = obj.get(key)
+    if value is None and not required:
+        return None
+    if kind is str:
+        return check_text(value, f"{where}.{key}")
+    if not isinstance(value, kind):
+        raise HistoryError(f"{where}.{key}: expected {'true or false' if kind is bool else kind.__name__}, "
+                           f"got {_shown(value)}")
+    return value
+
+
+def check_export(data) -> tuple[dict, list[dict]]:
+    """The conversation and its messages of an export_json document, every field checked (types, ranges,
+    ids unique and referenced ones present), normalised: absent optional fields are None."""
+    if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
+        raise HistoryError(f"format: not a {EXPORT_FORMAT!r} export (missing or wrong 'format')")
+    version = data.get("version")
+    if type(version) is not int or version != 1:
+        raise HistoryError(f"version: unsupported export version {_shown(version)} (this build reads version 1)")
+    conv, messages = data.get("conversation"), data.get("messages")
+    if not isinstance(conv, dict):
+        raise HistoryError(f"conversation: expected an object, got {_shown(conv)}")
+    if not isinstance(messages, list):
+        raise HistoryError(f"messages: expected a list, got {_shown(messages)}")
+    if len(messages) > MAX_MESSAGES:
+        raise HistoryError(f"messages: {len(messages)} messages, more than the {MAX_MESSAGES} an import takes")
+    checked_conv = {
+        "model": _field(conv, "model", "conversation", str, required=True),
+        "title": _field(conv, "title", "conversation", str),
+        "system_prompt": _field(conv, "system_prompt", "conversation", str),
+        "sampler": check_sampler(conv.get("sampler"), "conversation.sampler"),
+        "pinned": bool(_field(conv, "pinned", "conversation", bool)),
+        "created_at": _field(conv, "created_at", "conversation", str),
+        "active_leaf": _field(conv, "active_leaf", "conversation", str),
+    }
+    checked, ids = [], set()
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise HistoryError(f"{where}: expected an object, got {_shown(m)}")
+        mid = _field(m, "id", where, str, required=True)
+        if mid in ids:
+            raise HistoryError(f"{where}.id: {mid!r} is not unique")
+        ids.add(mid)
+        if m.get("role") not in ROLES:
+            raise HistoryError(f"{where}.role: expected one of {', '.join(ROLES)}, got {_shown(m.get('role'))}")
+        meta = m.get("meta")
+        if meta is not None and not isinstance(meta, dict):
+            raise HistoryError(f"{where}.meta: expected an object, got {_shown(meta)}")
+        _check_json_value(meta, f"{where}.meta")
+        checked.append({"id": mid, "parent_id": _field(m, "parent_id", where, str), "role": m["role"],
+                        "content": _field(m, "content", where, str, required=True),
+                        "created_at": _field(m, "created_at", where, str), "meta": meta or {}})
+    for i, m in enumerate(checked):
+        if m["parent_id"] is not None and m["parent_id"] not in ids:
+            raise HistoryError(f"messages[{i}].parent_id: {m['parent_id']!r} is not in the export")
+    leaf = checked_conv["active_leaf"]
+    if leaf is not None and leaf not in ids:
+        raise HistoryError(f"conversation.active_leaf: {leaf!r} is not one of the exported messages")
+    return checked_conv, checked
+
+
+def read_export(path: str | os.PathLike) -> dict:
+    """An export file parsed as JSON, refusing one too large to be an export or nested too deeply to parse."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if size > MAX_IMPORT_BYTES:
+            raise HistoryError(f"cannot import {path}: {size:,} bytes, more than the "
+                               f"{MAX_IMPORT_BYTES // 2**20} MiB an export can be")
+        return json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise HistoryError(f"cannot import {path}: its JSON is nested too deeply") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:  # ValueError: not JSON, or an absurdly long number
+        raise HistoryError(f"cannot import {path}: {e}") from None
