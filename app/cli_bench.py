@@ -6,8 +6,9 @@ import json
 import sys
 
 from app.cli_eval import resolve_model_path
-from engine.bench import benchmark
+from engine.bench import PEERS, benchmark, rows_throughput
 from engine.bench_reopen import reopen_benchmark
+from engine.errors import FucinaError
 from engine.runtime import configure_threads
 
 
@@ -17,6 +18,8 @@ def run_bench(args) -> int:
     log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr, flush=True))
     if args.reopen:
         return _run_reopen(args, path, threads, log)
+    if args.rows:
+        return _run_rows(args, path, threads, log)
     r = benchmark(str(path), threads, args.prompt_tokens, args.gen_tokens, args.runs, args.peer, log)
     if args.json:
         json.dump(r, sys.stdout, indent=1)
@@ -32,9 +35,28 @@ def run_bench(args) -> int:
         line = f"{label:>20}: {s['median']:8.2f} {unit} (min {s['min']:.2f}, max {s['max']:.2f})"
         if args.peer:
             p, q = r["llama_cpp_" + key], r["ratio_" + key]
-            line += (f" | llama.cpp {p['median']:8.2f} | ratio {q['median']:.2f}x "
+            line += (f" | {args.peer} {p['median']:8.2f} | ratio {q['median']:.2f}x "
                      f"(min {q['min']:.2f}, max {q['max']:.2f})")
         print(line)
+    return 0
+
+
+def _run_rows(args, path, threads: int, log) -> int:
+    try:
+        counts = [int(m) for m in args.rows.split(",")]
+    except ValueError:
+        raise FucinaError(f"--rows takes comma-separated row counts, got {args.rows!r}") from None
+    if not counts or min(counts) < 1:
+        raise FucinaError("--rows needs row counts of at least 1")
+    r = rows_throughput(str(path), counts, args.prompt_tokens, args.runs, log) | {"threads": threads}
+    if args.json:
+        json.dump(r, sys.stdout, indent=1)
+        print()
+        return 0
+    print(f"{path.name}: {threads} threads, row-wise calls after a {args.prompt_tokens}-token prompt, {args.runs} runs")
+    for m, s in r["rows"].items():
+        t = s["tokens_per_s"]
+        print(f"  {m:3d} rows: {t['median']:8.1f} tok/s (min {t['min']:.1f}, max {t['max']:.1f})")
     return 0
 
 
@@ -62,7 +84,11 @@ def register(subparsers) -> None:
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--gen-tokens", type=int, default=128)
     p.add_argument("--runs", type=int, default=5)
-    p.add_argument("--peer", action="store_true", help="also run llama.cpp (the `peer` extra) in the same process")
+    p.add_argument("--peer", nargs="?", const="llama-bench", choices=PEERS, default=None,
+                   help="also run llama.cpp, alternating runs: llama-bench (default; $FUCINA_LLAMA_BENCH or on PATH) "
+                        "or binding (llama-cpp-python, the `peer` extra, in this process)")
+    p.add_argument("--rows", metavar="M,M,...", default=None,
+                   help="instead: tokens per second of row-wise calls of M rows after the prompt (verify cost)")
     p.add_argument("--reopen", type=int, metavar="N", default=None,
                    help="instead: time to first token of a stored N-token conversation reopened from its KV "
                         "sidecar versus re-prefilled")

@@ -1,14 +1,22 @@
 """Speed measurements: prefill and decode throughput, time to first token, load time, peak RSS.
 
-The peer is llama.cpp through llama-cpp-python (the optional `peer` extra), run on
-the same GGUF, thread count and token ids in the same process, alternating runs
-with ours so both see the same machine state.
+Two peers, each run on the same GGUF and thread count, alternating runs with ours so both see the
+same machine state:
+- `llama-bench` (the default): llama.cpp's own benchmark, a native build run as a separate process,
+  one repetition per turn (`-p N -n 0` for prefill, `-p 0 -n M -d N` for decode after an N-token
+  prompt: the same workload as ours);
+- `binding`: llama.cpp through llama-cpp-python (the optional `peer` extra) in this process, on our
+  token ids. Its Python loop per token understates llama.cpp's decode.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import resource
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -76,6 +84,29 @@ class LlamaCppPeer:
         return _timed_generation(feed, lambda t: feed([t]), prompt, gen_tokens)
 
 
+class LlamaBenchPeer:
+    """llama.cpp's `llama-bench` (found as $FUCINA_LLAMA_BENCH or on PATH), one repetition per run."""
+
+    def __init__(self, path: str, threads: int, executable: str | None = None):
+        self.exe = executable or os.environ.get("FUCINA_LLAMA_BENCH") or shutil.which("llama-bench")
+        if not self.exe or not os.path.exists(self.exe):
+            raise FucinaError("the llama-bench peer needs llama.cpp's llama-bench: build it (BENCHMARKS.md) and "
+                              "put it on PATH or set FUCINA_LLAMA_BENCH")
+        self.path, self.threads = path, threads
+
+    def _tps(self, *args: str) -> float:
+        cmd = [self.exe, "-m", self.path, "-t", str(self.threads), "-r", "1", "-o", "json", *args]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        if out.returncode != 0:
+            raise FucinaError(f"llama-bench failed ({out.returncode}): {out.stderr.strip()[-500:]}")
+        return float(json.loads(out.stdout)[0]["avg_ts"])
+
+    def run(self, prompt: list[int], gen_tokens: int) -> Run:
+        prefill = self._tps("-p", str(len(prompt)), "-n", "0")
+        decode = self._tps("-p", "0", "-n", str(gen_tokens), "-d", str(len(prompt)))
+        return Run(prefill, decode, len(prompt) / prefill)
+
+
 def peak_rss_mb() -> float:
     kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return kb / 1024 if sys.platform != "darwin" else kb / 1024 / 1024
@@ -85,7 +116,10 @@ def summary(values: Sequence[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def benchmark(path: str, threads: int, prompt_tokens: int, gen_tokens: int, runs: int, peer: bool,
+PEERS = ("llama-bench", "binding")
+
+
+def benchmark(path: str, threads: int, prompt_tokens: int, gen_tokens: int, runs: int, peer: str | None,
               log: Callable[[str], None] = lambda s: None) -> dict:
     t0 = time.perf_counter()
     model = load_model(path)
@@ -94,7 +128,7 @@ def benchmark(path: str, threads: int, prompt_tokens: int, gen_tokens: int, runs
     # first token after load, on a short prompt: what a user waits for after opening a model
     first = run_fucina(model, prompt[:16], 1)
     result = {"model": str(path), "threads": threads, "prompt_tokens": prompt_tokens, "gen_tokens": gen_tokens,
-              "runs": runs, "load_s": load_s, "load_to_first_token_s": load_s + first.ttft_s}
+              "runs": runs, "load_s": load_s, "load_to_first_token_s": load_s + first.ttft_s, "peer": peer}
     ours: list[Run] = []
     theirs: list[Run] = []
     llama = None
@@ -105,7 +139,8 @@ def benchmark(path: str, threads: int, prompt_tokens: int, gen_tokens: int, runs
             result["peak_rss_mb"] = peak_rss_mb()  # before the peer adds its own memory
         if peer:
             if llama is None:
-                llama = LlamaCppPeer(path, threads, prompt_tokens + gen_tokens + 8)
+                llama = (LlamaBenchPeer(path, threads) if peer == "llama-bench"
+                         else LlamaCppPeer(path, threads, prompt_tokens + gen_tokens + 8))
             theirs.append(llama.run(prompt, gen_tokens))
             log(f"run {i + 1}/{runs} llama.cpp: prefill {theirs[-1].prefill_tps:.1f} tok/s, "
                 f"decode {theirs[-1].decode_tps:.1f} tok/s")
@@ -115,4 +150,26 @@ def benchmark(path: str, threads: int, prompt_tokens: int, gen_tokens: int, runs
             result["llama_cpp_" + key] = summary([getattr(r, key) for r in theirs])
             ratios = [getattr(a, key) / getattr(b, key) for a, b in zip(ours, theirs)]
             result["ratio_" + key] = summary(ratios)
+    return result
+
+
+def rows_throughput(path: str, row_counts: Sequence[int], context: int, runs: int,
+                    log: Callable[[str], None] = lambda s: None) -> dict:
+    """Tokens per second of one row-wise call over m rows after a `context`-token prompt (what a
+    speculative verify of m tokens costs), for each m; medians of `runs` calls."""
+    model = load_model(path)
+    prompt = prompt_ids(model.vocab_size, context)
+    result = {"model": str(path), "context": context, "runs": runs, "rows": {}}
+    cache = model.new_cache(context + max(row_counts))
+    model.forward(prompt, cache)
+    for m in row_counts:
+        rows = prompt_ids(model.vocab_size, m, seed=m)
+        times = []
+        for _ in range(runs):
+            cache.truncate(context)
+            t0 = time.perf_counter()
+            model.forward_rows(rows, cache)
+            times.append(time.perf_counter() - t0)
+        result["rows"][m] = {"tokens_per_s": summary([m / t for t in times]), "call_s": summary(times)}
+        log(f"{m} rows: {m / statistics.median(times):.1f} tok/s ({statistics.median(times) * 1e3:.1f} ms a call)")
     return result

@@ -23,6 +23,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from kernels.cpu.f16 import f16_bits_to_f32, f32_to_f16_bits
+
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 _AVX2 = bool(llvm.get_host_cpu_features().get("avx2"))
 
@@ -237,7 +239,11 @@ def dot_q6_k32(typingctx, row, q_at, shift, qh_at, h_shift, xq, e):
 @njit(cache=True, nogil=True)
 def quantize(x):
     """x (length a multiple of 32) -> int8 values, and per block of 32 the float32 scale
-    (x ~ scale * value) and the int32 sum of the values (for the formats' offsets)."""
+    (x ~ scale * value) and the int32 sum of the values (for the formats' offsets).
+
+    As llama.cpp's quantize_row_q8_0: values rounded half away from zero, and the scale the dots use
+    rounded to f16 (block_q8_0 stores it so). The reference logits come from llama.cpp's own int8
+    activations; quantizing the same way keeps our rounding from adding to theirs."""
     n = x.shape[0] // 32
     xq = np.empty(n * 32, np.int8)
     xd = np.empty(n, np.float32)
@@ -250,8 +256,9 @@ def quantize(x):
         inv = np.float32(1) / d if d > 0 else np.float32(0)
         s = 0
         for j in range(32):
-            v = np.int8(np.rint(x[b * 32 + j] * inv))
+            scaled = x[b * 32 + j] * inv
+            v = np.int8(np.trunc(scaled + np.copysign(np.float32(0.5), scaled)))
             xq[b * 32 + j] = v
             s += v
-        xd[b], xsum[b] = d, s
+        xd[b], xsum[b] = f16_bits_to_f32(f32_to_f16_bits(d)), s
     return xq, xd, xsum

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from engine.errors import ConversationBusy, StorageReadOnly
@@ -49,11 +50,26 @@ def test_turns_are_stored_with_their_figures(smollm2, home):
     assert store.get_conversation(s.id)["title"] == "What is the capital of France?"
 
 
+def first_logits(session) -> list:
+    """Filled with the logits the next reply's first token is sampled from."""
+    seen, sample = [], session.convo.sampler.sample
+
+    def spy(logits, history):
+        if not seen:
+            seen.append(np.array(logits))
+        return sample(logits, history)
+
+    session.convo.sampler.sample = spy
+    return seen
+
+
 def test_a_reopened_conversation_resumes_warm_and_continues_as_the_uninterrupted_one(smollm2, home, tmp_path):
     store, sidecars = home
     turns = ("What is the capital of France?", "And of Italy?", "Name a river there.")
     uninterrupted = ChatSession.open(store, smollm2, sidecar_dir=tmp_path / "other", sampler=GREEDY)
-    expected = [reply(uninterrupted.send(t)) for t in turns]
+    expected = [reply(uninterrupted.send(t)) for t in turns[:2]]
+    expected_logits = first_logits(uninterrupted)
+    expected.append(reply(uninterrupted.send(turns[2])))
 
     first = ChatSession.open(store, smollm2, sidecar_dir=sidecars, sampler=GREEDY)
     assert [reply(first.send(t)) for t in turns[:2]] == expected[:2]
@@ -61,7 +77,9 @@ def test_a_reopened_conversation_resumes_warm_and_continues_as_the_uninterrupted
     first.close()
     reopened = ChatSession(HistoryStore(store.path), smollm2, first.id, sidecar_dir=sidecars)
     assert reopened.resumed_positions == held > 30
+    logits = first_logits(reopened)
     assert reply(reopened.send(turns[2])) == expected[2]
+    np.testing.assert_array_equal(logits[0], expected_logits[0])  # the first new token's, bit for bit
     stats = reopened.last_turn.stats
     # nothing of the history is prefilled again: only the closing of the last reply and the new turn
     assert stats.reused_tokens >= held - 1 and stats.prefilled_tokens < 20
