@@ -2,8 +2,8 @@
 
 A `LinearWeight` is the tensor's raw GGUF bytes (a zero-copy view of the file's
 mmap) plus its GGML type; the kernels read the blocks directly. Nothing is
-widened to f32 at load. A `LinearGroup` runs several weights that share an
-input (q/k/v, gate/up) as one kernel pass without copying their bytes.
+widened to f32 at load. A `LinearGroup` holds several weights that share an
+input (q/k/v, gate/up); the row-wise kernel runs them as one pass without copying their bytes.
 """
 
 from __future__ import annotations
@@ -49,9 +49,7 @@ class LinearWeight:
         return ggml_type_name(self.qtype)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        """x [n, in] -> [n, out] (a single row takes the streaming matvec kernel)."""
-        if x.shape[0] == 1:
-            return quant.matvec(self.qtype, self.raw, x[0])[None, :]
+        """x [n, in] -> [n, out], the prefill product (kernels.cpu.quant.matmul)."""
         return quant.matmul(self.qtype, self.raw, x)
 
     def row_wise(self, x: np.ndarray) -> np.ndarray:
@@ -64,16 +62,13 @@ class LinearWeight:
 
 
 class LinearGroup:
-    """Weights of one format and input width applied to the same input (pre-fusion)."""
+    """Weights applied to the same input (q/k/v, gate/up): the row-wise kernel runs them as one pass;
+    in prefill each is its own GEMM."""
 
     def __init__(self, parts: list[LinearWeight]):
         self.parts = parts
-        self._same_format = len({p.qtype for p in parts}) == 1 and len({p.in_dim for p in parts}) == 1
-        self._raws = tuple(p.raw for p in parts)
 
     def __call__(self, x: np.ndarray) -> list[np.ndarray]:
-        if x.shape[0] == 1 and self._same_format:
-            return [y[None, :] for y in quant.matvec_group(self.parts[0].qtype, self._raws, x[0])]
         return [p(x) for p in self.parts]
 
 

@@ -242,7 +242,7 @@ def quantize(x):
     (x ~ scale * value) and the int32 sum of the values (for the formats' offsets).
 
     As llama.cpp's quantize_row_q8_0: values rounded half away from zero, and the scale the dots use
-    rounded to f16 (block_q8_0 stores it so). The reference logits come from llama.cpp's own int8
+    rounded to f16 (block_q8_0 stores it so) where f16 can hold it. The reference logits come from llama.cpp's own int8
     activations; quantizing the same way keeps our rounding from adding to theirs."""
     n = x.shape[0] // 32
     xq = np.empty(n * 32, np.int8)
@@ -260,5 +260,7 @@ def quantize(x):
             v = np.int8(np.trunc(scaled + np.copysign(np.float32(0.5), scaled)))
             xq[b * 32 + j] = v
             s += v
-        xd[b], xsum[b] = f16_bits_to_f32(f32_to_f16_bits(d)), s
+        half = f16_bits_to_f32(f32_to_f16_bits(d))
+        # an activation past f16's range keeps its exact scale rather than turn into inf or 0
+        xd[b], xsum[b] = (half if np.isfinite(half) and (half > 0 or d == 0) else d), s
     return xq, xd, xsum

@@ -162,26 +162,6 @@ def rows(qtype: int, w: np.ndarray, X: np.ndarray) -> np.ndarray:
     return Y
 
 
-def matvec_group(qtype: int, ws: tuple[np.ndarray, ...], x: np.ndarray) -> list[np.ndarray]:
-    """matvec of several same-type weights sharing one input, as one parallel pass over all their rows."""
-    if not ws:
-        return []
-    checked = [_weight(qtype, w) for w in ws]
-    cols = checked[0][1]
-    for (w, c), original in zip(checked, ws):
-        if c != cols:
-            raise ValueError(
-                f"matvec_group needs equal column counts: {_type_name(qtype)} weights of shapes "
-                f"{ws[0].shape} ({cols} columns) and {original.shape} ({c} columns)"
-            )
-    ws = tuple(w for w, _ in checked)
-    x = _inputs(x, 1, cols, ws[0], qtype)
-    starts = _row_starts(ws)
-    out = np.empty(starts[-1], np.float32)
-    _rows_into(qtype, ws, x[None], out[None])
-    return [out[a:b] for a, b in zip(starts, starts[1:])]
-
-
 def matmul(qtype: int, w: np.ndarray, X: np.ndarray) -> np.ndarray:
     """X float32 [n, cols] -> X @ W.T, float32 [n, rows]."""
     w, cols = _weight(qtype, w)
