@@ -1,8 +1,9 @@
 """The session layer: one stored conversation, open on one model, shared by the GUI and the CLI.
 
 A ChatSession joins the history store (the messages, as a tree with an active branch), a Conversation (the
-KV cache) and the conversation's KV sidecar. Every reply renders the whole active branch with the model's
-chat template and lets the Conversation keep the longest common token prefix of its cache: a sidecar that
+KV cache) and the conversation's KV sidecar. Every reply renders the active branch with the model's chat
+template (as much of it as the context holds, by the conversation's context policy: engine.chat.window)
+and lets the Conversation keep the longest common token prefix of its cache: a sidecar that
 holds a prefix of the render resumes warm (only the new turn is prefilled); an edit, a regeneration, a
 deleted message or another system prompt rewinds to where the render parts and prefills from there, and
 the sidecar follows (rewritten from that position, off the decoding thread).
@@ -19,9 +20,10 @@ import secrets
 import threading
 import weakref
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from engine.chat import ChatOptions, Conversation, Message, TurnResult
+from engine.chat.window import DEFAULT_POLICY, ContextWindow, check_policy, fit_context, longest_token
 from engine.errors import FucinaError
 from engine.history.store import HistoryStore
 from engine.kv.sidecar_writer import WRITER
@@ -35,6 +37,8 @@ DEFAULT_MAX_TOKENS = 1024
 SIDECAR_SUFFIX = ".fkv"
 
 _KEEP = object()  # "not passed" for update_settings, distinct from None (a real value: no system prompt)
+
+PrefillProgress = Callable[[int, int], None]  # (prompt tokens fed, tokens to feed)
 
 
 # A model's tokenizer takes a second or more to build (Qwen's 151k-token vocabulary) and never changes:
@@ -63,6 +67,11 @@ def delete_conversation(store: HistoryStore, conversation_id: str, sidecar_dir=N
     sidecar_path(conversation_id, sidecar_dir).unlink(missing_ok=True)
 
 
+def context_policy(settings: dict) -> str:
+    """A stored conversation's context policy (engine.chat.window), validated."""
+    return check_policy(settings.get("context_policy") or DEFAULT_POLICY)
+
+
 def chat_options(settings: dict) -> ChatOptions:
     """A stored conversation's sampler settings (HistoryStore.SAMPLER_KEYS) as ChatOptions; what is not set
     takes the chat defaults, and an unset seed a fresh random one."""
@@ -86,6 +95,7 @@ class ChatSession:
         if row["model"] != self.model_name:  # switched models: the history re-renders for this one
             store.update_settings(conversation_id, model=self.model_name)
         self.last_turn: TurnResult | None = None
+        self.last_window: ContextWindow | None = None  # what the last reply was conditioned on
         self.resumed_positions = self._open_conversation(row["sampler"])
 
     @classmethod
@@ -117,59 +127,87 @@ class ChatSession:
         """The active branch, root first."""
         return self.store.active_branch(self.id)
 
+    @property
+    def context_policy(self) -> str:
+        return context_policy(self.settings["sampler"])
+
     def prompt_length(self) -> int:
         """Tokens of the prompt the next reply would be conditioned on (the active branch, which ends with
-        a user message, rendered)."""
-        return self._prompt_tokens(self.messages())
+        a user message, rendered as far as the context holds it)."""
+        return len(self._window(self.messages()).ids)
 
     def branch_tokens(self) -> int:
         """Context positions the active branch fills (what a status bar shows; the cache may still hold a
         branch left by a switch or a delete until the next reply): its render up to the last user message
         plus the reply after it."""
+        return self.branch_fill()[0]
+
+    def branch_fill(self) -> tuple[int, int]:
+        """(branch_tokens, the oldest user turns the context leaves out of it)."""
         branch = self.messages()
         reply = 0
         if branch and branch[-1]["role"] == "assistant":
             last = branch.pop()
             reply = (last["meta"].get("generated_tokens")
                      or len(self.convo.tokenizer.encode(last["content"], add_special=False)))
+        if not any(m["role"] == "user" for m in branch):
+            return reply, 0
         try:
-            return (self._prompt_tokens(branch) if branch else 0) + reply
-        except FucinaError:  # a branch no template renders (an imported oddity): what the cache holds
-            return self.context_used
+            window = self._window(branch)
+        except FucinaError:  # a branch no template renders, or one that cannot fit: what the cache holds
+            return self.context_used, 0
+        return len(window.ids) + reply, window.left_out_turns
 
-    def _prompt_tokens(self, branch: list[dict]) -> int:
-        return len(self.convo.tokenizer.encode(self._render(branch), add_special=True))
+    def _window(self, branch: list[dict]) -> ContextWindow:
+        """The part of `branch` (ending with a user message) that the reply is conditioned on."""
+        system = self.settings["system_prompt"]
+        messages = [Message("system", system)] if system else []
+        messages += [Message(m["role"], m["content"]) for m in branch]
+        return fit_context(messages, self._encode, capacity=self.context_size,
+                           max_tokens=self.convo.options.max_tokens, policy=self.context_policy,
+                           longest=longest_token(self.convo.tokenizer))
+
+    def _encode(self, messages: list[Message]) -> list[int]:
+        return self.convo.tokenizer.encode(self.convo.template.render_messages(messages), add_special=True)
 
     # -- replies: each returns the reply's text pieces as a generator; closing it early stops the reply --
 
-    def send(self, text: str, cancel: threading.Event | None = None) -> Iterator[str]:
+    # A message is stored before its reply is planned: one the context cannot take is refused (ContextFull)
+    # but kept, to be edited, copied or deleted. `on_prefill` hears the prompt's prefill progress.
+
+    def send(self, text: str, cancel: threading.Event | None = None, *,
+             on_prefill: PrefillProgress | None = None) -> Iterator[str]:
         """Add a user message to the active branch and stream the reply."""
         self.store.add_message(self.id, "user", text)
-        return self._reply(self.messages(), cancel)
+        return self._reply(self.messages(), cancel, on_prefill)
 
-    def regenerate(self, cancel: threading.Event | None = None) -> Iterator[str]:
+    def regenerate(self, cancel: threading.Event | None = None, *,
+                   on_prefill: PrefillProgress | None = None) -> Iterator[str]:
         """A new alternative to the last reply (or a reply to a trailing unanswered user message)."""
         branch = self.messages()
         if not branch:
             raise ValueError("the conversation has no message to reply to")
         if branch[-1]["role"] == "assistant":
             branch = branch[:-1]
-        return self._reply(branch, cancel)
+        return self._reply(branch, cancel, on_prefill)
 
-    def edit(self, message_id: str, text: str, cancel: threading.Event | None = None) -> Iterator[str]:
+    def edit(self, message_id: str, text: str, cancel: threading.Event | None = None, *,
+             on_prefill: PrefillProgress | None = None) -> Iterator[str]:
         """Branch a user message with new text (the old one stays an alternative) and stream its reply."""
         if self.store.get_message(message_id)["role"] != "user":
             raise ValueError("only a user message is edited; regenerate an assistant reply instead")
         self.store.branch(message_id, text)
-        return self._reply(self.messages(), cancel)
+        return self._reply(self.messages(), cancel, on_prefill)
 
-    def _reply(self, branch: list[dict], cancel: threading.Event | None) -> Iterator[str]:
+    def _reply(self, branch: list[dict], cancel: threading.Event | None,
+               on_prefill: PrefillProgress | None) -> Iterator[str]:
         if not branch or branch[-1]["role"] != "user":
             raise ValueError("a reply follows a user message")
-        stream = self.convo.send_rendered(self._render(branch), cancel, reuse=True)
-        return self._store_reply(stream, branch[-1]["id"])
+        self.last_window = window = self._window(branch)
+        stream = self.convo.send_tokens(window.ids, cancel, reuse=True, on_prefill=on_prefill)
+        return self._store_reply(stream, branch[-1]["id"], window)
 
-    def _store_reply(self, stream: Iterator[str], parent_id: str) -> Iterator[str]:
+    def _store_reply(self, stream: Iterator[str], parent_id: str, window: ContextWindow) -> Iterator[str]:
         before = self.convo.last_turn
         try:
             yield from stream
@@ -180,20 +218,15 @@ class ChatSession:
                 self.last_turn = turn
                 if turn.text or turn.finish_reason not in ("cancelled", "error"):
                     self.store.add_message(self.id, "assistant", turn.text, parent_id=parent_id,
-                                           meta=self._meta(turn))
+                                           meta=self._meta(turn, window))
 
-    def _render(self, branch: list[dict]) -> str:
-        system = self.settings["system_prompt"]
-        messages = [Message("system", system)] if system else []
-        messages += [Message(m["role"], m["content"]) for m in branch]
-        return self.convo.template.render_messages(messages)
-
-    def _meta(self, turn: TurnResult) -> dict:
+    def _meta(self, turn: TurnResult, window: ContextWindow) -> dict:
         s = turn.stats
         return {"model": self.model_name, "finish_reason": turn.finish_reason,
                 "prompt_tokens": s.prompt_tokens, "reused_tokens": s.reused_tokens,
                 "prefilled_tokens": s.prefilled_tokens, "generated_tokens": s.generated_tokens,
-                "ttft_ms": round(s.ttft_ms, 1), "decode_tps": round(s.decode_tps, 2)}
+                "ttft_ms": round(s.ttft_ms, 1), "decode_tps": round(s.decode_tps, 2),
+                "left_out_turns": window.left_out_turns}
 
     # -- the tree --
 
@@ -216,6 +249,7 @@ class ChatSession:
             self.resumed_positions = self._open_conversation(sampler or {})
 
     def _open_conversation(self, sampler: dict) -> int:
+        context_policy(sampler)  # a stored setting that names no policy is refused on opening
         self.convo = Conversation.for_model(self.model, chat_options(sampler), tokenizer=_tokenizer(self.model))
         return self.convo.enable_persistence(self.sidecar)
 

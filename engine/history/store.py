@@ -20,7 +20,8 @@ from engine.history.schema import MIGRATIONS
 from engine.paths import data_dir
 
 ROLES = ("system", "user", "assistant")
-SAMPLER_KEYS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed", "max_tokens", "ctx")
+SAMPLER_KEYS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed", "max_tokens", "ctx",
+                "context_policy")
 EXPORT_FORMAT = "fucina-conversation"
 TITLE_CHARS = 60
 
@@ -202,14 +203,16 @@ class HistoryStore:
     def active_branch(self, conversation_id: str) -> list[dict]:
         """The messages the user sees: root to the active leaf."""
         leaf = self.get_conversation(conversation_id)["active_leaf"]
-        rows = self.db.query(
+        # ordered here, not by ORDER BY: SQLite's sorter would copy every message's text (a 200 MB one thrice)
+        rows = list(self.db.query(
             """WITH RECURSIVE path(id, depth) AS (
                    SELECT ?, 0
                    UNION ALL SELECT m.parent_id, path.depth + 1 FROM messages m JOIN path ON m.id = path.id
                    WHERE m.parent_id IS NOT NULL)
-               SELECT messages.* FROM path JOIN messages USING (id) ORDER BY depth DESC""",
-            [leaf])
-        return [_message(r) for r in rows]
+               SELECT messages.*, depth FROM path JOIN messages USING (id)""",
+            [leaf]))
+        by_depth = {r.pop("depth"): r for r in rows}
+        return [_message(by_depth[d]) for d in sorted(by_depth, reverse=True)]
 
     def delete_message(self, message_id: str) -> None:
         """Delete a message and everything under it; an active leaf inside it moves to its parent."""
