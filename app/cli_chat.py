@@ -18,6 +18,7 @@ from app.cli_eval import add_model_options, open_model
 from app.cli_sampling import add_sampler_options, sampler_config
 from app.cli_conversations import find_conversation, open_store
 from engine.chat import ChatOptions, Conversation, TurnResult
+from engine.chat.window import POLICIES
 from engine.history.store import HistoryStore
 from engine.errors import ContextFull, FucinaError
 from engine.sampling import CHAT_DEFAULTS
@@ -40,6 +41,11 @@ class _Chat:
 
     def send(self, text: str) -> Iterator[str]:
         return self.target.send(text)
+
+    @property
+    def left_out_turns(self) -> int:
+        """The oldest turns the last reply's prompt left out to fit the context (stored chats only)."""
+        return 0
 
 
 class _EphemeralChat(_Chat):
@@ -68,7 +74,8 @@ class _StoredChat(_Chat):
         if args.conversation == "new":
             self.settings = {"temperature": args.temp, "top_k": args.top_k, "top_p": args.top_p,
                              "min_p": args.min_p, "repeat_penalty": args.repeat_penalty, "seed": args.seed,
-                             "max_tokens": args.max_tokens, "ctx": args.ctx}
+                             "max_tokens": args.max_tokens, "ctx": args.ctx,
+                             "context_policy": args.context_policy}
             self.system = args.system
             self.session = self._new()
         else:
@@ -81,6 +88,10 @@ class _StoredChat(_Chat):
     @property
     def target(self) -> ChatSession:
         return self.session
+
+    @property
+    def left_out_turns(self) -> int:
+        return self.session.last_window.left_out_turns if self.session.last_window else 0
 
     def _new(self) -> ChatSession:
         return ChatSession.open(self.store, self.model, system_prompt=self.system,
@@ -145,6 +156,9 @@ def _reply(chat, text: str) -> None:
         print(f"error: {e}", file=sys.stderr)
         return
     print(flush=True)
+    if chat.left_out_turns:
+        print(f"(context full: the {chat.left_out_turns} oldest turn{'s' * (chat.left_out_turns > 1)} left out "
+              f"of this reply's prompt; they stay stored)", file=sys.stderr)
 
 
 def _command(chat, text: str) -> bool:
@@ -189,5 +203,8 @@ def register(subparsers) -> None:
     p.add_argument("--max-tokens", type=positive_int, default=512, help="longest reply in tokens (default 512)")
     p.add_argument("--ctx", type=positive_int, default=4096, help="context size in tokens (default 4096)")
     p.add_argument("--no-think", action="store_true", help="render with the reasoning channel closed")
+    p.add_argument("--context-policy", choices=POLICIES, default=None,
+                   help="a new stored chat that outgrows the context: drop_oldest (the default) leaves the "
+                        "oldest turns out of the prompt, stop refuses")
     add_sampler_options(p, CHAT_DEFAULTS)
     p.set_defaults(func=run_chat)
