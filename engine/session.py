@@ -134,7 +134,7 @@ class ChatSession:
     def prompt_length(self) -> int:
         """Tokens of the prompt the next reply would be conditioned on (the active branch, which ends with
         a user message, rendered as far as the context holds it)."""
-        return len(self._window(self.messages()).ids)
+        return len(self._window(self.messages())[0].ids)
 
     def branch_tokens(self) -> int:
         """Context positions the active branch fills (what a status bar shows; the cache may still hold a
@@ -153,19 +153,26 @@ class ChatSession:
         if not any(m["role"] == "user" for m in branch):
             return reply, 0
         try:
-            window = self._window(branch)
+            window = self._window(branch)[0]
         except FucinaError:  # a branch no template renders, or one that cannot fit: what the cache holds
             return self.context_used, 0
         return len(window.ids) + reply, window.left_out_turns
 
-    def _window(self, branch: list[dict]) -> ContextWindow:
-        """The part of `branch` (ending with a user message) that the reply is conditioned on."""
+    def _window(self, branch: list[dict]) -> tuple[ContextWindow, str | None]:
+        """The part of `branch` (ending with a user message) that the reply is conditioned on, and the id of
+        its first message when it leaves some out (a reply's meta keeps it as kept_from: the next reply
+        keeps that start while it fits, so the prompt the cache holds is reused)."""
         system = self.settings["system_prompt"]
         messages = [Message("system", system)] if system else []
         messages += [Message(m["role"], m["content"]) for m in branch]
-        return fit_context(messages, self._encode, capacity=self.context_size,
-                           max_tokens=self.convo.options.max_tokens, policy=self.context_policy,
-                           longest=longest_token(self.convo.tokenizer))
+        kept_from = next((m["meta"].get("kept_from") for m in reversed(branch) if m["role"] == "assistant"), None)
+        ids = [m["id"] for m in branch]
+        offset = len(messages) - len(branch)
+        window = fit_context(messages, self._encode, capacity=self.context_size,
+                             max_tokens=self.convo.options.max_tokens, policy=self.context_policy,
+                             longest=longest_token(self.convo.tokenizer),
+                             previous_start=offset + ids.index(kept_from) if kept_from in ids else None)
+        return window, branch[window.start - offset]["id"] if window.left_out else None
 
     def _encode(self, messages: list[Message]) -> list[int]:
         return self.convo.tokenizer.encode(self.convo.template.render_messages(messages), add_special=True)
@@ -203,11 +210,12 @@ class ChatSession:
                on_prefill: PrefillProgress | None) -> Iterator[str]:
         if not branch or branch[-1]["role"] != "user":
             raise ValueError("a reply follows a user message")
-        self.last_window = window = self._window(branch)
-        stream = self.convo.send_tokens(window.ids, cancel, reuse=True, on_prefill=on_prefill)
-        return self._store_reply(stream, branch[-1]["id"], window)
+        self.last_window, kept_from = self._window(branch)
+        stream = self.convo.send_tokens(self.last_window.ids, cancel, reuse=True, on_prefill=on_prefill)
+        return self._store_reply(stream, branch[-1]["id"],
+                                 {"left_out_turns": self.last_window.left_out_turns, "kept_from": kept_from})
 
-    def _store_reply(self, stream: Iterator[str], parent_id: str, window: ContextWindow) -> Iterator[str]:
+    def _store_reply(self, stream: Iterator[str], parent_id: str, window_meta: dict) -> Iterator[str]:
         before = self.convo.last_turn
         try:
             yield from stream
@@ -218,15 +226,14 @@ class ChatSession:
                 self.last_turn = turn
                 if turn.text or turn.finish_reason not in ("cancelled", "error"):
                     self.store.add_message(self.id, "assistant", turn.text, parent_id=parent_id,
-                                           meta=self._meta(turn, window))
+                                           meta=self._meta(turn) | window_meta)
 
-    def _meta(self, turn: TurnResult, window: ContextWindow) -> dict:
+    def _meta(self, turn: TurnResult) -> dict:
         s = turn.stats
         return {"model": self.model_name, "finish_reason": turn.finish_reason,
                 "prompt_tokens": s.prompt_tokens, "reused_tokens": s.reused_tokens,
                 "prefilled_tokens": s.prefilled_tokens, "generated_tokens": s.generated_tokens,
-                "ttft_ms": round(s.ttft_ms, 1), "decode_tps": round(s.decode_tps, 2),
-                "left_out_turns": window.left_out_turns}
+                "ttft_ms": round(s.ttft_ms, 1), "decode_tps": round(s.decode_tps, 2)}
 
     # -- the tree --
 

@@ -5,6 +5,11 @@ A stored chat can hold more than its model's context. The conversation's context
 history keeps everything; only the prompt leaves the oldest turns out), `stop` refuses the reply. Under
 both, a message that alone cannot fit is refused.
 
+Leaving a turn out changes the start of the prompt, so the whole kept part is prefilled again. To do that
+once every few turns rather than at every one, drop_oldest keeps the previous reply's start while it fits,
+and when it must move on, drops down to three quarters of the room (as llama.cpp's context shift drops
+half), so that the next turns fit behind it again.
+
 The work is bounded by the context, not by the chat. A token never stands for more characters than the
 vocabulary's longest token has bytes, so a text of more characters than the context times that length
 cannot fit: such messages are left out (or refused) before anything renders or tokenizes them. Only a tail
@@ -31,6 +36,7 @@ _LONGEST: "weakref.WeakKeyDictionary[Tokenizer, int]" = weakref.WeakKeyDictionar
 @dataclass(frozen=True)
 class ContextWindow:
     ids: list[int]           # the prompt: the kept messages rendered and tokenized
+    start: int = 0           # the index of the first kept message after the system messages
     left_out: int = 0        # messages left out, the oldest ones (the system prompt is always kept)
     left_out_turns: int = 0  # the user turns among them (each with its replies)
 
@@ -55,10 +61,12 @@ def reply_room(capacity: int, max_tokens: int) -> int:
 
 
 def fit_context(messages: Sequence[Message], encode: Callable[[Sequence[Message]], list[int]], *,
-                capacity: int, max_tokens: int, policy: str, longest: int) -> ContextWindow:
+                capacity: int, max_tokens: int, policy: str, longest: int,
+                previous_start: int | None = None) -> ContextWindow:
     """The window of `messages` (system messages first, ending with the user message to answer) that the
-    reply is conditioned on; `encode` renders and tokenizes a message list; `longest` is longest_token.
-    Raises ContextFull when the policy or the last message's size leaves no window."""
+    reply is conditioned on; `encode` renders and tokenizes a message list; `longest` is longest_token;
+    `previous_start` the index in `messages` where the previous reply's window started, if it left some
+    out. Raises ContextFull when the policy or the last message's size leaves no window."""
     check_policy(policy)
     pinned = next((i for i, m in enumerate(messages) if m.role != "system"), len(messages))
     if pinned == len(messages):
@@ -90,7 +98,7 @@ def fit_context(messages: Sequence[Message], encode: Callable[[Sequence[Message]
     if policy == "stop":
         ids = encode(messages) if floor(pinned) <= capacity else None
         if ids is not None and len(ids) <= capacity:
-            return ContextWindow(ids)
+            return ContextWindow(ids, pinned)
         alone()
         needed = floor(pinned) if ids is None else len(ids)
         raise ContextFull(f"context full: the conversation needs {'at least ' * (ids is None)}{needed:,} "
@@ -99,29 +107,37 @@ def fit_context(messages: Sequence[Message], encode: Callable[[Sequence[Message]
                           f"turns drop (context policy drop_oldest)")
 
     room = capacity - reply_room(capacity, max_tokens)
-    candidates = [s for s in starts if floor(s) <= room]
     tried: dict[int, list[int]] = {}
 
-    def fits(k: int) -> bool:
-        tried[candidates[k]] = encode(window(candidates[k]))
-        return len(tried[candidates[k]]) <= room
+    def tokens(start: int) -> int:
+        if start not in tried:
+            tried[start] = encode(window(start))
+        return len(tried[start])
 
-    # the smallest start that fits; fewer messages never take more tokens, so a binary search finds it
-    found = None
-    if candidates and fits(0):
-        found = 0
-    elif len(candidates) > 1 and fits(len(candidates) - 1):
-        bad, found = 0, len(candidates) - 1
-        while found - bad > 1:
-            mid = (bad + found) // 2
-            bad, found = (bad, mid) if fits(mid) else (mid, found)
-    if found is not None:
-        start = candidates[found]
-    else:  # not even the last turn leaves the reply its room: it gets what is left
+    def smallest_fitting(limit: int, among: list[int]) -> int | None:
+        # fewer messages never take more tokens, so a binary search finds it
+        among = [s for s in among if floor(s) <= limit]
+        if not among or tokens(among[-1]) > limit:
+            return None
+        bad, good = -1, len(among) - 1
+        while good - bad > 1:
+            mid = (bad + good) // 2
+            bad, good = (bad, mid) if tokens(among[mid]) <= limit else (mid, good)
+        return among[good]
+
+    if smallest_fitting(room, [pinned]) is not None:  # everything fits
+        start = pinned
+    elif previous_start in starts and smallest_fitting(room, [previous_start]) is not None:
+        start = previous_start  # its prompt is what the cache holds
+    else:
+        start = smallest_fitting(room - room // 4, starts)
+        if start is None:
+            start = smallest_fitting(room, starts)
+    if start is None:  # not even the last turn leaves the reply its room: it gets what is left
         start = last
         tried[last] = alone()
     dropped = messages[pinned:start]
-    return ContextWindow(tried[start], len(dropped), sum(m.role == "user" for m in dropped))
+    return ContextWindow(tried[start], start, len(dropped), sum(m.role == "user" for m in dropped))
 
 
 def _too_long(message: Message, tokens: int, capacity: int, exact: bool) -> str:

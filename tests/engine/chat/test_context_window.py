@@ -26,9 +26,10 @@ def chat_messages(turns: int, size: int = 10) -> list[Message]:
     return messages + [Message("user", "q" * size)]
 
 
-def fit(messages, capacity, policy="drop_oldest", max_tokens=20, encode=fake_encode, longest=1):
+def fit(messages, capacity, policy="drop_oldest", max_tokens=20, encode=fake_encode, longest=1,
+        previous_start=None):
     return fit_context(messages, encode, capacity=capacity, max_tokens=max_tokens, policy=policy,
-                       longest=longest)
+                       longest=longest, previous_start=previous_start)
 
 
 def test_drop_oldest_keeps_the_system_prompt_and_the_newest_turns_that_fit():
@@ -38,13 +39,31 @@ def test_drop_oldest_keeps_the_system_prompt_and_the_newest_turns_that_fit():
 
 
 @pytest.mark.parametrize("capacity", range(40, 200, 7))
-def test_drop_oldest_keeps_the_most_turns_that_leave_the_reply_its_room(capacity):
+def test_drop_oldest_drops_to_three_quarters_of_the_room_the_reply_leaves(capacity):
     messages = chat_messages(6)
     room = capacity - reply_room(capacity, 20)
     starts = [1] + [i for i, m in enumerate(messages) if m.role == "user" and i > 1]
-    fitting = [s for s in starts if len(fake_encode([messages[0], *messages[s:]])) <= room]
+
+    def first_within(limit):
+        return next((s for s in starts if len(fake_encode([messages[0], *messages[s:]])) <= limit), None)
+
+    if first_within(room) == 1:
+        expected = 1  # everything fits: nothing is dropped
+    else:
+        expected = first_within(room - room // 4) or first_within(room) or starts[-1]
     window = fit(messages, capacity)
-    assert window.left_out == (fitting[0] if fitting else starts[-1]) - 1
+    assert window.start == expected and window.left_out == expected - 1
+
+
+def test_the_previous_start_stays_while_it_fits_so_the_cached_prompt_is_reused():
+    messages = chat_messages(5)  # 14 tokens a message; capacity 120: room 100, three quarters 75
+    first = fit(messages, capacity=120)
+    assert first.start == 9 and len(first.ids) == 56  # system + u4 a4 q: within 75
+    grown = messages + [Message("assistant", "a" * 10), Message("user", "r" * 10)]
+    assert fit(grown, capacity=120).start == 11  # without the previous start: down to 75 again
+    assert fit(grown, capacity=120, previous_start=9).start == 9  # 84 tokens: still within the room
+    longer = grown + [Message("assistant", "a" * 10), Message("user", "t" * 10)]
+    assert fit(longer, capacity=120, previous_start=9).start == 13  # 112 > 100: it moves on
 
 
 def test_stop_refuses_a_conversation_that_does_not_fit_and_says_what_to_do():
@@ -112,10 +131,16 @@ def open_session(store, model, tmp_path, **sampler):
 
 def test_a_session_leaves_out_the_oldest_turns_and_keeps_them_stored(tiny_chat_model, store, tmp_path):
     s = open_session(store, tiny_chat_model, tmp_path)
-    for i in range(5):
+    windows = []
+    for i in range(6):
         "".join(s.send(f"message number {i}"))
+        windows.append((s.messages()[-1]["meta"]["kept_from"], s.last_turn.stats.reused_tokens))
     assert s.last_window.left_out_turns > 0
-    assert len(s.messages()) == 10 and s.messages()[0]["content"] == "message number 0"
+    shifts = [i for i in range(1, 6) if windows[i][0] != windows[i - 1][0]]
+    kept = [i for i in range(1, 6) if windows[i][0] is not None and i not in shifts]
+    assert shifts and kept, windows  # a turn after a shift keeps its start and reuses the cached prompt
+    assert all(windows[i][1] > 40 for i in kept)
+    assert len(s.messages()) == 12 and s.messages()[0]["content"] == "message number 0"
     reply = s.messages()[-1]
     assert reply["meta"]["left_out_turns"] == s.last_window.left_out_turns
     assert s.last_turn.stats.prompt_tokens == len(s.last_window.ids) <= 128 - reply_room(128, 8)
