@@ -24,6 +24,7 @@ SAMPLER_KEYS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "see
                 "context_policy")
 EXPORT_FORMAT = "fucina-conversation"
 TITLE_CHARS = 60
+_NON_SPACE = re.compile(r"\S")
 
 # "Not passed" marker (keep the setting / use the active leaf), distinct from None, a real value here.
 _KEEP = object()
@@ -164,7 +165,7 @@ class HistoryStore:
                 (mid, conversation_id, parent, role, content, _now(), json.dumps(meta or {})),
             )
             changes = {"active_leaf": mid}
-            if title is None and role == "user" and content.strip():
+            if title is None and role == "user" and _NON_SPACE.search(content):
                 changes["title"] = _title_from(content)
             self._update_conversation(conversation_id, **changes)
         return mid
@@ -314,8 +315,13 @@ class HistoryStore:
 
 
 def _title_from(content: str) -> str:
-    line = " ".join(content.split())
-    return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1].rstrip() + "…"
+    # from the first words only: splitting a whole 200 MB message made a list of 100 million of them
+    start = _NON_SPACE.search(content).start()
+    head = content[start: start + 4 * TITLE_CHARS]
+    line = " ".join(head.split())
+    if len(line) <= TITLE_CHARS and _NON_SPACE.search(content, start + len(head)) is None:
+        return line
+    return line[: TITLE_CHARS - 1].rstrip() + "…"
 
 
 def _sampler_json(sampler: dict | None) -> str:
