@@ -38,7 +38,7 @@ SIDECAR_SUFFIX = ".fkv"
 
 _KEEP = object()  # "not passed" for update_settings, distinct from None (a real value: no system prompt)
 
-PrefillProgress = Callable[[int, int], None]  # (prompt tokens fed, tokens to feed)
+OnPrefill = Callable[[int, int], None]  # (prompt tokens fed, tokens to feed)
 
 
 # A model's tokenizer takes a second or more to build (Qwen's 151k-token vocabulary) and never changes:
@@ -183,13 +183,13 @@ class ChatSession:
     # but kept, to be edited, copied or deleted. `on_prefill` hears the prompt's prefill progress.
 
     def send(self, text: str, cancel: threading.Event | None = None, *,
-             on_prefill: PrefillProgress | None = None) -> Iterator[str]:
+             on_prefill: OnPrefill | None = None) -> Iterator[str]:
         """Add a user message to the active branch and stream the reply."""
         self.store.add_message(self.id, "user", text)
         return self._reply(self.messages(), cancel, on_prefill)
 
     def regenerate(self, cancel: threading.Event | None = None, *,
-                   on_prefill: PrefillProgress | None = None) -> Iterator[str]:
+                   on_prefill: OnPrefill | None = None) -> Iterator[str]:
         """A new alternative to the last reply (or a reply to a trailing unanswered user message)."""
         branch = self.messages()
         if not branch:
@@ -199,7 +199,7 @@ class ChatSession:
         return self._reply(branch, cancel, on_prefill)
 
     def edit(self, message_id: str, text: str, cancel: threading.Event | None = None, *,
-             on_prefill: PrefillProgress | None = None) -> Iterator[str]:
+             on_prefill: OnPrefill | None = None) -> Iterator[str]:
         """Branch a user message with new text (the old one stays an alternative) and stream its reply."""
         if self.store.get_message(message_id)["role"] != "user":
             raise ValueError("only a user message is edited; regenerate an assistant reply instead")
@@ -207,7 +207,7 @@ class ChatSession:
         return self._reply(self.messages(), cancel, on_prefill)
 
     def _reply(self, branch: list[dict], cancel: threading.Event | None,
-               on_prefill: PrefillProgress | None) -> Iterator[str]:
+               on_prefill: OnPrefill | None) -> Iterator[str]:
         if not branch or branch[-1]["role"] != "user":
             raise ValueError("a reply follows a user message")
         self.last_window, kept_from = self._window(branch)

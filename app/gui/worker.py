@@ -3,10 +3,9 @@ connection (SQLite connections belong to the thread that made them) and the open
 
 The UI talks to it only through queued signals (EngineClient below), so no model work ever runs on the UI
 thread. Reply text comes back coalesced to about 30 updates a second, and a long prompt's prefill reports
-its progress slice by slice. Stopping is the one call that
-bypasses the queue: the UI sets the turn's `threading.Event`, which the engine checks between tokens and
-between prefill slices, so a stop (or a conversation or model switch, which stops first) takes effect
-within one token or one slice.
+its progress slice by slice. Stopping is the one call that bypasses the queue: the UI sets the turn's
+`threading.Event`, which the engine checks between tokens and between prefill slices, so a stop (or a
+conversation or model switch, which stops first) takes effect within one token or one slice.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 from engine.errors import FucinaError
 from engine.history.store import HistoryStore
 from engine.models import load_model
-from engine.session import ChatSession, delete_conversation
+from engine.session import ChatSession, OnPrefill, delete_conversation
 
 FLUSH_INTERVAL_S = 1 / 30
 
@@ -172,8 +171,7 @@ class EngineWorker(QObject):
     def edit(self, message_id: str, text: str, cancel: threading.Event) -> None:
         self._turn(lambda s, progress: s.edit(message_id, text, cancel, on_prefill=progress), cancel)
 
-    def _turn(self, start: Callable[[ChatSession, Callable[[int, int], None]], Iterator[str]],
-              cancel: threading.Event) -> None:
+    def _turn(self, start: Callable[[ChatSession, OnPrefill], Iterator[str]], cancel: threading.Event) -> None:
         session = None
         batcher = TextBatcher(lambda text: self.reply_text.emit(text, cancel))
 
