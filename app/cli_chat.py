@@ -18,6 +18,7 @@ from app.cli_eval import add_model_options, open_model
 from app.cli_sampling import add_sampler_options, sampler_config
 from app.cli_conversations import find_conversation, open_store
 from engine.chat import ChatOptions, Conversation, TurnResult
+from engine.chat.window import POLICIES
 from engine.history.store import HistoryStore
 from engine.history.validate import SAMPLER_RANGES
 from engine.errors import ContextFull, FucinaError, StoreError
@@ -52,6 +53,11 @@ class _Chat:
         """After the chat closed: why its last KV sidecar write failed, if it did."""
         return None
 
+    @property
+    def left_out_turns(self) -> int:
+        """The oldest turns the last reply's prompt left out to fit the context (stored chats only)."""
+        return 0
+
 
 class _EphemeralChat(_Chat):
     """A chat that lives only in this process."""
@@ -79,7 +85,8 @@ class _StoredChat(_Chat):
         if args.conversation == "new":
             self.settings = {"temperature": args.temp, "top_k": args.top_k, "top_p": args.top_p,
                              "min_p": args.min_p, "repeat_penalty": args.repeat_penalty, "seed": args.seed,
-                             "max_tokens": args.max_tokens, "ctx": args.ctx}
+                             "max_tokens": args.max_tokens, "ctx": args.ctx,
+                             "context_policy": args.context_policy}
             self.system = args.system
             self.session = self._new()
         else:
@@ -92,6 +99,10 @@ class _StoredChat(_Chat):
     @property
     def target(self) -> ChatSession:
         return self.session
+
+    @property
+    def left_out_turns(self) -> int:
+        return self.session.last_window.left_out_turns if self.session.last_window else 0
 
     def _new(self) -> ChatSession:
         return ChatSession.open(self.store, self.model, system_prompt=self.system,
@@ -185,6 +196,9 @@ def _reply(chat, text: str) -> None:
     print(flush=True)
     if chat.target.sidecar_error:
         _warn_sidecar(chat.target.sidecar_error)
+    if chat.left_out_turns:
+        print(f"(context full: the {chat.left_out_turns} oldest turn{'s' * (chat.left_out_turns > 1)} left out "
+              f"of this reply's prompt; they stay stored)", file=sys.stderr)
 
 
 def _warn_sidecar(failure: str) -> None:
@@ -239,5 +253,8 @@ def register(subparsers) -> None:
     p.add_argument("--max-tokens", type=token_count, default=512, help="longest reply in tokens (default 512)")
     p.add_argument("--ctx", type=token_count, default=4096, help="context size in tokens (default 4096)")
     p.add_argument("--no-think", action="store_true", help="render with the reasoning channel closed")
+    p.add_argument("--context-policy", choices=POLICIES, default=None,
+                   help="a new stored chat that outgrows the context: drop_oldest (the default) leaves the "
+                        "oldest turns out of the prompt, stop refuses")
     add_sampler_options(p, CHAT_DEFAULTS)
     p.set_defaults(func=run_chat)

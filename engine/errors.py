@@ -90,6 +90,10 @@ class ContextFull(FucinaError):
     """The conversation no longer fits the KV cache (its context size)."""
 
 
+class InvalidContextPolicy(FucinaError):
+    """A conversation's context_policy setting that names no policy (engine.chat.window.POLICIES)."""
+
+
 class InvalidPrefix(FucinaError):
     """A preloaded KV prefix declared on a conversation that is not fresh or whose cache disagrees."""
 

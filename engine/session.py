@@ -1,8 +1,9 @@
 """The session layer: one stored conversation, open on one model, shared by the GUI and the CLI.
 
 A ChatSession joins the history store (the messages, as a tree with an active branch), a Conversation (the
-KV cache) and the conversation's KV sidecar. Every reply renders the whole active branch with the model's
-chat template and lets the Conversation keep the longest common token prefix of its cache: a sidecar that
+KV cache) and the conversation's KV sidecar. Every reply renders the active branch with the model's chat
+template (as much of it as the context holds, by the conversation's context policy: engine.chat.window)
+and lets the Conversation keep the longest common token prefix of its cache: a sidecar that
 holds a prefix of the render resumes warm (only the new turn is prefilled); an edit, a regeneration, a
 deleted message or another system prompt rewinds to where the render parts and prefills from there, and
 the sidecar follows (rewritten from that position, off the decoding thread).
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from engine.chat import ChatOptions, Conversation, Message, TurnResult
+from engine.chat.window import DEFAULT_POLICY, ContextWindow, check_policy, fit_context, longest_token
 from engine.errors import FucinaError
 from engine.history.store import HistoryStore
 from engine.kv.sidecar_writer import WRITER
@@ -40,6 +42,8 @@ DEFAULT_MAX_TOKENS = 1024
 SIDECAR_SUFFIX = ".fkv"
 
 _KEEP = object()  # "not passed" for update_settings, distinct from None (a real value: no system prompt)
+
+OnPrefill = Callable[[int, int], None]  # (prompt tokens fed, tokens to feed)
 
 
 # A model's tokenizer takes a second or more to build (Qwen's 151k-token vocabulary) and never changes:
@@ -84,6 +88,11 @@ class PendingReply:
         store.add_message(self.conversation_id, "assistant", self.text, parent_id=self.parent_id, meta=self.meta)
 
 
+def context_policy(settings: dict) -> str:
+    """A stored conversation's context policy (engine.chat.window), validated."""
+    return check_policy(settings.get("context_policy") or DEFAULT_POLICY)
+
+
 def chat_options(settings: dict) -> ChatOptions:
     """A stored conversation's sampler settings (validate.SAMPLER_KEYS) as ChatOptions; what is not set
     takes the chat defaults, and an unset seed a fresh random one."""
@@ -112,6 +121,7 @@ class ChatSession:
         self.last_turn: TurnResult | None = None
         self.pending_reply: PendingReply | None = None
         self._turn_lock = conversation_lock(store.path, conversation_id)
+        self.last_window: ContextWindow | None = None  # what the last reply was conditioned on
         self.resumed_positions = self._open_conversation(row["sampler"])
 
     @classmethod
@@ -143,59 +153,94 @@ class ChatSession:
         """The active branch, root first."""
         return self.store.active_branch(self.id)
 
+    @property
+    def context_policy(self) -> str:
+        return context_policy(self.settings["sampler"])
+
     def prompt_length(self) -> int:
         """Tokens of the prompt the next reply would be conditioned on (the active branch, which ends with
-        a user message, rendered)."""
-        return self._prompt_tokens(self.messages())
+        a user message, rendered as far as the context holds it)."""
+        return len(self._window(self.messages())[0].ids)
 
     def branch_tokens(self) -> int:
         """Context positions the active branch fills (what a status bar shows; the cache may still hold a
         branch left by a switch or a delete until the next reply): its render up to the last user message
         plus the reply after it."""
+        return self.branch_fill()[0]
+
+    def branch_fill(self) -> tuple[int, int]:
+        """(branch_tokens, the oldest user turns the context leaves out of it)."""
         branch = self.messages()
         reply = 0
         if branch and branch[-1]["role"] == "assistant":
             last = branch.pop()
             reply = (last["meta"].get("generated_tokens")
                      or len(self.convo.tokenizer.encode(last["content"], add_special=False)))
+        if not any(m["role"] == "user" for m in branch):
+            return reply, 0
         try:
-            return (self._prompt_tokens(branch) if branch else 0) + reply
-        except FucinaError:  # a branch no template renders (an imported oddity): what the cache holds
-            return self.context_used
+            window = self._window(branch)[0]
+        except FucinaError:  # a branch no template renders, or one that cannot fit: what the cache holds
+            return self.context_used, 0
+        return len(window.ids) + reply, window.left_out_turns
 
-    def _prompt_tokens(self, branch: list[dict]) -> int:
-        return len(self.convo.tokenizer.encode(self._render(branch), add_special=True))
+    def _window(self, branch: list[dict]) -> tuple[ContextWindow, str | None]:
+        """The part of `branch` (ending with a user message) that the reply is conditioned on, and the id of
+        its first message when it leaves some out (a reply's meta keeps it as kept_from: the next reply
+        keeps that start while it fits, so the prompt the cache holds is reused)."""
+        system = self.settings["system_prompt"]
+        messages = [Message("system", system)] if system else []
+        messages += [Message(m["role"], m["content"]) for m in branch]
+        kept_from = next((m["meta"].get("kept_from") for m in reversed(branch) if m["role"] == "assistant"), None)
+        ids = [m["id"] for m in branch]
+        offset = len(messages) - len(branch)
+        window = fit_context(messages, self._encode, capacity=self.context_size,
+                             max_tokens=self.convo.options.max_tokens, policy=self.context_policy,
+                             longest=longest_token(self.convo.tokenizer),
+                             previous_start=offset + ids.index(kept_from) if kept_from in ids else None)
+        return window, branch[window.start - offset]["id"] if window.left_out else None
+
+    def _encode(self, messages: list[Message]) -> list[int]:
+        return self.convo.tokenizer.encode(self.convo.template.render_messages(messages), add_special=True)
 
     # -- replies: each returns the reply's text pieces as a generator; closing it early stops the reply --
 
-    def send(self, text: str, cancel: threading.Event | None = None) -> Iterator[str]:
+    # A message is stored before its reply is planned: one the context cannot take is refused (ContextFull)
+    # but kept, to be edited, copied or deleted. `on_prefill` hears the prompt's prefill progress.
+
+    def send(self, text: str, cancel: threading.Event | None = None, *,
+             on_prefill: OnPrefill | None = None) -> Iterator[str]:
         """Add a user message to the active branch and stream the reply."""
         def branch() -> list[dict]:
             self.store.add_message(self.id, "user", text)
             return self.messages()
-        return self._reply(branch, cancel)
+        return self._reply(branch, cancel, on_prefill)
 
-    def regenerate(self, cancel: threading.Event | None = None) -> Iterator[str]:
+    def regenerate(self, cancel: threading.Event | None = None, *,
+                   on_prefill: OnPrefill | None = None) -> Iterator[str]:
         """A new alternative to the last reply (or a reply to a trailing unanswered user message)."""
         def branch() -> list[dict]:
             messages = self.messages()
             if not messages:
                 raise ValueError("the conversation has no message to reply to")
             return messages[:-1] if messages[-1]["role"] == "assistant" else messages
-        return self._reply(branch, cancel)
+        return self._reply(branch, cancel, on_prefill)
 
-    def edit(self, message_id: str, text: str, cancel: threading.Event | None = None) -> Iterator[str]:
+    def edit(self, message_id: str, text: str, cancel: threading.Event | None = None, *,
+             on_prefill: OnPrefill | None = None) -> Iterator[str]:
         """Branch a user message with new text (the old one stays an alternative) and stream its reply."""
         def branch() -> list[dict]:
             if self.store.get_message(message_id)["role"] != "user":
                 raise ValueError("only a user message is edited; regenerate an assistant reply instead")
             self.store.branch(message_id, text)
             return self.messages()
-        return self._reply(branch, cancel)
+        return self._reply(branch, cancel, on_prefill)
 
-    def _reply(self, prepare: Callable[[], list[dict]], cancel: threading.Event | None) -> Iterator[str]:
+    def _reply(self, prepare: Callable[[], list[dict]], cancel: threading.Event | None,
+               on_prefill: OnPrefill | None) -> Iterator[str]:
         """Take the conversation's lock, save a pending reply, write the turn's messages (`prepare` returns the
-        branch to answer) and start the reply; the lock is released when the reply is stored."""
+        branch to answer), fit the branch to the context and start the reply; the lock is released when the
+        reply is stored."""
         if not self._turn_lock.try_acquire():
             raise busy(self.id)
         try:
@@ -203,13 +248,15 @@ class ChatSession:
             branch = prepare()
             if not branch or branch[-1]["role"] != "user":
                 raise ValueError("a reply follows a user message")
-            stream = self.convo.send_rendered(self._render(branch), cancel, reuse=True)
+            self.last_window, kept_from = self._window(branch)
+            stream = self.convo.send_tokens(self.last_window.ids, cancel, reuse=True, on_prefill=on_prefill)
         except BaseException:
             self._turn_lock.release()
             raise
-        return self._store_reply(stream, branch[-1]["id"])
+        return self._store_reply(stream, branch[-1]["id"],
+                                 {"left_out_turns": self.last_window.left_out_turns, "kept_from": kept_from})
 
-    def _store_reply(self, stream: Iterator[str], parent_id: str) -> Iterator[str]:
+    def _store_reply(self, stream: Iterator[str], parent_id: str, window_meta: dict) -> Iterator[str]:
         before = self.convo.last_turn
         try:
             yield from stream
@@ -220,7 +267,7 @@ class ChatSession:
                 if turn is not before:
                     self.last_turn = turn
                     if turn.text or turn.finish_reason not in ("cancelled", "error"):
-                        self._save_reply(PendingReply(self.id, parent_id, turn.text, self._meta(turn)))
+                        self._save_reply(PendingReply(self.id, parent_id, turn.text, self._meta(turn) | window_meta))
             finally:
                 self._turn_lock.release()
 
@@ -235,12 +282,6 @@ class ChatSession:
             return False
         self._save_reply(self.pending_reply)
         return True
-
-    def _render(self, branch: list[dict]) -> str:
-        system = self.settings["system_prompt"]
-        messages = [Message("system", system)] if system else []
-        messages += [Message(m["role"], m["content"]) for m in branch]
-        return self.convo.template.render_messages(messages)
 
     def _meta(self, turn: TurnResult) -> dict:
         s = turn.stats
@@ -273,6 +314,7 @@ class ChatSession:
             self.resumed_positions = self._open_conversation(sampler or {})
 
     def _open_conversation(self, sampler: dict) -> int:
+        context_policy(sampler)  # a stored setting that names no policy is refused on opening
         # under the turn lock: loading (or resetting) the sidecar while another process streams into it
         # would read a half-written turn or truncate the file under its writer
         if not self._turn_lock.try_acquire():

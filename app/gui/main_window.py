@@ -149,6 +149,7 @@ class MainWindow(QMainWindow):
         worker.conversation_deleted.connect(self._conversation_deleted)
         worker.reply_text.connect(self._reply_text)
         worker.turn_finished.connect(self._turn_finished)
+        worker.prefill_progress.connect(self._prefill_progress)
         worker.branch_changed.connect(self._refresh_if_current)
         worker.status_changed.connect(self.status_line.show_status)
         worker.failed.connect(self._engine_failed)  # a bound slot, so it runs on this (the UI) thread
@@ -254,6 +255,10 @@ class MainWindow(QMainWindow):
     def _reply_text(self, text: str, turn) -> None:
         if self.streaming and turn is self.client.current_turn:
             self.chat_view.append_reply(text)
+
+    def _prefill_progress(self, progress, turn) -> None:
+        if self.streaming and turn is self.client.current_turn:
+            self.status_line.show_prefill(progress)
 
     def _turn_finished(self, conversation_id: str | None, turn) -> None:
         if turn is self.client.current_turn:

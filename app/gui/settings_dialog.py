@@ -1,4 +1,5 @@
-"""Per-conversation settings: system prompt, sampler, reply length and context length, with named presets.
+"""Per-conversation settings: system prompt, sampler, reply length, context length and what happens when the
+chat outgrows the context (the context policy), with named presets.
 
 The dialog edits a settings dict shaped like the store's: {"system_prompt": str | None, "sampler": {...}}
 with the store's sampler keys; a seed left on "random" is simply absent.
@@ -10,14 +11,17 @@ from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QDoubleSpin
                                QInputDialog, QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
 from app.gui.preferences import Preferences
+from engine.chat.window import DEFAULT_POLICY
 from engine.sampling import CHAT_DEFAULTS
 from engine.session import DEFAULT_CONTEXT, DEFAULT_MAX_TOKENS
 
 DEFAULT_SAMPLER = {"temperature": CHAT_DEFAULTS.temperature, "top_k": CHAT_DEFAULTS.top_k,
                    "top_p": CHAT_DEFAULTS.top_p, "min_p": CHAT_DEFAULTS.min_p,
                    "repeat_penalty": CHAT_DEFAULTS.repeat_penalty, "max_tokens": DEFAULT_MAX_TOKENS,
-                   "ctx": DEFAULT_CONTEXT}
+                   "ctx": DEFAULT_CONTEXT, "context_policy": DEFAULT_POLICY}
 RANDOM_SEED = -1  # the seed box's lowest value, shown as "random"
+CONTEXT_POLICIES = {"drop_oldest": "Leave the oldest turns out (the system prompt stays)",
+                    "stop": "Stop and say so"}
 
 
 def _double(low: float, high: float, step: float, decimals: int = 2) -> QDoubleSpinBox:
@@ -53,6 +57,10 @@ class SettingsDialog(QDialog):
             "ctx": _int(256, 131_072, 256),
         }
         self.fields["seed"].setSpecialValueText("random")
+        self.context_policy = QComboBox()
+        for policy, label in CONTEXT_POLICIES.items():
+            self.context_policy.addItem(label, policy)
+        self.context_policy.setAccessibleName("When the context is full")
         labels = {"temperature": "Temperature (0 = greedy)", "top_k": "Top-k (0 = off)", "top_p": "Top-p",
                   "min_p": "Min-p (0 = off)", "repeat_penalty": "Repeat penalty (1 = off)", "seed": "Seed",
                   "max_tokens": "Max reply tokens", "ctx": "Context length (tokens)"}
@@ -61,6 +69,7 @@ class SettingsDialog(QDialog):
         for key, box in self.fields.items():
             box.setAccessibleName(labels[key])
             form.addRow(labels[key], box)
+        form.addRow("When the context is full", self.context_policy)
         self.system_prompt.setAccessibleName("System prompt")
 
         self.presets = QComboBox()
@@ -94,9 +103,11 @@ class SettingsDialog(QDialog):
         sampler = {**DEFAULT_SAMPLER, "seed": RANDOM_SEED, **(settings.get("sampler") or {})}
         for key, box in self.fields.items():
             box.setValue(sampler[key])
+        self.context_policy.setCurrentIndex(self.context_policy.findData(sampler["context_policy"]))
 
     def settings(self) -> dict:
         sampler = {key: box.value() for key, box in self.fields.items()}
+        sampler["context_policy"] = self.context_policy.currentData()
         if sampler["seed"] == RANDOM_SEED:
             del sampler["seed"]
         return {"system_prompt": self.system_prompt.toPlainText().strip() or None, "sampler": sampler}

@@ -1,16 +1,27 @@
-"""The status bar's numbers: context used of available, time to first token, decode speed, and whether
-the reply continued a warm KV cache (reused positions) or had to prefill the history again."""
+"""The status bar's numbers: context used of available, the oldest turns the context leaves out, time to
+first token, decode speed, and whether the reply continued a warm KV cache (reused positions) or had to
+prefill the history again; while a long prompt is read, how far the engine has got."""
 
 from __future__ import annotations
 
 from PySide6.QtWidgets import QLabel
 
-from app.gui.worker import EngineStatus
+from app.gui.worker import EngineStatus, PrefillProgress
+
+SEPARATOR = "  ·  "
+
+
+def _left_out(turns: int) -> list[str]:
+    return [f"context full: {turns:,} oldest turn{'s' * (turns != 1)} left out"] if turns else []
 
 
 def describe(status: EngineStatus) -> str:
     parts = [f"context {status.context_used:,} / {status.context_size:,}"] if status.context_size else []
-    if status.ttft_ms is not None:
+    parts += _left_out(status.left_out_turns)
+    if status.ttft_ms is not None and not status.ttft_ms:  # the turn ended before its first token
+        parts.append("stopped while reading the message" if status.finish_reason == "cancelled"
+                     else "no reply")
+    elif status.ttft_ms is not None:
         parts.append(f"first token {status.ttft_ms:,.0f} ms")
         parts.append(f"{status.decode_tps:.1f} tok/s")
         warmth = "warm" if status.reused_tokens else "cold"
@@ -18,7 +29,13 @@ def describe(status: EngineStatus) -> str:
     elif status.context_size:
         parts.append(f"resumed warm ({status.resumed_positions:,} positions)" if status.resumed_positions
                      else "cold start")
-    return "  ·  ".join(parts)
+    return SEPARATOR.join(parts)
+
+
+def describe_prefill(progress: PrefillProgress) -> str:
+    reading = (f"reading your message: {progress.done:,} / {progress.total:,} tokens"
+               if progress.done < progress.total else "writing the reply…")
+    return SEPARATOR.join([*_left_out(progress.left_out_turns), reading])
 
 
 class StatusLine(QLabel):
@@ -30,3 +47,6 @@ class StatusLine(QLabel):
     def show_status(self, status: EngineStatus) -> None:
         self.status = status
         self.setText(describe(status))
+
+    def show_prefill(self, progress: PrefillProgress) -> None:
+        self.setText(describe_prefill(progress))

@@ -2,9 +2,10 @@
 connection (SQLite connections belong to the thread that made them) and the open ChatSession.
 
 The UI talks to it only through queued signals (EngineClient below), so no model work ever runs on the UI
-thread. Reply text comes back coalesced to about 30 updates a second. Stopping is the one call that
-bypasses the queue: the UI sets the turn's `threading.Event`, which the engine checks between tokens, so a
-stop (or a conversation or model switch, which stops first) takes effect within one token.
+thread. Reply text comes back coalesced to about 30 updates a second, and a long prompt's prefill reports
+its progress slice by slice. Stopping is the one call that bypasses the queue: the UI sets the turn's
+`threading.Event`, which the engine checks between tokens and between prefill slices, so a stop (or a
+conversation or model switch, which stops first) takes effect within one token or one slice.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from engine.catalog import resolve_model
 from engine.errors import FucinaError, HistoryError, StoreError
 from engine.history.store import HistoryStore
 from engine.models import load_model
-from engine.session import ChatSession, PendingReply, delete_conversation
+from engine.session import ChatSession, OnPrefill, PendingReply, delete_conversation
 
 FLUSH_INTERVAL_S = 1 / 30
 
@@ -37,6 +38,15 @@ class EngineStatus:
     reused_tokens: int = 0
     prefilled_tokens: int = 0
     finish_reason: str | None = None
+    left_out_turns: int = 0          # oldest turns the context policy leaves out of the prompt
+
+
+@dataclass(frozen=True)
+class PrefillProgress:
+    """How far the engine has read the prompt of the reply in progress."""
+    done: int
+    total: int
+    left_out_turns: int = 0
 
 
 class TextBatcher:
@@ -74,6 +84,7 @@ class EngineWorker(QObject):
     # A turn is identified by its cancel event, so the UI can ignore a turn it has abandoned.
     reply_text = Signal(str, object)      # the next coalesced piece of the reply, the turn
     turn_finished = Signal(object, object)  # conversation id (None: none was made), the turn; stored now
+    prefill_progress = Signal(object, object)  # PrefillProgress, the turn
     branch_changed = Signal(str)          # conversation id, after a switch or a delete
     conversation_deleted = Signal(str)
     status_changed = Signal(object)       # EngineStatus
@@ -159,25 +170,30 @@ class EngineWorker(QObject):
     # -- turns -------------------------------------------------------------------------------------
     @Slot(str, object)
     def send(self, text: str, cancel: threading.Event) -> None:
-        self._turn(lambda s: s.send(text, cancel), cancel, text)
+        self._turn(lambda s, progress: s.send(text, cancel, on_prefill=progress), cancel, text)
 
     @Slot(object)
     def regenerate(self, cancel: threading.Event) -> None:
-        self._turn(lambda s: s.regenerate(cancel), cancel)
+        self._turn(lambda s, progress: s.regenerate(cancel, on_prefill=progress), cancel)
 
     @Slot(str, str, object)
     def edit(self, message_id: str, text: str, cancel: threading.Event) -> None:
-        self._turn(lambda s: s.edit(message_id, text, cancel), cancel)
+        self._turn(lambda s, progress: s.edit(message_id, text, cancel, on_prefill=progress), cancel)
 
-    def _turn(self, start: Callable[[ChatSession], Iterator[str]], cancel: threading.Event,
+    def _turn(self, start: Callable[[ChatSession, OnPrefill], Iterator[str]], cancel: threading.Event,
               text: str | None = None) -> None:
         """`text`: the message sent, handed back to the UI when the store refuses it."""
         session = None
         batcher = TextBatcher(lambda text: self.reply_text.emit(text, cancel))
+
+        def progress(done: int, total: int) -> None:
+            left_out = session.last_window.left_out_turns if session.last_window else 0
+            self.prefill_progress.emit(PrefillProgress(done, total, left_out), cancel)
+
         try:
             try:
                 session = self._session_for_turn(cancel)
-                stream = start(session)  # writes the turn's messages (a StoreError here: nothing was sent)
+                stream = start(session, progress)  # writes the turn's messages (a StoreError here: nothing was sent)
             except StoreError as e:
                 self._report(e, unsent=text)
                 return
@@ -297,11 +313,12 @@ class EngineWorker(QObject):
             return
         turn = s.last_turn
         stats = turn.stats if turn is not None else None
+        used, left_out = s.branch_fill()
         self.status_changed.emit(EngineStatus(
-            context_used=s.branch_tokens(), context_size=s.context_size, resumed_positions=s.resumed_positions,
+            context_used=used, context_size=s.context_size, resumed_positions=s.resumed_positions,
             ttft_ms=stats and stats.ttft_ms, decode_tps=stats and stats.decode_tps,
             reused_tokens=stats.reused_tokens if stats else 0, prefilled_tokens=stats.prefilled_tokens if stats else 0,
-            finish_reason=turn and turn.finish_reason))
+            finish_reason=turn and turn.finish_reason, left_out_turns=left_out))
 
     @Slot()
     def shutdown(self) -> None:

@@ -32,7 +32,7 @@ from engine.errors import ContextFull, InvalidPrefix
 from engine.kv import persist as kv_persist
 from engine.kv.cache import KvCache, KvDtype
 from engine.kv.sidecar_writer import WRITER
-from engine.models.transformer import Transformer
+from engine.models.transformer import UBATCH, Transformer
 from engine.sampling import LogitProcessor, Sampler, SamplerConfig
 from engine.tokenize import StreamDecoder, Tokenizer, load_tokenizer
 
@@ -90,6 +90,7 @@ class _Request:
     ids: list[int]
     reuse: bool             # reconcile with the cache by longest common prefix (ids are a full render)
     user: str | None = None  # the user message, when the turn came from send()
+    on_prefill: Callable[[int, int], None] | None = None  # (tokens fed, tokens to feed), between slices
 
 
 class Conversation:
@@ -199,25 +200,32 @@ class Conversation:
         return self.cache
 
     # -- turns ----------------------------------------------------------------------------------------
-    def send(self, user: str, cancel: threading.Event | None = None) -> Iterator[str]:
+    def send(self, user: str, cancel: threading.Event | None = None, *,
+             on_prefill: Callable[[int, int], None] | None = None) -> Iterator[str]:
         """Stream the reply to one user message. Built-in formats render just the new turn; a model's own
-        Jinja template renders the whole chat and reuses the cached common prefix."""
-        return self._stream(self._user_request(user), cancel)
+        Jinja template renders the whole chat and reuses the cached common prefix. `cancel` and
+        `on_prefill` as in send_rendered."""
+        request = self._user_request(user)
+        request.on_prefill = on_prefill
+        return self._stream(request, cancel)
 
-    def send_rendered(self, rendered: str, cancel: threading.Event | None = None, *,
-                      reuse: bool = False) -> Iterator[str]:
+    def send_rendered(self, rendered: str, cancel: threading.Event | None = None, *, reuse: bool = False,
+                      on_prefill: Callable[[int, int], None] | None = None) -> Iterator[str]:
         """Stream the reply to caller-rendered template text (e.g. Template.render_messages). With `reuse`,
         `rendered` is a full-history render: the cache keeps its longest common token prefix with it and
-        only the rest is prefilled (last_turn.stats.reused_tokens says how much was kept)."""
+        only the rest is prefilled (last_turn.stats.reused_tokens says how much was kept). The prefill runs
+        in the model's slices of UBATCH tokens: `on_prefill(fed, total)` hears of each, and `cancel` set
+        between two of them ends the turn there."""
         add_special = self.prefix_rows == 0 and (reuse or not self._history)
-        return self.send_tokens(self.tokenizer.encode(rendered, add_special=add_special), cancel, reuse=reuse)
+        return self.send_tokens(self.tokenizer.encode(rendered, add_special=add_special), cancel, reuse=reuse,
+                                on_prefill=on_prefill)
 
-    def send_tokens(self, ids: Sequence[int], cancel: threading.Event | None = None, *,
-                    reuse: bool = False) -> Iterator[str]:
+    def send_tokens(self, ids: Sequence[int], cancel: threading.Event | None = None, *, reuse: bool = False,
+                    on_prefill: Callable[[int, int], None] | None = None) -> Iterator[str]:
         """send_rendered over pre-encoded ids."""
         if not len(ids):
             raise ValueError("the prompt is empty")
-        return self._stream(_Request([int(t) for t in ids], reuse), cancel)
+        return self._stream(_Request([int(t) for t in ids], reuse, on_prefill=on_prefill), cancel)
 
     def _user_request(self, user: str) -> _Request:
         if isinstance(self.template, Template):
@@ -234,6 +242,8 @@ class Conversation:
     def _stream(self, request: _Request, cancel: threading.Event | None) -> Iterator[str]:
         turn = _Turn(self, request, cancel)
         logits = turn.prefill()
+        if turn.done:  # stopped during the prefill
+            return
         try:
             while True:
                 text = turn.accept(logits)
@@ -247,8 +257,9 @@ class Conversation:
                 turn.end("cancelled" if isinstance(e, (GeneratorExit, KeyboardInterrupt)) else "error", e)
             raise
 
-    def _prefill(self, request: _Request) -> tuple[np.ndarray, int, int]:
-        """Reconcile the cache with the request and feed what it lacks: (last logits, reused, fed)."""
+    def _prefill(self, request: _Request, cancel: threading.Event | None) -> tuple[np.ndarray | None, int, int]:
+        """Reconcile the cache with the request and feed what it lacks: (last logits, reused, fed). Logits
+        None: `cancel` stopped the feed between two slices."""
         cache = self._live_cache()
         cached = cache.len - self.prefix_rows
         if request.reuse:  # logits are not cached state: at least the last prompt token is fed again
@@ -263,9 +274,30 @@ class Conversation:
         cache.truncate(self.prefix_rows + keep)
         self._saved = min(self._saved, cache.len)
         feed = history[keep:]
-        logits = self.model.forward(feed, cache)
+        logits = self._feed(feed, cancel, request.on_prefill)
+        if logits is None:
+            if request.reuse:  # what was fed stays: a resend of this render resumes from it
+                self._history = list(history[: cache.len - self.prefix_rows])
+            else:  # a part of a turn cannot stay under the turns that follow it
+                cache.truncate(self.prefix_rows + keep)
+            return None, keep, cache.len - self.prefix_rows - keep
         self._history = list(history)
         return logits, keep, len(feed)
+
+    def _feed(self, tokens: list[int], cancel: threading.Event | None,
+              on_prefill: Callable[[int, int], None] | None) -> np.ndarray | None:
+        """Forward `tokens` in the slices model.forward would cut, reporting progress and checking `cancel`
+        between them; the last slice's last-row logits, or None when stopped."""
+        total = len(tokens)
+        for start in range(0, total, UBATCH):
+            if on_prefill is not None:
+                on_prefill(start, total)
+            if start and cancel is not None and cancel.is_set():
+                return None
+            logits = self.model.forward(tokens[start: start + UBATCH], self.cache)
+        if on_prefill is not None:
+            on_prefill(total, total)
+        return logits
 
     def _stop_sequence_completed(self, reply: bytes, piece: bytes) -> int | None:
         """The first stop sequence that the reply completes with `piece`, if any."""
@@ -298,10 +330,12 @@ class _Turn:
         if c.sampler.processor is not None:
             c.sampler.processor.reset()
         c._decoder.reset()
-        logits, reused, fed = c._prefill(self.request)
+        logits, reused, fed = c._prefill(self.request, self.cancel)
         self.stats.prefill_ms = (time.perf_counter() - self._start) * 1e3
         self.stats.reused_tokens, self.stats.prefilled_tokens = reused, fed
         self.stats.prompt_tokens = reused + fed
+        if logits is None:
+            self.end("cancelled")
         return logits
 
     def accept(self, logits: np.ndarray) -> str:
@@ -397,7 +431,8 @@ def _lockstep(convos: Sequence[Conversation], make_requests: Sequence[Callable],
             failed[i] = TurnResult("", [], "error", error=e)
             continue
         turns[i] = turn
-        advance(i, logits)
+        if not turn.done:
+            advance(i, logits)
     live = [i for i, t in enumerate(turns) if t is not None and not t.done]
     while live:
         try:

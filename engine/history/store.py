@@ -23,6 +23,7 @@ from engine.paths import data_dir
 from engine.storage_errors import storage_error
 
 TITLE_CHARS = 60
+_NON_SPACE = re.compile(r"\S")
 
 # "Not passed" marker (keep the setting / use the active leaf), distinct from None, a real value here.
 _KEEP = object()
@@ -174,7 +175,7 @@ class HistoryStore:
                 (mid, conversation_id, parent, role, content, _now(), json.dumps(meta or {})),
             )
             changes = {"active_leaf": mid}
-            if title is None and role == "user" and content.strip():
+            if title is None and role == "user" and _NON_SPACE.search(content):
                 changes["title"] = _title_from(content)
             self._update_conversation(conversation_id, **changes)
         return mid
@@ -213,14 +214,16 @@ class HistoryStore:
     def active_branch(self, conversation_id: str) -> list[dict]:
         """The messages the user sees: root to the active leaf."""
         leaf = self.get_conversation(conversation_id)["active_leaf"]
-        rows = self.db.query(
+        # ordered here, not by ORDER BY: SQLite's sorter would copy every message's text (a 200 MB one thrice)
+        rows = list(self.db.query(
             """WITH RECURSIVE path(id, depth) AS (
                    SELECT ?, 0
                    UNION ALL SELECT m.parent_id, path.depth + 1 FROM messages m JOIN path ON m.id = path.id
                    WHERE m.parent_id IS NOT NULL)
-               SELECT messages.* FROM path JOIN messages USING (id) ORDER BY depth DESC""",
-            [leaf])
-        return [_message(r) for r in rows]
+               SELECT messages.*, depth FROM path JOIN messages USING (id)""",
+            [leaf]))
+        by_depth = {r.pop("depth"): r for r in rows}
+        return [_message(by_depth[d]) for d in sorted(by_depth, reverse=True)]
 
     def delete_message(self, message_id: str) -> None:
         """Delete a message and everything under it; an active leaf inside it moves to its parent."""
@@ -326,8 +329,13 @@ class HistoryStore:
 
 
 def _title_from(content: str) -> str:
-    line = " ".join(content.split())
-    return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1].rstrip() + "…"
+    # from the first words only: splitting a whole 200 MB message made a list of 100 million of them
+    start = _NON_SPACE.search(content).start()
+    head = content[start: start + 4 * TITLE_CHARS]
+    line = " ".join(head.split())
+    if len(line) <= TITLE_CHARS and _NON_SPACE.search(content, start + len(head)) is None:
+        return line
+    return line[: TITLE_CHARS - 1].rstrip() + "…"
 
 
 def _sampler_json(sampler: dict | None) -> str:

@@ -12,6 +12,7 @@ import math
 import os
 from pathlib import Path
 
+from engine.chat.window import POLICIES
 from engine.errors import HistoryError
 
 ROLES = ("system", "user", "assistant")
@@ -29,7 +30,9 @@ SAMPLER_RANGES: dict[str, tuple[type, float, float]] = {
     "max_tokens": (int, 1, 131_072),
     "ctx": (int, 256, 131_072),
 }
-SAMPLER_KEYS = tuple(SAMPLER_RANGES)
+# key -> the values it may take
+SAMPLER_CHOICES: dict[str, tuple[str, ...]] = {"context_policy": POLICIES}
+SAMPLER_KEYS = (*SAMPLER_RANGES, *SAMPLER_CHOICES)
 
 MAX_IMPORT_BYTES = 256 * 1024 * 1024
 MAX_MESSAGES = 100_000
@@ -48,15 +51,20 @@ def check_sampler(sampler, where: str = "sampler") -> dict:
         return {}
     if not isinstance(sampler, dict):
         raise HistoryError(f"{where}: expected an object of {', '.join(SAMPLER_KEYS)}, got {_shown(sampler)}")
-    unknown = sorted(str(k) for k in sampler if k not in SAMPLER_RANGES)
+    unknown = sorted(str(k) for k in sampler if k not in SAMPLER_KEYS)
     if unknown:
         raise HistoryError(f"{where}: unknown sampler setting(s) {', '.join(unknown)}; known: "
                            f"{', '.join(SAMPLER_KEYS)}")
     checked = {}
     for key, value in sampler.items():
-        kind, low, high = SAMPLER_RANGES[key]
-        if value is not None:
-            value = _number(value, kind, low, high, f"{where}.{key}")
+        if value is None:
+            pass
+        elif key in SAMPLER_CHOICES:
+            if value not in SAMPLER_CHOICES[key]:
+                raise HistoryError(f"{where}.{key}: expected one of {', '.join(SAMPLER_CHOICES[key])}, "
+                                   f"got {_shown(value)}")
+        else:
+            value = _number(value, *SAMPLER_RANGES[key], f"{where}.{key}")
         checked[key] = value
     return checked
 

@@ -183,3 +183,20 @@ def test_an_export_to_an_unwritable_place_is_one_error_line(empty_home, capsys):
     target = empty_home / "no such folder" / "c.md"
     code, _, err = conversations(capsys, "export", json.loads(listed)[0]["id"], "-o", str(target))
     assert code == 2 and err == f"error: cannot write {target}: No such file or directory\n"
+
+
+@pytest.mark.parametrize("policy", ["drop_oldest", "stop"])
+def test_an_imported_message_too_big_for_the_context_is_left_out_or_refused(home, monkeypatch, capsys, tmp_path,
+                                                                             policy):
+    export = {"format": "fucina-conversation", "version": 1,
+              "conversation": {"model": "m.gguf", "sampler": {"ctx": 512, "context_policy": policy},
+                               "active_leaf": "a"},
+              "messages": [{"id": "u", "parent_id": None, "role": "user", "content": "imported " * 1_000_000},
+                           {"id": "a", "parent_id": "u", "role": "assistant", "content": "ok"}]}
+    (tmp_path / "big.json").write_text(json.dumps(export))
+    _, cid, _ = conversations(capsys, "import", str(tmp_path / "big.json"))
+    out = chat(monkeypatch, capsys, home, cid.strip(), "What is the capital of France?")
+    if policy == "drop_oldest":
+        assert "Paris" in out.out and "context full: the 1 oldest turn left out" in out.err
+    else:
+        assert out.out == "" and "the conversation needs at least" in out.err and "context policy: stop" in out.err

@@ -10,8 +10,8 @@ from app.gui.markdown_view import CodeBlock, MarkdownView, ProseLabel
 from app.gui.preferences import Preferences
 from app.gui.settings_dialog import SettingsDialog
 from app.gui.sidebar import group_conversations
-from app.gui.status_line import describe
-from app.gui.worker import EngineStatus, TextBatcher
+from app.gui.status_line import describe, describe_prefill
+from app.gui.worker import EngineStatus, PrefillProgress, TextBatcher
 
 
 def test_split_markdown_separates_fenced_code():
@@ -58,6 +58,18 @@ def test_status_line_says_warm_or_cold():
                               "warm: 120 reused, 9 prefilled")
 
 
+def test_status_line_says_what_the_context_leaves_out_and_how_far_a_long_prompt_is_read():
+    full = EngineStatus(context_used=3000, context_size=4096, ttft_ms=42.4, decode_tps=55.55, reused_tokens=0,
+                        prefilled_tokens=3000, left_out_turns=3)
+    assert describe(full).startswith("context 3,000 / 4,096  ·  context full: 3 oldest turns left out  ·  first")
+    stopped = EngineStatus(context_used=30, context_size=4096, ttft_ms=0.0, decode_tps=0.0,
+                           prefilled_tokens=512, finish_reason="cancelled")
+    assert describe(stopped) == "context 30 / 4,096  ·  stopped while reading the message"
+    assert describe_prefill(PrefillProgress(1024, 5120)) == "reading your message: 1,024 / 5,120 tokens"
+    assert describe_prefill(PrefillProgress(5120, 5120, 1)) == \
+        "context full: 1 oldest turn left out  ·  writing the reply…"
+
+
 def test_text_batcher_coalesces_pieces():
     sent = []
     batcher = TextBatcher(sent.append, interval=3600)
@@ -70,7 +82,7 @@ def test_text_batcher_coalesces_pieces():
 def test_settings_dialog_round_trips_and_saves_presets(qtbot, tmp_path, monkeypatch):
     preferences = Preferences(tmp_path / "gui.ini")
     settings = {"system_prompt": "Be brief.", "sampler": {"temperature": 0.2, "seed": 7, "max_tokens": 64,
-                                                          "ctx": 2048}}
+                                                          "ctx": 2048, "context_policy": "stop"}}
     dialog = SettingsDialog(settings, preferences)
     qtbot.addWidget(dialog)
     got = dialog.settings()
@@ -80,6 +92,7 @@ def test_settings_dialog_round_trips_and_saves_presets(qtbot, tmp_path, monkeypa
     dialog._save_preset()
     dialog.apply({"system_prompt": None, "sampler": {}})
     assert "seed" not in dialog.settings()["sampler"]  # random
+    assert dialog.settings()["sampler"]["context_policy"] == "drop_oldest"  # the default
     dialog.presets.setCurrentText("Terse")
     dialog.presets.activated.emit(0)
     assert dialog.settings() == got

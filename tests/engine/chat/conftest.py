@@ -25,11 +25,16 @@ def byte_level_chatml_tokenizer():
     the real tokenizer code over a vocabulary small enough for tiny random models."""
     from engine.tokenize import load_tokenizer
 
+    return load_tokenizer(byte_level_chatml_metadata())
+
+
+def byte_level_chatml_metadata() -> dict:
+    """The GGUF tokenizer metadata of byte_level_chatml_tokenizer."""
     alphabet = [chr(c) for c in range(ord("!"), ord("~") + 1)] + [chr(c) for c in range(0xA1, 0xAD)] + \
         [chr(c) for c in range(0xAE, 0x100)]
     alphabet += [chr(256 + i) for i in range(256 - len(alphabet))]  # GPT-2's stand-ins for the other bytes
     tokens = alphabet + ["hi", "<|im_start|>", "<|im_end|>"]
-    return load_tokenizer({
+    return {
         "tokenizer.ggml.model": "gpt2",
         "tokenizer.ggml.pre": "gpt2",
         "tokenizer.ggml.tokens": tokens,
@@ -37,7 +42,7 @@ def byte_level_chatml_tokenizer():
         "tokenizer.ggml.merges": ["h i"],
         "tokenizer.ggml.eos_token_id": len(tokens) - 1,
         "tokenizer.ggml.add_bos_token": False,
-    })
+    }
 
 
 @pytest.fixture(scope="session")
@@ -50,3 +55,19 @@ def tiny_chat(tmp_path_factory):
     path = tmp_path_factory.mktemp("chat") / "tiny.gguf"
     write_tiny_model(path, "llama", vocab=tokenizer.vocab_size)
     return load_model(path), tokenizer
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_model(tmp_path_factory):
+    """A tiny random llama-family model that carries the byte-level ChatML tokenizer in its GGUF (so the
+    session layer, which reads both from the file, runs on it); ChatML is the llama family's format."""
+    from gguf import GGUFValueType as V
+
+    from engine.models import load_model
+    from tests.synthetic import write_tiny_model
+
+    kinds = {str: V.STRING, bool: V.BOOL, int: V.UINT32, list: V.ARRAY}
+    metadata = {k: (v, kinds[type(v)]) for k, v in byte_level_chatml_metadata().items()}
+    path = tmp_path_factory.mktemp("chat") / "tiny-chatml.gguf"
+    write_tiny_model(path, "llama", vocab=len(metadata["tokenizer.ggml.tokens"][0]), metadata=metadata)
+    return load_model(path)
