@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import os
 from pathlib import Path
 
@@ -80,17 +81,19 @@ def _number(value, kind: type, low: float, high: float, where: str):
     return float(value) if kind is float else value
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def check_text(value, where: str, *, optional: bool = False) -> str | None:
     """A string SQLite can store as UTF-8 (no lone surrogate, which JSON's \\ud800 escapes allow)."""
     if value is None and optional:
         return None
     if not isinstance(value, str):
         raise HistoryError(f"{where}: expected a string{' or null' if optional else ''}, got {_shown(value)}")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise HistoryError(f"{where}: contains a lone surrogate {value[e.start]!r} at character {e.start}, "
-                           "which is not text") from None
+    surrogate = _SURROGATE.search(value)  # a search, not an encode: a huge message is not copied
+    if surrogate:
+        raise HistoryError(f"{where}: contains a lone surrogate {surrogate.group()!r} at character "
+                           f"{surrogate.start()}, which is not text")
     return value
 
 
