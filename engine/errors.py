@@ -91,3 +91,7 @@ class InvalidPrefix(FucinaError):
 
 class KvPersistTokenMismatch(KvCacheError):
     """A KV sidecar append whose prefix rows and tokens do not describe the cache's positions."""
+
+
+class KvSidecarLocked(KvCacheError):
+    """A KV sidecar that another process kept locked for longer than a write takes."""
