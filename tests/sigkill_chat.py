@@ -68,7 +68,7 @@ class Report:
 
 
 def run(kills: int, *, seed: int = 0, model: str = "smollm2-135m-instruct", home: Path | None = None,
-        per_conversation: int = 10, log=print) -> Report:
+        per_conversation: int = 5, log=print) -> Report:
     from engine.catalog import models_dir, pull
     from engine.models import load_model
 

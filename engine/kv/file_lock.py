@@ -35,7 +35,12 @@ def locked(path: str | os.PathLike, *, create: bool = False, write: bool = True)
     and locked until the block ends. Raises FileNotFoundError for a missing file, KvSidecarLocked when
     another holder keeps it past TIMEOUT_S."""
     flags = (os.O_RDWR if write else os.O_RDONLY) | (os.O_CREAT if create else 0) | getattr(os, "O_BINARY", 0)
-    f = os.fdopen(os.open(path, flags, 0o644), "r+b" if write else "rb")
+    fd = os.open(path, flags, 0o644)
+    try:
+        f = os.fdopen(fd, "r+b" if write else "rb")
+    except OSError:  # a directory
+        os.close(fd)
+        raise
     with f:
         deadline = time.monotonic() + TIMEOUT_S
         while not _try_lock(f):

@@ -167,8 +167,10 @@ def apply(path, update: Update) -> bool:
             f.seek(8)
             f.write(update.header[8:20])
             _sync(f)
-    except FileNotFoundError:  # the file went away: it no longer holds the positions the update extends
-        return False
+    except FileNotFoundError:
+        if not update.start:  # its directory is gone: an error to report
+            raise
+        return False  # the file went away, and with it the positions the update extends
     return True
 
 
