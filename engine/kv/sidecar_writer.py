@@ -70,7 +70,8 @@ class SidecarWriter:
         try:
             if persist.apply(path, update):
                 return None
-            return f"the sidecar {path} lost positions it held (removed, damaged, or rewritten by another process)"
+            return (f"the sidecar {path} lost positions it held (removed, damaged, or rewritten by another "
+                    f"process)")
         except OSError as e:  # a full disk, a removed directory: the file keeps its published prefix
             return f"could not write the sidecar {path}: {e.strerror or e}"
         except KvSidecarLocked as e:  # another process holds it: this update waits for the next snapshot

@@ -268,24 +268,28 @@ def test_a_record_moved_to_another_position_is_not_resumed(tmp_path):
     assert persist.load(tmp_path / "c.kv", like(cache), FP).tokens == tokens[:4]
 
 
-def old_format_file(path, cache, tokens, magic=b"FUXKV001"):
-    """A sidecar as formats 1 and 2 wrote it: no record CRCs (format 2 adds prefix_rows, here 0)."""
+def old_format_file(path, cache, tokens, prefix_rows):
+    """A sidecar as formats 1 and 2 wrote it: no record CRCs; format 2 (FUXKV002) for a preloaded prefix."""
     body = struct.pack("<32sII", FP, 0, cache.n_layers)
     body += b"".join(struct.pack("<II", k.shape[1], k.shape[2] * 2) for k in cache.k)
-    unsealed = magic + struct.pack("<QI", len(tokens), 0) + body
-    header = magic + struct.pack("<QI", len(tokens), zlib.crc32(unsealed)) + body
+    magic = b"FUXKV002" if prefix_rows else b"FUXKV001"
+    body += struct.pack("<Q", prefix_rows) if prefix_rows else b""
+    ids = [persist.PREFIX_TOKEN] * prefix_rows + tokens
+    unsealed = magic + struct.pack("<QI", len(ids), 0) + body
+    header = magic + struct.pack("<QI", len(ids), zlib.crc32(unsealed)) + body
     records = b"".join(struct.pack("<I", t) + b"".join(a[i].tobytes() for layer in zip(cache.k, cache.v)
-                                                        for a in layer) for i, t in enumerate(tokens))
+                                                        for a in layer) for i, t in enumerate(ids))
     path.write_bytes(header + records)
 
 
-def test_files_of_older_formats_are_refused_and_rewritten(tmp_path):
-    cache, tokens = filled(5), [1, 2, 3, 4, 5]
+@pytest.mark.parametrize("prefix_rows", [0, 2])
+def test_files_of_older_formats_are_refused_and_rewritten(tmp_path, prefix_rows):
+    cache, tokens = filled(5), [1, 2, 3, 4, 5][prefix_rows:]
     path = tmp_path / "c.kv"
-    old_format_file(path, cache, tokens)
+    old_format_file(path, cache, tokens, prefix_rows)
     out = like(cache)
     assert persist.load(path, out, FP) is None and out.len == 0
-    persist.append_range(path, cache, tokens, FP)  # the next save starts the file over
+    persist.append_range(path, cache, tokens, FP, prefix_rows)  # the next save starts the file over
     assert persist.load(path, like(cache), FP).tokens == tokens
 
 
