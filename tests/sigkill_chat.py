@@ -80,12 +80,10 @@ class Report:
                 f"{self.worst_row_error:.3f}")
 
 
-def run(kills: int, *, seed: int = 0, model: str = "smollm2-135m-instruct", home: Path | None = None,
-        per_conversation: int = 5, log=print) -> Report:
-    from engine.catalog import models_dir, pull
+def run(kills: int, model_path: Path, *, seed: int = 0, home: Path | None = None, per_conversation: int = 5,
+        log=print) -> Report:
     from engine.models import load_model
 
-    model_path = pull(model, directory=models_dir())
     checker = load_model(model_path)
     rng = random.Random(seed)
     home = Path(home or tempfile.mkdtemp(prefix="fucina-sigkill-"))
@@ -232,9 +230,10 @@ def _compare(report: Report, cid: str, model, session) -> None:
     tokens = session.convo.history[:session.resumed_positions]
     branch = session.messages()
     encode = session.convo.tokenizer.encode
-    last_reply = None  # where the last reply's tokens start (sampled tokens may tokenize its text otherwise)
-    if branch and branch[-1]["role"] == "assistant":
-        last_reply = len(encode(session._render(branch[:-1]), add_special=True))
+    # where the last reply's tokens start: its sampled tokens may differ from its text's (the next reply
+    # prefills it again), while every earlier reply was rendered again when the next one was prefilled
+    replies = [i for i, m in enumerate(branch) if m["role"] == "assistant"]
+    last_reply = len(encode(session._render(branch[:replies[-1]]), add_special=True)) if replies else None
     if not branch or branch[-1]["role"] == "assistant":  # render it as the next message would
         branch.append({"role": "user", "content": "Next."})
     render = encode(session._render(branch), add_special=True)
@@ -278,7 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--home", type=Path, default=None, help="data dir to use (default: a new temporary one)")
     args = p.parse_args(argv)
-    report = run(args.kills, seed=args.seed, model=args.model, home=args.home)
+    from engine.catalog import models_dir, pull
+
+    report = run(args.kills, pull(args.model, directory=models_dir()), seed=args.seed, home=args.home)
     print(report.summary())
     return 0 if report.ok else 1
 
