@@ -41,6 +41,10 @@ class KvCacheHeadDimNotBlockAligned(KvCacheError):
     """A q8_0 cache needs head_dim to be a multiple of 32."""
 
 
+class KvSidecarLocked(KvCacheError):
+    """A KV sidecar that another process kept locked for longer than a write takes."""
+
+
 class ModelNotFound(FucinaError):
     """A model name that is neither a starter model nor an existing .gguf path."""
 

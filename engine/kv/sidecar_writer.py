@@ -16,6 +16,7 @@ import sys
 import threading
 from collections import deque
 
+from engine.errors import KvSidecarLocked
 from engine.kv import persist
 
 
@@ -74,9 +75,12 @@ class SidecarWriter:
         try:
             if persist.apply(path, update):
                 return None
-            return f"the sidecar {path} lost positions it held"
+            return (f"the sidecar {path} lost positions it held (removed, damaged, or rewritten by another "
+                    f"process)")
         except OSError as e:  # a full disk, a removed directory: the file keeps its published prefix
             return f"could not write the sidecar {path}: {e.strerror or e}"
+        except KvSidecarLocked as e:  # another process holds it: this update waits for the next snapshot
+            return str(e)
 
 
 # The process's one writer (see the module docstring for why there is one).

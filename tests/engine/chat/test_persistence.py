@@ -74,11 +74,36 @@ def test_a_preloaded_prefix_is_saved_and_resumed(tiny_chat, tmp_path):
     c.declare_prefix(8)
     c.enable_persistence(path)
     reply(c, "hi")
-    assert path.read_bytes()[:8] == b"FUXKV002"
+    assert path.read_bytes()[:8] == b"FUXKV003"
     reopened = chat(tiny_chat)  # no prefix of its own: the file's comes back with it
     assert reopened.enable_persistence(path) == c.cache.len
     assert reopened.prefix_rows == 8 and reopened.history == c.history
     assert_same_cache(reopened.cache, c.cache)
+
+
+def test_a_damaged_record_resumes_the_prefix_before_it_and_the_next_turn_rewrites_the_rest(tiny_chat, tmp_path):
+    path = tmp_path / "chat.kv"
+    c = chat(tiny_chat)
+    c.enable_persistence(path)
+    reply(c, "hi")
+    reply(c, "more")
+    assert chat(tiny_chat).enable_persistence(path) == c.cache.len  # saved whole (this waits for the writer)
+    damaged_at = c.cache.len // 2
+    data = bytearray(path.read_bytes())
+    data[persist.header_size(c.cache) + damaged_at * persist.bytes_per_token(c.cache) + 9] ^= 0x40
+    path.write_bytes(bytes(data))
+
+    reopened = chat(tiny_chat)
+    assert reopened.enable_persistence(path) == damaged_at
+    assert reopened.history == c.history[:damaged_at]
+    for x, y in zip(reopened.cache.k + reopened.cache.v, c.cache.k + c.cache.v):
+        assert np.array_equal(x[:damaged_at], y[:damaged_at])
+    "".join(reopened.send_tokens(c.history, reuse=True))  # the caller renders the whole chat again
+    assert reopened.last_turn.stats.reused_tokens == damaged_at
+    again = chat(tiny_chat)
+    assert again.enable_persistence(path) == reopened.cache.len > c.cache.len
+    assert again.history == reopened.history
+    assert_same_cache(again.cache, reopened.cache)
 
 
 def test_a_foreign_file_starts_over_and_persistence_is_enabled_once(tiny_chat, tmp_path):

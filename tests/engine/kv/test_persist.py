@@ -1,4 +1,8 @@
-"""The KV sidecar (engine.kv.persist): byte-exact round trips, torn files, refused files, bytes per token."""
+"""The KV sidecar (engine.kv.persist): byte-exact round trips, torn and damaged files, refused files, bytes per
+token, and writers in two processes."""
+
+import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -49,7 +53,7 @@ def saved(path, cache, tokens, prefix_rows=0, fp=FP):
 def test_round_trip_is_byte_exact(tmp_path, dtype):
     cache, tokens = filled(20, dtype=dtype), list(range(100, 120))
     path = saved(tmp_path / "c.kv", cache, tokens)
-    assert path.read_bytes()[:8] == b"FUXKV001"
+    assert path.read_bytes()[:8] == b"FUXKV003"
     out = like(cache)
     loaded = persist.load(path, out, FP)
     assert loaded.tokens == tokens and loaded.prefix_rows == 0
@@ -60,7 +64,7 @@ def test_round_trip_is_byte_exact(tmp_path, dtype):
 def test_bytes_per_token_is_what_the_geometry_predicts(tmp_path, dtype):
     cache = filled(10, dtype=dtype)
     row = 32 * 2 if dtype == "f16" else 34
-    assert persist.bytes_per_token(cache) == 4 + 3 * 2 * 2 * row
+    assert persist.bytes_per_token(cache) == 4 + 3 * 2 * 2 * row + 4  # token, K/V rows, CRC
     path = saved(tmp_path / "c.kv", cache, list(range(10)))
     empty = tmp_path / "empty.kv"
     persist.reset(empty, cache, FP)
@@ -73,11 +77,11 @@ def test_bytes_per_token_of_the_starter_models(capsys):
     for name, layers, heads in (("SmolLM2-135M", 30, 3), ("Qwen2.5-0.5B", 24, 2)):
         for dtype, row in (("f16", 128), ("q8_0", 68)):
             got = persist.bytes_per_token(KvCache.uniform(layers, heads, 64, 1, dtype))
-            assert got == 4 + layers * 2 * heads * row
+            assert got == 8 + layers * 2 * heads * row
             figures[name, dtype] = got
     with capsys.disabled():
         print("\nsidecar bytes/token:", ", ".join(f"{n} {d} {b}" for (n, d), b in figures.items()))
-    assert figures["SmolLM2-135M", "f16"] == 23044 and figures["Qwen2.5-0.5B", "q8_0"] == 6532
+    assert figures["SmolLM2-135M", "f16"] == 23048 and figures["Qwen2.5-0.5B", "q8_0"] == 6536
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -145,11 +149,11 @@ def test_a_history_beyond_capacity_is_refused_and_absent_files_are_nothing(tmp_p
     assert persist.load(tmp_path, like(cache), FP) is None  # a directory
 
 
-def test_a_preloaded_prefix_round_trips_as_v2(tmp_path):
+def test_a_preloaded_prefix_round_trips(tmp_path):
     cache, tokens = filled(9, dtype="q8_0"), [7, 8, 9, 10, 11, 12]
     path = saved(tmp_path / "c.kv", cache, tokens, prefix_rows=3)
     data = path.read_bytes()
-    assert data[:8] == b"FUXKV002"
+    assert data[:8] == b"FUXKV003"
     out = like(cache)
     loaded = persist.load(path, out, FP)
     assert loaded.tokens == tokens and loaded.prefix_rows == 3
@@ -203,4 +207,167 @@ def test_header_size_is_the_written_header(tmp_path):
     persist.reset(tmp_path / "a.kv", cache, FP)
     persist.reset(tmp_path / "b.kv", cache, FP, prefix_rows=3)
     assert (tmp_path / "a.kv").stat().st_size == persist.header_size(cache)
-    assert (tmp_path / "b.kv").stat().st_size == persist.header_size(cache, prefix_rows=3)
+    assert (tmp_path / "b.kv").stat().st_size == persist.header_size(cache)
+
+
+def expected_resume(offset, header, rec, prefix_rows=0):
+    """What a file damaged at byte `offset` may resume: None for the header or a damaged first (or prefix)
+    record, else the records before the damaged one."""
+    if offset < header:
+        return None
+    damaged = (offset - header) // rec
+    return None if damaged < max(prefix_rows, 1) else damaged
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("prefix_rows", [0, 3])
+def test_a_damaged_byte_anywhere_resumes_only_the_records_before_it(tmp_path, dtype, prefix_rows):
+    cache, tokens = filled(14, dtype=dtype, n_layers=2), list(range(900, 914 - prefix_rows))
+    data = saved(tmp_path / "c.kv", cache, tokens, prefix_rows).read_bytes()
+    rec = persist.bytes_per_token(cache)
+    header = len(data) - 14 * rec
+    rng = np.random.default_rng(7)
+    offsets = sorted(set(rng.choice(len(data), 200, replace=False).tolist()) | set(range(header))
+                     | {header, header + rec - 1, len(data) - 1})
+    assert len(offsets) >= 250
+    bad = tmp_path / "bad.kv"
+    for off in offsets:
+        damaged = bytearray(data)
+        damaged[off] ^= int(rng.integers(1, 256))
+        bad.write_bytes(bytes(damaged))
+        out = like(cache)
+        loaded, want = persist.load(bad, out, FP), expected_resume(off, header, rec, prefix_rows)
+        if want is None:
+            assert loaded is None and out.len == 0, off
+        else:
+            assert loaded.prefix_rows == prefix_rows and loaded.tokens == tokens[: want - prefix_rows], off
+            assert_rows_equal(out, cache, want)
+
+
+def test_rows_overwritten_with_a_plausible_value_are_not_resumed(tmp_path):
+    cache, tokens = filled(10), list(range(10))
+    path = saved(tmp_path / "c.kv", cache, tokens)
+    data = np.frombuffer(path.read_bytes(), np.uint8).copy()
+    rec = persist.bytes_per_token(cache)
+    header = len(data) - 10 * rec
+    row = data[header + 6 * rec + 4: header + 6 * rec + 4 + 64].view(np.uint16)
+    row[:] = 0x7BFF  # f16 65504: a finite value, so nothing but the CRC tells it apart
+    path.write_bytes(data.tobytes())
+    out = like(cache)
+    assert persist.load(path, out, FP).tokens == tokens[:6]
+    assert_rows_equal(out, cache, 6)
+
+
+def test_a_record_moved_to_another_position_is_not_resumed(tmp_path):
+    cache, tokens = filled(6), [5, 5, 5, 5, 5, 5]
+    data = bytearray(saved(tmp_path / "c.kv", cache, tokens).read_bytes())
+    rec = persist.bytes_per_token(cache)
+    header = len(data) - 6 * rec
+    data[header + 4 * rec: header + 5 * rec] = data[header + 1 * rec: header + 2 * rec]
+    (tmp_path / "c.kv").write_bytes(bytes(data))
+    assert persist.load(tmp_path / "c.kv", like(cache), FP).tokens == tokens[:4]
+
+
+def old_format_file(path, cache, tokens, prefix_rows):
+    """A sidecar as formats 1 and 2 wrote it: no record CRCs; format 2 (FUXKV002) for a preloaded prefix."""
+    body = struct.pack("<32sII", FP, 0, cache.n_layers)
+    body += b"".join(struct.pack("<II", k.shape[1], k.shape[2] * 2) for k in cache.k)
+    magic = b"FUXKV002" if prefix_rows else b"FUXKV001"
+    body += struct.pack("<Q", prefix_rows) if prefix_rows else b""
+    ids = [persist.PREFIX_TOKEN] * prefix_rows + tokens
+    unsealed = magic + struct.pack("<QI", len(ids), 0) + body
+    header = magic + struct.pack("<QI", len(ids), zlib.crc32(unsealed)) + body
+    records = b"".join(struct.pack("<I", t) + b"".join(a[i].tobytes() for layer in zip(cache.k, cache.v)
+                                                        for a in layer) for i, t in enumerate(ids))
+    path.write_bytes(header + records)
+
+
+@pytest.mark.parametrize("prefix_rows", [0, 2])
+def test_files_of_older_formats_are_refused_and_rewritten(tmp_path, prefix_rows):
+    cache, tokens = filled(5), [1, 2, 3, 4, 5][prefix_rows:]
+    path = tmp_path / "c.kv"
+    old_format_file(path, cache, tokens, prefix_rows)
+    out = like(cache)
+    assert persist.load(path, out, FP) is None and out.len == 0
+    persist.append_range(path, cache, tokens, FP, prefix_rows)  # the next save starts the file over
+    assert persist.load(path, like(cache), FP).tokens == tokens
+
+
+def test_an_update_extending_another_history_is_refused(tmp_path):
+    cache, tokens = filled(8), list(range(8))
+    path = tmp_path / "c.kv"
+    cache.len = 4
+    persist.append_range(path, cache, tokens[:4], FP)
+    other = filled(8, seed=3)  # another process's history, saved over this file
+    other.len = 4
+    persist.append_range(path, other, [9, 9, 9, 9], FP)
+    cache.len = 8
+    before = path.read_bytes()
+    assert not persist.apply(path, persist.snapshot(cache, tokens, FP, 0, 4))  # its positions 0..3 are gone
+    assert path.read_bytes() == before
+    assert persist.apply(path, persist.snapshot(cache, tokens, FP, 0, 0))  # written whole, it is this one's
+    assert persist.load(path, like(cache), FP).tokens == tokens
+
+
+def test_a_file_held_by_another_writer_is_waited_for_then_refused_with_a_clear_error(tmp_path, monkeypatch):
+    from engine.errors import KvSidecarLocked
+    from engine.kv import file_lock
+    from engine.kv.sidecar_writer import SidecarWriter
+
+    cache, tokens = filled(4), [1, 2, 3, 4]
+    path = saved(tmp_path / "c.kv", cache, tokens)
+    monkeypatch.setattr(file_lock, "TIMEOUT_S", 0.2)
+    writer = SidecarWriter()
+    with file_lock.locked(path):  # another process in the middle of a write (flock: another open file)
+        with pytest.raises(KvSidecarLocked, match="c.kv"):
+            persist.load(path, like(cache), FP)
+        writer.submit(path, persist.snapshot(cache, tokens, FP, 0, 0))
+        writer.flush()
+    assert "locked" in writer.take_failure(path)
+    assert persist.load(path, like(cache), FP).tokens == tokens  # free again
+
+
+_RIVAL_WRITER = """
+import sys
+import numpy as np
+from engine.kv import persist
+from engine.kv.cache import KvCache
+seed, path = int(sys.argv[1]), sys.argv[2]
+cache = KvCache.uniform(3, 2, 32, 64)
+rng = np.random.default_rng(seed)
+for a in cache.k + cache.v:
+    a[:] = rng.integers(0, 65535, a.shape, dtype=a.dtype)
+tokens = [seed] * 64
+for turn in range(1500):  # a conversation that grows by a few positions per turn, and starts over
+    end = 4 + turn % 20 * 3
+    cache.len = end
+    start = 0 if turn % 20 == 0 else end - 3
+    if not persist.apply(path, persist.snapshot(cache, tokens[:end], bytes(range(32)), 0, start)):
+        persist.apply(path, persist.snapshot(cache, tokens[:end], bytes(range(32)), 0, 0))
+"""
+
+
+def test_two_processes_writing_one_file_never_interleave(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = tmp_path / "c.kv"
+    caches = {}
+    for seed in (1, 2):
+        caches[seed] = cache = KvCache.uniform(3, 2, 32, 64)
+        rng = np.random.default_rng(seed)
+        for a in cache.k + cache.v:
+            a[:] = rng.integers(0, 65535, a.shape, dtype=a.dtype)
+    rivals = [subprocess.Popen([sys.executable, "-c", _RIVAL_WRITER, str(seed), str(path)],
+                               cwd=Path(__file__).parents[3]) for seed in (1, 2)]
+    loads = 0
+    while any(p.poll() is None for p in rivals) or not loads:
+        out = KvCache.uniform(3, 2, 32, 64)
+        loaded = persist.load(path, out, FP)
+        if loaded is not None:  # one writer's history, whole: its tokens and its rows
+            loads += 1
+            seed = loaded.tokens[0]
+            assert set(loaded.tokens) == {seed}, loaded.tokens
+            assert_rows_equal(out, caches[seed], out.len)
+    assert [p.wait() for p in rivals] == [0, 0] and loads
