@@ -91,3 +91,11 @@ class InvalidPrefix(FucinaError):
 
 class KvPersistTokenMismatch(KvCacheError):
     """A KV sidecar append whose prefix rows and tokens do not describe the cache's positions."""
+
+
+class InvalidTokenId(FucinaError):
+    """A token id given by the caller that is not in the model's vocabulary."""
+
+
+class NonFiniteLogits(FucinaError):
+    """The model computed NaN or Inf logits (broken weights or an overflow): nothing can be sampled."""

@@ -8,6 +8,7 @@ import numpy as np
 
 from engine.kv.cache import KvDtype
 from engine.models.transformer import UBATCH, Transformer
+from engine.models.validate import check_logits, check_token_ids
 from engine.sampling import Sampler
 
 
@@ -24,9 +25,12 @@ def teacher_forced(model: Transformer, ids: Sequence[int], kv: KvDtype | str = K
                    chunk: int = UBATCH) -> Iterator[np.ndarray]:
     """Logits after every prefix of ids, one [n, vocab] array per chunk (so a long text never holds
     all of its logits at once)."""
+    check_token_ids(ids, model.vocab_size)
     cache = model.new_cache(len(ids), kv)
     for start in range(0, len(ids), chunk):
-        yield model.forward_all(ids[start : start + chunk], cache)
+        logits = model.forward_all(ids[start : start + chunk], cache)
+        check_logits(logits, start)
+        yield logits
 
 
 def greedy(model: Transformer, prompt: Sequence[int], max_tokens: int, stop_ids: Iterable[int] = (),
@@ -39,11 +43,13 @@ def sample(model: Transformer, prompt: Sequence[int], max_tokens: int, sampler: 
            stop_ids: Iterable[int] = (), kv: KvDtype | str = KvDtype.F16,
            capacity: int | None = None) -> Iterator[int]:
     """Yield the ids `sampler` chooses after the prompt; a stop id ends generation and is yielded."""
+    check_token_ids(prompt, model.vocab_size)
     stops = set(stop_ids)
     cache = model.new_cache(capacity or len(prompt) + max_tokens, kv)
     history = list(prompt)
     logits = model.forward(prompt, cache)
     for _ in range(max_tokens):
+        check_logits(logits, cache.len - 1)
         tok = sampler.sample(logits, history)
         yield tok
         if tok in stops or cache.len >= cache.capacity:

@@ -11,7 +11,7 @@ import math
 from engine.gguf.meta import meta_float_opt, meta_int_opt
 from engine.gguf.reader import GGUFFile
 from engine.models.args import common_args
-from engine.models.transformer import Transformer
+from engine.models.transformer import ModelArgs
 
 ARCH = "gemma3"
 LOCAL_ROPE_BASE = 10000.0
@@ -22,14 +22,14 @@ def is_global_layer(layer: int, pattern: int) -> bool:
     return pattern <= 0 or layer % pattern == pattern - 1
 
 
-def build(file: GGUFFile) -> Transformer:
+def model_args(file: GGUFFile) -> ModelArgs:
     meta = file.metadata
     args = common_args(meta, ARCH, activation="gelu", qk_norm=True, post_norms=True)
     pattern = meta_int_opt(meta, ARCH, "attention.sliding_window_pattern") or DEFAULT_PATTERN
     window = meta_int_opt(meta, ARCH, "attention.sliding_window") or 0
-    global_base = meta_float_opt(meta, ARCH, "rope.freq_base") or 1_000_000.0
+    global_base = meta_float_opt(meta, ARCH, "rope.freq_base", default=1_000_000.0)
     glob = [is_global_layer(i, pattern) for i in range(args.n_layers)]
     args.window = [0 if g else window for g in glob]
     args.rope_base = [global_base if g else LOCAL_ROPE_BASE for g in glob]
     args.embed_scale = math.sqrt(args.n_embd)
-    return Transformer(file, args)
+    return args

@@ -1,0 +1,134 @@
+"""Hostile model files: every value a kernel or the tokenizer relies on is checked when the model loads,
+and each bad one is an error naming its key (never a native crash, a traceback or a silent default)."""
+
+import numpy as np
+import pytest
+from gguf import GGUFValueType as V
+from gguf.constants import GGMLQuantizationType as T
+
+from engine import generate
+from engine.errors import (ConfigError, FucinaError, InvalidTokenId, NonFiniteLogits, TokenizerError,
+                           ChatTemplateError)
+from engine.models import load_model
+from engine.models.validate import check_logits
+from engine.tokenize import load_tokenizer
+from tests.synthetic import CHATML_TOKENS, write_tiny_model
+
+N_TOKENS = len(CHATML_TOKENS)
+
+
+def _load(path):
+    """What every command does with a model file: the model, then its tokenizer."""
+    model = load_model(path)
+    return model, load_tokenizer(model.file.metadata)
+
+
+# (family, metadata overrides, the key the error must name); the tiny models have head size 16
+KERNEL_PRECONDITIONS = [
+    ("llama", {"llama.rope.dimension_count": (128, V.UINT32)}, "llama.rope.dimension_count"),  # was SIGABRT
+    ("llama", {"llama.rope.dimension_count": (4096, V.UINT32)}, "llama.rope.dimension_count"),  # was SIGSEGV
+    ("qwen2", {"qwen2.rope.dimension_count": (15, V.UINT32)}, "qwen2.rope.dimension_count"),
+    ("llama", {"llama.rope.dimension_count": (-4, V.INT32)}, "llama.rope.dimension_count"),
+    ("llama", {"llama.attention.head_count_kv": ("two", V.STRING)}, "llama.attention.head_count_kv"),
+    ("llama", {"llama.attention.head_count_kv": ([2.5, 2.5], V.ARRAY)}, "llama.attention.head_count_kv"),
+    ("llama", {"llama.vocab_size": ("many", V.STRING)}, "llama.vocab_size"),
+    ("llama", {"llama.block_count": (2**32 - 1, V.UINT32)}, "llama.block_count"),  # was MemoryError
+    ("llama", {"llama.block_count": (1, V.UINT32)}, "llama.block_count"),  # layer 1's tensors were ignored
+    ("llama", {"llama.attention.layer_norm_rms_epsilon": (float("nan"), V.FLOAT32)}, "layer_norm_rms_epsilon"),
+    ("qwen3", {"qwen3.rope.freq_base": (float("inf"), V.FLOAT32)}, "qwen3.rope.freq_base"),
+    ("llama", {"llama.rope.freq_base": (0.0, V.FLOAT32)}, "llama.rope.freq_base"),
+    ("gemma3", {"gemma3.attention.sliding_window": (-8, V.INT32)}, "gemma3.attention.sliding_window"),
+    ("gemma3", {"gemma3.attention.sliding_window": ("8", V.STRING)}, "gemma3.attention.sliding_window"),
+    ("gemma3", {"gemma3.attention.sliding_window_pattern": (1.5, V.FLOAT32)}, "sliding_window_pattern"),
+    ("llama", {"llama.context_length": (-1, V.INT32)}, "llama.context_length"),
+]
+
+
+@pytest.mark.parametrize("arch, metadata, key", KERNEL_PRECONDITIONS)
+def test_metadata_a_kernel_relies_on_is_validated(tmp_path, arch, metadata, key):
+    path = tmp_path / "m.gguf"
+    write_tiny_model(path, arch, metadata=metadata, tokenizer=True)
+    with pytest.raises(ConfigError, match=key):
+        _load(path)
+
+
+def test_vocabulary_must_match_the_embedding_rows(tmp_path):
+    # more tokens than rows: the tokenizer could make ids the embedding has no row for;
+    # fewer: the model could sample ids the tokenizer cannot decode
+    for tokens in (CHATML_TOKENS + ["extra"], CHATML_TOKENS[:-3]):
+        path = tmp_path / "m.gguf"
+        write_tiny_model(path, "llama", tokenizer=True, metadata={
+            "tokenizer.ggml.tokens": (tokens, V.ARRAY), "tokenizer.ggml.token_type": ([1] * len(tokens), V.ARRAY)})
+        with pytest.raises(ConfigError, match=f"{N_TOKENS} token rows.*tokenizer.ggml.tokens has {len(tokens)}"):
+            _load(path)
+
+
+TOKENIZER_METADATA = [
+    ({"tokenizer.ggml.bos_token_id": ("1", V.STRING)}, TokenizerError, "tokenizer.ggml.bos_token_id"),
+    ({"tokenizer.ggml.eos_token_id": (float("nan"), V.FLOAT32)}, TokenizerError, "tokenizer.ggml.eos_token_id"),
+    ({"tokenizer.ggml.padding_token_id": ([0], V.ARRAY)}, TokenizerError, "tokenizer.ggml.padding_token_id"),
+    ({"tokenizer.ggml.tokens": (list(range(N_TOKENS)), V.ARRAY)}, ConfigError, "tokenizer.ggml.tokens"),
+    ({"tokenizer.ggml.merges": ([["h", "i"]], V.ARRAY)}, TokenizerError, "tokenizer.ggml.merges"),
+    ({"tokenizer.ggml.token_type": (["normal"] * N_TOKENS, V.ARRAY)}, TokenizerError, "tokenizer.ggml.token_type"),
+    ({"tokenizer.ggml.token_type": ([6] * N_TOKENS, V.ARRAY)}, TokenizerError, "as a byte token"),
+    ({"tokenizer.ggml.add_bos_token": ("yes", V.STRING)}, TokenizerError, "tokenizer.ggml.add_bos_token"),
+    ({"tokenizer.ggml.model": ([1, 2], V.ARRAY)}, TokenizerError, "tokenizer.ggml.model"),
+    ({"tokenizer.ggml.pre": (7, V.UINT32)}, TokenizerError, "tokenizer.ggml.pre"),
+]
+
+
+@pytest.mark.parametrize("metadata, error, key", TOKENIZER_METADATA)
+def test_wrong_typed_tokenizer_metadata_names_the_key(tmp_path, metadata, error, key):
+    path = tmp_path / "m.gguf"
+    write_tiny_model(path, "llama", metadata=metadata, tokenizer=True)
+    with pytest.raises(error, match=key):
+        _load(path)
+
+
+def test_wrong_typed_scores_and_chat_template(tmp_path):
+    from engine.chat import template_for_model
+
+    path = tmp_path / "m.gguf"
+    write_tiny_model(path, "llama", tokenizer=True, metadata={
+        "tokenizer.ggml.model": ("llama", V.STRING), "tokenizer.ggml.scores": (["high"] * N_TOKENS, V.ARRAY)})
+    with pytest.raises(TokenizerError, match="tokenizer.ggml.scores"):
+        _load(path)
+    write_tiny_model(path, "llama", tokenizer=True, metadata={"tokenizer.chat_template": (3, V.UINT32)})
+    model, tokenizer = _load(path)
+    with pytest.raises(ChatTemplateError, match="tokenizer.chat_template"):
+        template_for_model(model.file.metadata, tokenizer)
+
+
+def test_out_of_vocabulary_ids_are_refused_before_any_compute(tmp_path):
+    path = tmp_path / "m.gguf"
+    write_tiny_model(path, "llama", tokenizer=True)
+    model, _ = _load(path)
+    for ids, bad in (([1, 60000], "token id 60000 at position 1"), ([-5], "token id -5 at position 0")):
+        with pytest.raises(InvalidTokenId, match=bad):
+            next(generate.teacher_forced(model, ids))
+        with pytest.raises(InvalidTokenId, match=bad):
+            next(generate.greedy(model, ids, 4))
+
+
+@pytest.mark.parametrize("poison", [np.nan, np.inf])
+def test_non_finite_logits_fail_generation_and_scoring(tmp_path, poison):
+    path = tmp_path / "m.gguf"
+    # F16 weights: the int8-quantized activations of a Q8_0 matvec would not carry the NaN through
+    write_tiny_model(path, "llama", tokenizer=True, qtype=T.F16, fill={"output_norm.weight": poison})
+    model, _ = _load(path)
+    with pytest.raises(NonFiniteLogits, match="non-finite logits at position 2"):
+        list(generate.greedy(model, [5, 6, 7], 4))
+    with pytest.raises(NonFiniteLogits, match="non-finite logits at position 0"):
+        list(generate.teacher_forced(model, [5, 6, 7]))
+
+
+def test_check_logits_names_the_first_bad_row():
+    rows = np.zeros((4, 10), np.float32)
+    check_logits(rows, 0)
+    rows[2, 3] = np.inf
+    rows[3, 0] = np.nan
+    with pytest.raises(NonFiniteLogits, match="at position 12"):
+        check_logits(rows, 10)
+    with pytest.raises(NonFiniteLogits, match="at position 7"):
+        check_logits(rows[3], 7)
+    assert issubclass(NonFiniteLogits, FucinaError)
