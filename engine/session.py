@@ -178,7 +178,8 @@ class ChatSession:
             turn = self.convo.last_turn
             if turn is not before:
                 self.last_turn = turn
-                if turn.text or turn.finish_reason not in ("cancelled", "error"):
+                # a failed turn stores nothing (resend it); a cancelled one keeps what was shown
+                if turn.finish_reason != "error" and (turn.text or turn.finish_reason != "cancelled"):
                     self.store.add_message(self.id, "assistant", turn.text, parent_id=parent_id,
                                            meta=self._meta(turn))
 

@@ -132,3 +132,55 @@ def test_check_logits_names_the_first_bad_row():
     with pytest.raises(NonFiniteLogits, match="at position 7"):
         check_logits(rows[3], 7)
     assert issubclass(NonFiniteLogits, FucinaError)
+
+
+def _session(tmp_path, model):
+    from engine.history.store import HistoryStore
+    from engine.session import ChatSession
+
+    store = HistoryStore(tmp_path / "history.db")
+    return ChatSession.open(store, model, sidecar_dir=tmp_path / "sidecars",
+                            sampler={"temperature": 0.0, "max_tokens": 6, "ctx": 128})
+
+
+@pytest.mark.parametrize("poison", [np.nan, np.inf])
+def test_a_chat_turn_on_non_finite_logits_fails_and_stores_no_reply(tmp_path, poison):
+    path = tmp_path / "m.gguf"
+    write_tiny_model(path, "llama", tokenizer=True, qtype=T.F16, fill={"output_norm.weight": poison})
+    session = _session(tmp_path, load_model(path))
+    with pytest.raises(NonFiniteLogits, match="non-finite logits at position"):
+        "".join(session.send("hi"))
+    assert session.last_turn.finish_reason == "error"
+    assert [m["role"] for m in session.messages()] == ["user"]
+
+
+class _BreaksAfter:
+    """A model whose logits turn NaN from its `n`-th forward on: a reply that goes bad mid-way."""
+
+    def __init__(self, model, n):
+        self._model, self._left = model, n
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def forward(self, tokens, cache):
+        logits = self._model.forward(tokens, cache)
+        self._left -= 1
+        return logits if self._left > 0 else np.full_like(logits, np.nan)
+
+
+def test_a_reply_that_turns_non_finite_mid_way_stores_nothing(tmp_path):
+    path = tmp_path / "m.gguf"
+    write_tiny_model(path, "llama", tokenizer=True)
+    session = _session(tmp_path, load_model(path))
+    session.convo.model = _BreaksAfter(session.model, 3)  # prefill and two decoded tokens are fine
+    pieces = []
+    with pytest.raises(NonFiniteLogits) as failed:
+        for piece in session.send("hi"):
+            pieces.append(piece)
+    position = session.convo.cache.len - 1
+    assert f"at position {position}" in str(failed.value) and "".join(pieces)  # text was shown, then the error
+    assert [m["role"] for m in session.messages()] == ["user"]
+    session.convo.model = session.model  # the conversation stays usable: the message is answered again
+    text = "".join(session.regenerate())
+    assert [(m["role"], m["content"]) for m in session.messages()][1:] == [("assistant", text)]
