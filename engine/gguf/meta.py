@@ -33,7 +33,8 @@ def _as_int(value) -> int | None:
 
 
 def _invalid(key: str, value, expected: str, error: type[Exception] = ConfigError) -> Exception:
-    return error(f"model metadata {key} has invalid value {reprlib.repr(value)} (expected {expected})")
+    shown = f"an array of {value.size} {value.dtype}" if isinstance(value, np.ndarray) else reprlib.repr(value)
+    return error(f"model metadata {key} is {shown}; expected {expected}")
 
 
 def meta_int_opt(meta: Mapping, arch: str, suffix: str, zero: ZeroPolicy = ZeroPolicy.REJECT_ZERO) -> int | None:

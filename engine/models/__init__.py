@@ -10,7 +10,7 @@ from engine.errors import UnsupportedArchitecture
 from engine.gguf.reader import GGUFFile, open_gguf
 from engine.models import gemma3, llama, qwen2, qwen3
 from engine.models.transformer import Transformer
-from engine.models.validate import check_args, check_layer_count
+from engine.models.validate import check_args, check_layer_count, check_weights
 
 FAMILIES = {m.ARCH: m.model_args for m in (llama, qwen2, qwen3, gemma3)}
 
@@ -26,6 +26,7 @@ def build_model(file: GGUFFile) -> Transformer:
     check_layer_count(file, arch)  # before per-layer values are sized by block_count
     args = model_args(file)
     check_args(file, args)
+    check_weights(file)
     return Transformer(file, args)
 
 

@@ -16,8 +16,8 @@ the model is built (engine.models.build_model), and the inputs that reach them a
   (check_token_ids; the forward refuses them too).
 - sliding windows are >= 0 (0 = global); eps, RoPE bases and scales are finite and positive.
 
-A model whose weights or activations overflow still produces NaN or Inf logits; check_logits turns those
-into an error instead of a silently empty reply.
+Weights holding NaN or Inf are refused at load (check_weights); a model whose activations overflow can
+still produce NaN or Inf logits, and check_logits turns those into an error instead of a garbage reply.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from typing import Sequence
 
 import numpy as np
 
-from engine.errors import ConfigError, InvalidTokenId, NonFiniteLogits
+from engine.errors import ConfigError, GGUFError, InvalidTokenId, NonFiniteLogits
+from engine.gguf.finite import all_finite
 from engine.gguf.meta import meta_int, meta_value
 from engine.gguf.reader import GGUFFile
 from engine.models.transformer import ModelArgs
@@ -42,8 +43,9 @@ def check_layer_count(file: GGUFFile, arch: str) -> None:
     layers = {int(m.group(1)) for m in map(_LAYER_TENSOR.match, file.tensors) if m}
     present = max(layers) + 1 if layers else 0
     if n != present or len(layers) != present:
+        span = f" (blk.0 .. blk.{present - 1})" if layers else ""
         raise ConfigError(f"{file.path}: {arch}.block_count is {n}, but the file has tensors for "
-                          f"{len(layers)} layers (blk.0 .. blk.{present - 1})")
+                          f"{len(layers)} layers{span}")
 
 
 def check_args(file: GGUFFile, args: ModelArgs) -> None:
@@ -64,7 +66,6 @@ def check_args(file: GGUFFile, args: ModelArgs) -> None:
          f"{arch}.rope.dimension_count is {a.rope_dims}; it must be even and at most the head size {a.head_dim}"),
         (a.vocab_size >= 1, f"{arch}.vocab_size is {a.vocab_size}; it must be positive"),
         (all(w >= 0 for w in a.window), f"{arch}.attention.sliding_window {_shown(a.window)} must not be negative"),
-        (a.context_length >= 1, f"{arch}.context_length is {a.context_length}; it must be positive"),
         (_positive(a.norm_eps), f"{arch}.attention.layer_norm_rms_epsilon is {a.norm_eps}; it must be positive"),
         (all(_positive(b) for b in a.rope_base), f"{arch}.rope.freq_base {_shown(a.rope_base)} must be positive"),
         (_positive(a.attn_scale) and _positive(a.embed_scale),
@@ -77,6 +78,13 @@ def check_args(file: GGUFFile, args: ModelArgs) -> None:
     if tokens is not None and len(tokens) != a.vocab_size:
         raise ConfigError(f"{file.path}: the model has {a.vocab_size} token rows ({arch}.vocab_size) but "
                           f"tokenizer.ggml.tokens has {len(tokens)} tokens")
+
+
+def check_weights(file: GGUFFile) -> None:
+    """No tensor stores a NaN or Inf (engine.gguf.finite: the quantized kernels would hide it)."""
+    for info in file.tensors.values():
+        if not all_finite(info.ggml_type, file.raw(info)):
+            raise GGUFError(f"{file.path}: tensor {info.name!r} holds NaN or Inf values; the file is corrupt")
 
 
 def check_token_ids(ids: Sequence[int], vocab_size: int) -> None:
@@ -92,7 +100,7 @@ def check_logits(logits: np.ndarray, position: int) -> None:
     if not np.all(finite):
         bad = position + (int(np.argmin(finite)) if finite.ndim else 0)
         raise NonFiniteLogits(f"the model produced non-finite logits at position {bad} (NaN or Inf: its "
-                              "weights or activations overflow; the model file is broken)")
+                              "activations overflow; the model file is broken)")
 
 
 def _positive(x: float) -> bool:

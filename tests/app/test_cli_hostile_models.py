@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf import GGUFValueType as V
-from gguf.constants import GGMLQuantizationType as T
 
 from app.cli import main
 from tests.synthetic import write_tiny_model
@@ -68,9 +67,17 @@ def test_token_ids_outside_the_vocabulary_are_one_error_line(tmp_path, capsys, i
 
 @pytest.mark.parametrize("command", [["eval", "--ids", "1,2"], ["generate", "--prompt-ids", "1,2"]])
 def test_non_finite_logits_are_one_error_line(tmp_path, capsys, command):
-    path = tmp_path / "m.gguf"
-    write_tiny_model(path, "llama", tokenizer=True, qtype=T.F16, fill={"output_norm.weight": np.nan})
+    path = tmp_path / "m.gguf"  # finite weights whose activations overflow
+    write_tiny_model(path, "llama", tokenizer=True, fill={"output_norm.weight": 3e38})
     assert main([command[0], str(path), *command[1:]]) == 2
     captured = capsys.readouterr()
     _one_error_line(captured.err, "non-finite logits at position")
     assert captured.out == ""
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # gguf.quants quantizing the NaN
+def test_nan_weights_are_one_error_line_not_an_empty_reply(tmp_path, capsys):
+    path = tmp_path / "m.gguf"
+    write_tiny_model(path, "llama", tokenizer=True, fill={"output_norm.weight": np.nan})
+    assert main(["generate", str(path), "--prompt-ids", "1,2"]) == 2
+    _one_error_line(capsys.readouterr().err, "'output_norm.weight' holds NaN or Inf")

@@ -7,8 +7,8 @@ from gguf import GGUFValueType as V
 from gguf.constants import GGMLQuantizationType as T
 
 from engine import generate
-from engine.errors import (ConfigError, FucinaError, InvalidTokenId, NonFiniteLogits, TokenizerError,
-                           ChatTemplateError)
+from engine.errors import (ChatTemplateError, ConfigError, FucinaError, GGUFError, InvalidTokenId,
+                           NonFiniteLogits, TokenizerError)
 from engine.models import load_model
 from engine.models.validate import check_logits
 from engine.tokenize import load_tokenizer
@@ -110,11 +110,14 @@ def test_out_of_vocabulary_ids_are_refused_before_any_compute(tmp_path):
             next(generate.greedy(model, ids, 4))
 
 
-@pytest.mark.parametrize("poison", [np.nan, np.inf])
-def test_non_finite_logits_fail_generation_and_scoring(tmp_path, poison):
+# finite weights whose activations overflow float32 before the output matrix: NaN logits
+OVERFLOWS = {"output_norm.weight": 3e38}
+
+
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.F16])
+def test_non_finite_logits_fail_generation_and_scoring(tmp_path, qtype):
     path = tmp_path / "m.gguf"
-    # F16 weights: the int8-quantized activations of a Q8_0 matvec would not carry the NaN through
-    write_tiny_model(path, "llama", tokenizer=True, qtype=T.F16, fill={"output_norm.weight": poison})
+    write_tiny_model(path, "llama", tokenizer=True, qtype=qtype, fill=OVERFLOWS)
     model, _ = _load(path)
     with pytest.raises(NonFiniteLogits, match="non-finite logits at position 2"):
         list(generate.greedy(model, [5, 6, 7], 4))
@@ -143,10 +146,9 @@ def _session(tmp_path, model):
                             sampler={"temperature": 0.0, "max_tokens": 6, "ctx": 128})
 
 
-@pytest.mark.parametrize("poison", [np.nan, np.inf])
-def test_a_chat_turn_on_non_finite_logits_fails_and_stores_no_reply(tmp_path, poison):
+def test_a_chat_turn_on_non_finite_logits_fails_and_stores_no_reply(tmp_path):
     path = tmp_path / "m.gguf"
-    write_tiny_model(path, "llama", tokenizer=True, qtype=T.F16, fill={"output_norm.weight": poison})
+    write_tiny_model(path, "llama", tokenizer=True, fill=OVERFLOWS)
     session = _session(tmp_path, load_model(path))
     with pytest.raises(NonFiniteLogits, match="non-finite logits at position"):
         "".join(session.send("hi"))
@@ -184,3 +186,37 @@ def test_a_reply_that_turns_non_finite_mid_way_stores_nothing(tmp_path):
     session.convo.model = session.model  # the conversation stays usable: the message is answered again
     text = "".join(session.regenerate())
     assert [(m["role"], m["content"]) for m in session.messages()][1:] == [("assistant", text)]
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
+                                   T.IQ1_S, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ4_NL, T.IQ4_XS,
+                                   T.TQ1_0, T.TQ2_0])
+def test_a_nan_anywhere_it_reaches_the_weights_is_found(qtype):
+    """all_finite flags a NaN written at a block position exactly when it dequantizes to NaN weights."""
+    from gguf import quants
+    from gguf.constants import GGML_QUANT_SIZES
+
+    from engine.gguf.finite import all_finite
+
+    block_bytes = GGML_QUANT_SIZES[qtype][1]
+    clean = np.zeros((1, 2 * block_bytes), np.uint8)
+    assert all_finite(qtype, clean)
+    for offset in range(block_bytes, 2 * block_bytes, 2):  # in the second block
+        raw = clean.copy()
+        raw[0, offset : offset + 2] = np.frombuffer(np.float16(np.nan).tobytes(), np.uint8)
+        assert all_finite(qtype, raw) == np.isfinite(quants.dequantize(raw, qtype)).all(), offset
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # gguf.quants quantizing the NaN
+@pytest.mark.parametrize("qtype, tensor, value", [
+    (T.Q8_0, "output_norm.weight", np.nan),  # the int8 activations of a Q8_0 matvec hid it: an empty reply
+    (T.Q8_0, "blk.1.ffn_down.weight", np.inf),
+    (T.Q4_0, "token_embd.weight", np.nan),
+    (T.F16, "blk.0.attn_q.weight", np.inf),
+    (T.BF16, "blk.0.attn_v.weight", np.nan),
+])
+def test_weights_holding_nan_or_inf_are_refused_at_load(tmp_path, qtype, tensor, value):
+    path = tmp_path / "m.gguf"
+    write_tiny_model(path, "llama", tokenizer=True, qtype=qtype, fill={tensor: value})
+    with pytest.raises(GGUFError, match=f"tensor '{tensor}' holds NaN or Inf"):
+        load_model(path)

@@ -19,7 +19,7 @@ def test_zero_valued_keys_split_by_policy():
 def test_present_but_invalid_values_are_errors_naming_the_key():
     # a corrupt value is not "missing": no silent fallback to a default
     for suffix in ("neg", "flag", "eps"):
-        with pytest.raises(ConfigError, match=f"arch.{suffix} has invalid value"):
+        with pytest.raises(ConfigError, match=f"arch.{suffix} is .*; expected"):
             meta_int_opt(META, "arch", suffix)
     with pytest.raises(ConfigError, match="missing"):
         meta_int(META, "arch", "missing")
@@ -27,7 +27,7 @@ def test_present_but_invalid_values_are_errors_naming_the_key():
     with pytest.raises(ConfigError):
         meta_float(META, "arch", "missing")
     for bad in (float("nan"), float("inf"), "1e-6", True):
-        with pytest.raises(ConfigError, match="arch.eps has invalid value"):
+        with pytest.raises(ConfigError, match="arch.eps is .*; expected"):
             meta_float({"arch.eps": bad}, "arch", "eps")
 
 
@@ -41,7 +41,7 @@ def test_meta_value_checks_the_kind():
     assert meta_value(meta, "k.missing", "strings") is None
     for key, kind in (("k.strs", "strings"), ("k.s", "integer"), ("k.n", "bool"), ("k.nested", "integers"),
                       ("k.f", "integers"), ("k.b", "integer")):
-        with pytest.raises(ConfigError, match=f"{key} has invalid value"):
+        with pytest.raises(ConfigError, match=f"{key} is .*; expected"):
             meta_value(meta, key, kind)
     with pytest.raises(TokenizerError, match="k.s"):
         meta_value(meta, "k.s", "strings", TokenizerError)
@@ -58,5 +58,5 @@ def test_per_layer_broadcast_and_arrays():
 def test_per_layer_int_refuses_non_counts():
     assert per_layer_int(META, "arch.heads_kv", 3) == [2, 2, 4]
     for bad in ([1.5, 2.0], ["a", "b"], [-1, 2], [np.array([1]), np.array([2])]):
-        with pytest.raises(ConfigError, match="arch.h has invalid value"):
+        with pytest.raises(ConfigError, match="arch.h is .*; expected"):
             per_layer_int({"arch.h": bad}, "arch.h", 2)
