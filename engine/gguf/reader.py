@@ -35,13 +35,14 @@ _NUMPY_OF_SCALAR = {
 }
 _STRING, _ARRAY = 8, 9
 
-# Header limits far above any real model's (under a hundred metadata keys, a few thousand tensors, the
-# largest vocabularies ~260k tokens and ~500k merges), so a hostile header is refused before it costs
-# seconds or gigabytes: every array item becomes a Python object.
+# Header limits well above any real model's (under a hundred metadata keys, a few thousand tensors, a
+# tokenizer's tokens, types, scores and merges together under a million items: Gemma 3's 262k-token
+# vocabulary takes 786k), so a hostile header is refused before it costs seconds or gigabytes: each array
+# item becomes a Python object (2M strings: a few seconds and under 200 MB).
 MAX_METADATA_KEYS = 1 << 16
 MAX_TENSORS = 1 << 16
 MAX_ARRAY_DEPTH = 4  # arrays of arrays, nested this deep at most (llama.cpp reads none)
-MAX_ARRAY_ITEMS = 1 << 23  # all metadata array items of the file together
+MAX_ARRAY_ITEMS = 1 << 21  # all metadata array items of the file together
 MAX_NESTED_ARRAYS = 1 << 16  # arrays inside arrays, all together
 
 
