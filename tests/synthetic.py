@@ -14,26 +14,6 @@ FAMILY_TENSORS = {
 }
 
 
-def _byte_alphabet() -> list[str]:
-    """GPT-2's printable stand-ins for the 256 bytes."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    return [chr(c) for c in printable] + [chr(256 + i) for i in range(256 - len(printable))]
-
-
-# A byte-level BPE vocabulary (one token per byte, one merge, the two ChatML markers): the real tokenizer
-# code over a vocabulary small enough for tiny random models.
-CHATML_TOKENS = _byte_alphabet() + ["hi", "<|im_start|>", "<|im_end|>"]
-CHATML_TOKENIZER = {
-    "tokenizer.ggml.model": "gpt2",
-    "tokenizer.ggml.pre": "gpt2",
-    "tokenizer.ggml.tokens": CHATML_TOKENS,
-    "tokenizer.ggml.token_type": [1] * (len(CHATML_TOKENS) - 2) + [3, 3],
-    "tokenizer.ggml.merges": ["h i"],
-    "tokenizer.ggml.eos_token_id": len(CHATML_TOKENS) - 1,
-    "tokenizer.ggml.add_bos_token": False,
-}
-
-
 def _quantized(arr: np.ndarray, qtype: T):
     """(data, raw_dtype) for add_tensor: F32 as is, others pre-quantized by gguf.quants."""
     if qtype == T.F32:
@@ -47,8 +27,8 @@ def write_tiny_model(path, arch: str = "llama", *, n_layers: int = 2, n_embd: in
                      metadata: dict | None = None, skip_tensors: tuple = (), tokenizer: bool = False,
                      fill: dict | None = None) -> None:
     """`metadata` maps keys to (value, GGUFValueType), added last so they override the standard ones;
-    `tokenizer` adds CHATML_TOKENIZER (and sizes the vocabulary for it); `fill` sets tensors to a constant
-    (e.g. NaN weights)."""
+    `tokenizer` adds CHATML_TOKENIZER (and sizes the vocabulary for it); `fill` sets 1-D tensors (norms,
+    biases) to a constant (a NaN weight, an overflow)."""
     rng = np.random.default_rng(seed)
     if tokenizer:
         vocab = len(CHATML_TOKENS)
@@ -83,10 +63,7 @@ def write_tiny_model(path, arch: str = "llama", *, n_layers: int = 2, n_embd: in
     def mat(name, rows, cols, scale=0.08):
         if name in skip_tensors:
             return
-        values = rng.normal(0, scale, (rows, cols))
-        if name in (fill or {}):
-            values[:] = fill[name]
-        data, raw = _quantized(values, qtype)
+        data, raw = _quantized(rng.normal(0, scale, (rows, cols)), qtype)
         w.add_tensor(name, data, raw_dtype=raw)
 
     def vec(name, n, center=1.0):
@@ -124,3 +101,23 @@ def write_tiny_model(path, arch: str = "llama", *, n_layers: int = 2, n_embd: in
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def _byte_alphabet() -> list[str]:
+    """GPT-2's printable stand-ins for the 256 bytes."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    return [chr(c) for c in printable] + [chr(256 + i) for i in range(256 - len(printable))]
+
+
+# A byte-level BPE vocabulary (one token per byte, one merge, the two ChatML markers): the real tokenizer
+# code over a vocabulary small enough for tiny random models.
+CHATML_TOKENS = _byte_alphabet() + ["hi", "<|im_start|>", "<|im_end|>"]
+CHATML_TOKENIZER = {
+    "tokenizer.ggml.model": "gpt2",
+    "tokenizer.ggml.pre": "gpt2",
+    "tokenizer.ggml.tokens": CHATML_TOKENS,
+    "tokenizer.ggml.token_type": [1] * (len(CHATML_TOKENS) - 2) + [3, 3],
+    "tokenizer.ggml.merges": ["h i"],
+    "tokenizer.ggml.eos_token_id": len(CHATML_TOKENS) - 1,
+    "tokenizer.ggml.add_bos_token": False,
+}

@@ -9,6 +9,7 @@ from gguf.constants import GGMLQuantizationType as T
 from engine import generate
 from engine.errors import (ChatTemplateError, ConfigError, FucinaError, GGUFError, InvalidTokenId,
                            NonFiniteLogits, TokenizerError)
+from engine.gguf.reader import open_gguf
 from engine.models import load_model
 from engine.models.validate import check_logits
 from engine.tokenize import load_tokenizer
@@ -207,16 +208,37 @@ def test_a_nan_anywhere_it_reaches_the_weights_is_found(qtype):
         assert all_finite(qtype, raw) == np.isfinite(quants.dequantize(raw, qtype)).all(), offset
 
 
-@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # gguf.quants quantizing the NaN
-@pytest.mark.parametrize("qtype, tensor, value", [
-    (T.Q8_0, "output_norm.weight", np.nan),  # the int8 activations of a Q8_0 matvec hid it: an empty reply
-    (T.Q8_0, "blk.1.ffn_down.weight", np.inf),
-    (T.Q4_0, "token_embd.weight", np.nan),
-    (T.F16, "blk.0.attn_q.weight", np.inf),
-    (T.BF16, "blk.0.attn_v.weight", np.nan),
+# bytes of a non-finite value at the start of a tensor: there the first block's f16 scale of Q4_0/Q8_0
+_POISON = {T.F32: np.float32(np.inf).tobytes(), T.BF16: b"\xc0\x7f", T.F16: np.float16(np.inf).tobytes(),
+           T.Q4_0: np.float16(np.nan).tobytes(), T.Q8_0: np.float16(np.nan).tobytes()}
+
+
+def _poison(path, tensor: str) -> None:
+    with open_gguf(path) as f:
+        info = f.tensor(tensor)
+    with open(path, "r+b") as out:
+        out.seek(info.offset)
+        out.write(_POISON[info.ggml_type])
+
+
+@pytest.mark.parametrize("qtype, tensor", [
+    (T.Q8_0, "blk.1.ffn_down.weight"),
+    (T.Q4_0, "token_embd.weight"),
+    (T.F16, "blk.0.attn_q.weight"),
+    (T.BF16, "blk.0.attn_v.weight"),
+    (T.Q8_0, "blk.1.attn_norm.weight"),  # F32
 ])
-def test_weights_holding_nan_or_inf_are_refused_at_load(tmp_path, qtype, tensor, value):
+def test_weights_holding_nan_or_inf_are_refused_at_load(tmp_path, qtype, tensor):
     path = tmp_path / "m.gguf"
-    write_tiny_model(path, "llama", tokenizer=True, qtype=qtype, fill={tensor: value})
+    write_tiny_model(path, "llama", tokenizer=True, qtype=qtype)
+    _poison(path, tensor)
     with pytest.raises(GGUFError, match=f"tensor '{tensor}' holds NaN or Inf"):
+        load_model(path)
+
+
+def test_a_nan_norm_is_refused_not_an_empty_reply(tmp_path):
+    """The int8 activations of a Q8_0 matvec hid it: zero logits, token 0, often an immediate end-of-text."""
+    path = tmp_path / "m.gguf"
+    write_tiny_model(path, "llama", tokenizer=True, fill={"output_norm.weight": np.nan})
+    with pytest.raises(GGUFError, match="tensor 'output_norm.weight' holds NaN or Inf"):
         load_model(path)

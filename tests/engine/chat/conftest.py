@@ -21,11 +21,23 @@ def real_model(model_path):
 
 
 def byte_level_chatml_tokenizer():
-    """The tokenizer of tests.synthetic.CHATML_TOKENIZER."""
+    """A byte-level BPE tokenizer with one token per byte, the two ChatML markers and one merge:
+    the real tokenizer code over a vocabulary small enough for tiny random models."""
     from engine.tokenize import load_tokenizer
-    from tests.synthetic import CHATML_TOKENIZER
 
-    return load_tokenizer(CHATML_TOKENIZER)
+    alphabet = [chr(c) for c in range(ord("!"), ord("~") + 1)] + [chr(c) for c in range(0xA1, 0xAD)] + \
+        [chr(c) for c in range(0xAE, 0x100)]
+    alphabet += [chr(256 + i) for i in range(256 - len(alphabet))]  # GPT-2's stand-ins for the other bytes
+    tokens = alphabet + ["hi", "<|im_start|>", "<|im_end|>"]
+    return load_tokenizer({
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "gpt2",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": [1] * (len(tokens) - 2) + [3, 3],
+        "tokenizer.ggml.merges": ["h i"],
+        "tokenizer.ggml.eos_token_id": len(tokens) - 1,
+        "tokenizer.ggml.add_bos_token": False,
+    })
 
 
 @pytest.fixture(scope="session")
