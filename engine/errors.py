@@ -25,6 +25,10 @@ class UnsupportedWeightType(FucinaError):
     """A tensor's GGML type has no kernel path."""
 
 
+class InvalidTokenId(FucinaError):
+    """A token id given by the caller that is not in the model's vocabulary."""
+
+
 class KvCacheError(FucinaError):
     """Base for KV cache errors."""
 
@@ -65,6 +69,10 @@ class AllTokensMasked(FucinaError):
     """No token is left to sample: a logit processor masked every one (or the logits are all NaN)."""
 
 
+class NonFiniteLogits(FucinaError):
+    """The model computed NaN or Inf logits (an overflow in a broken model): nothing can be sampled."""
+
+
 class ChatTemplateError(FucinaError):
     """A chat that the template cannot render, or a model's own Jinja template that fails or runs away."""
 
@@ -91,11 +99,3 @@ class InvalidPrefix(FucinaError):
 
 class KvPersistTokenMismatch(KvCacheError):
     """A KV sidecar append whose prefix rows and tokens do not describe the cache's positions."""
-
-
-class InvalidTokenId(FucinaError):
-    """A token id given by the caller that is not in the model's vocabulary."""
-
-
-class NonFiniteLogits(FucinaError):
-    """The model computed NaN or Inf logits (broken weights or an overflow): nothing can be sampled."""
