@@ -33,7 +33,7 @@ from engine.kv import persist as kv_persist
 from engine.kv.cache import KvCache, KvDtype
 from engine.kv.sidecar_writer import WRITER
 from engine.models.transformer import Transformer
-from engine.models.validate import check_logits, check_token_ids
+from engine.models.validate import check_logits
 from engine.sampling import LogitProcessor, Sampler, SamplerConfig
 from engine.tokenize import StreamDecoder, Tokenizer, load_tokenizer
 
@@ -218,7 +218,6 @@ class Conversation:
         """send_rendered over pre-encoded ids."""
         if not len(ids):
             raise ValueError("the prompt is empty")
-        check_token_ids(ids, self.model.vocab_size)
         return self._stream(_Request([int(t) for t in ids], reuse), cancel)
 
     def _user_request(self, user: str) -> _Request:

@@ -16,7 +16,6 @@ from __future__ import annotations
 from engine.chat.jinja_template import JinjaTemplate
 from engine.chat.templates import Format, Message, Template
 from engine.errors import ChatTemplateError
-from engine.gguf.meta import meta_value
 from engine.tokenize import Tokenizer
 
 _PROBE = [Message("user", "Hello")]
@@ -25,7 +24,7 @@ _SENTINEL = "\x01system\x01"
 
 def template_for_model(metadata: dict, tokenizer: Tokenizer, *,
                        default_system: bool = False) -> Template | JinjaTemplate:
-    source = meta_value(metadata, "tokenizer.chat_template", "string", ChatTemplateError)
+    source = metadata.get("tokenizer.chat_template")
     if not source:
         return Template(_family_format(str(metadata.get("general.architecture", ""))))
     builtin = Template.detect(source)

@@ -7,8 +7,7 @@ from gguf import GGUFValueType as V
 from gguf.constants import GGMLQuantizationType as T
 
 from engine import generate
-from engine.errors import (ChatTemplateError, ConfigError, FucinaError, GGUFError, InvalidTokenId,
-                           NonFiniteLogits, TokenizerError)
+from engine.errors import ConfigError, FucinaError, GGUFError, InvalidTokenId, NonFiniteLogits, TokenizerError
 from engine.gguf.reader import open_gguf
 from engine.models import load_model
 from engine.models.validate import check_logits
@@ -86,18 +85,12 @@ def test_wrong_typed_tokenizer_metadata_names_the_key(tmp_path, metadata, error,
         _load(path)
 
 
-def test_wrong_typed_scores_and_chat_template(tmp_path):
-    from engine.chat import template_for_model
-
+def test_wrong_typed_scores(tmp_path):
     path = tmp_path / "m.gguf"
     write_tiny_model(path, "llama", tokenizer=True, metadata={
         "tokenizer.ggml.model": ("llama", V.STRING), "tokenizer.ggml.scores": (["high"] * N_TOKENS, V.ARRAY)})
     with pytest.raises(TokenizerError, match="tokenizer.ggml.scores"):
         _load(path)
-    write_tiny_model(path, "llama", tokenizer=True, metadata={"tokenizer.chat_template": (3, V.UINT32)})
-    model, tokenizer = _load(path)
-    with pytest.raises(ChatTemplateError, match="tokenizer.chat_template"):
-        template_for_model(model.file.metadata, tokenizer)
 
 
 def test_out_of_vocabulary_ids_are_refused_before_any_compute(tmp_path):
