@@ -235,3 +235,18 @@ def test_a_nan_norm_is_refused_not_an_empty_reply(tmp_path):
     write_tiny_model(path, "llama", tokenizer=True, fill={"output_norm.weight": np.nan})
     with pytest.raises(GGUFError, match="tensor 'output_norm.weight' holds NaN or Inf"):
         load_model(path)
+
+
+def test_gemma3_sliding_pattern_as_a_period_or_per_layer_flags(tmp_path):
+    """A per-layer array (llama.cpp reads either form) is not mistaken for a bad period."""
+    windows = []
+    for pattern in ((6, V.UINT32), ([True] * 5 + [False], V.ARRAY)):
+        path = tmp_path / "m.gguf"
+        write_tiny_model(path, "gemma3", n_layers=6, tokenizer=True,
+                         metadata={"gemma3.attention.sliding_window_pattern": pattern})
+        windows.append(load_model(path).args.window)
+    assert windows == [[8, 8, 8, 8, 8, 0]] * 2
+    write_tiny_model(path, "gemma3", n_layers=6, tokenizer=True,
+                     metadata={"gemma3.attention.sliding_window_pattern": ([1.5] * 6, V.ARRAY)})
+    with pytest.raises(ConfigError, match="sliding_window_pattern"):
+        load_model(path)
