@@ -29,6 +29,7 @@ KERNEL_PRECONDITIONS = [
     ("llama", {"llama.rope.dimension_count": (4096, V.UINT32)}, "llama.rope.dimension_count"),  # was SIGSEGV
     ("qwen2", {"qwen2.rope.dimension_count": (15, V.UINT32)}, "qwen2.rope.dimension_count"),
     ("llama", {"llama.rope.dimension_count": (-4, V.INT32)}, "llama.rope.dimension_count"),
+    ("llama", {"llama.attention.head_count_kv": (3, V.UINT32)}, "head_count_kv 3 must divide the 4"),
     ("llama", {"llama.attention.head_count_kv": ("two", V.STRING)}, "llama.attention.head_count_kv"),
     ("llama", {"llama.attention.head_count_kv": ([2.5, 2.5], V.ARRAY)}, "llama.attention.head_count_kv"),
     ("llama", {"llama.vocab_size": ("many", V.STRING)}, "llama.vocab_size"),
