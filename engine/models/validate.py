@@ -29,7 +29,7 @@ from typing import Sequence
 import numpy as np
 
 from engine.errors import ConfigError, GGUFError, InvalidTokenId, NonFiniteLogits
-from engine.gguf.finite import all_finite
+from engine.gguf.finite import first_non_finite
 from engine.gguf.meta import meta_int, meta_value
 from engine.gguf.reader import GGUFFile
 from engine.models.transformer import ModelArgs
@@ -82,9 +82,9 @@ def check_args(file: GGUFFile, args: ModelArgs) -> None:
 
 def check_weights(file: GGUFFile) -> None:
     """No tensor stores a NaN or Inf (engine.gguf.finite: the quantized kernels would hide it)."""
-    for info in file.tensors.values():
-        if not all_finite(info.ggml_type, file.raw(info)):
-            raise GGUFError(f"{file.path}: tensor {info.name!r} holds NaN or Inf values; the file is corrupt")
+    bad = first_non_finite(file)
+    if bad is not None:
+        raise GGUFError(f"{file.path}: tensor {bad!r} holds NaN or Inf values; the file is corrupt")
 
 
 def check_token_ids(ids: Sequence[int], vocab_size: int) -> None:
