@@ -25,6 +25,10 @@ class UnsupportedWeightType(FucinaError):
     """A tensor's GGML type has no kernel path."""
 
 
+class InvalidTokenId(FucinaError):
+    """A token id given by the caller that is not in the model's vocabulary."""
+
+
 class KvCacheError(FucinaError):
     """Base for KV cache errors."""
 
@@ -72,6 +76,10 @@ class InvalidSamplerConfig(FucinaError):
 
 class AllTokensMasked(FucinaError):
     """No token is left to sample: a logit processor masked every one (or the logits are all NaN)."""
+
+
+class NonFiniteLogits(FucinaError):
+    """The model computed NaN or Inf logits (an overflow in a broken model): nothing can be sampled."""
 
 
 class ChatTemplateError(FucinaError):

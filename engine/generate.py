@@ -8,6 +8,7 @@ import numpy as np
 
 from engine.kv.cache import KvDtype
 from engine.models.transformer import UBATCH, Transformer
+from engine.models.validate import check_logits, check_token_ids
 from engine.sampling import Sampler
 
 
@@ -31,15 +32,18 @@ def teacher_forced(model: Transformer, ids: Sequence[int], kv: KvDtype | str = K
     all of its logits at once)."""
     if path not in PATHS:
         raise ValueError(f"path must be one of {', '.join(PATHS)}, got {path!r}")
+    check_token_ids(ids, model.vocab_size)
     cache = model.new_cache(len(ids), kv)
     for start in range(0, len(ids), chunk):
         span = ids[start : start + chunk]
         if path == "prefill":
-            yield model.forward_all(span, cache)
+            logits = model.forward_all(span, cache)
         elif path == "rows":
-            yield model.forward_rows(span, cache)
+            logits = model.forward_rows(span, cache)
         else:
-            yield np.stack([model.forward([t], cache) for t in span])
+            logits = np.stack([model.forward([t], cache) for t in span])
+        check_logits(logits, start)
+        yield logits
 
 
 def greedy(model: Transformer, prompt: Sequence[int], max_tokens: int, stop_ids: Iterable[int] = (),
@@ -52,11 +56,13 @@ def sample(model: Transformer, prompt: Sequence[int], max_tokens: int, sampler: 
            stop_ids: Iterable[int] = (), kv: KvDtype | str = KvDtype.F16,
            capacity: int | None = None) -> Iterator[int]:
     """Yield the ids `sampler` chooses after the prompt; a stop id ends generation and is yielded."""
+    check_token_ids(prompt, model.vocab_size)
     stops = set(stop_ids)
     cache = model.new_cache(capacity or len(prompt) + max_tokens, kv)
     history = list(prompt)
     logits = model.forward(prompt, cache)
     for _ in range(max_tokens):
+        check_logits(logits, cache.len - 1)
         tok = sampler.sample(logits, history)
         yield tok
         if tok in stops or cache.len >= cache.capacity:

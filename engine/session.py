@@ -266,7 +266,8 @@ class ChatSession:
                 turn = self.convo.last_turn
                 if turn is not before:
                     self.last_turn = turn
-                    if turn.text or turn.finish_reason not in ("cancelled", "error"):
+                    # a failed turn stores nothing (resend it); a cancelled one keeps what was shown
+                    if turn.finish_reason != "error" and (turn.text or turn.finish_reason != "cancelled"):
                         self._save_reply(PendingReply(self.id, parent_id, turn.text, self._meta(turn) | window_meta))
             finally:
                 self._turn_lock.release()

@@ -33,8 +33,14 @@ def _quantized(arr: np.ndarray, qtype: T, rng: np.random.Generator):
 def write_tiny_model(path, arch: str = "llama", *, n_layers: int = 2, n_embd: int = 64, n_head: int = 4,
                      n_head_kv: int = 2, head_dim: int | None = None, n_ff: int = 96, vocab: int = 128,
                      qtype: T = T.Q8_0, tied: bool = True, window: int = 8, seed: int = 0,
-                     metadata: dict | None = None, skip_tensors: tuple = ()) -> None:
+                     metadata: dict | None = None, skip_tensors: tuple = (), tokenizer: bool = False,
+                     fill: dict | None = None) -> None:
+    """`metadata` maps keys to (value, GGUFValueType), added last so they override the standard ones;
+    `tokenizer` adds CHATML_TOKENIZER (and sizes the vocabulary for it); `fill` sets 1-D tensors (norms,
+    biases) to a constant (a NaN weight, an overflow)."""
     rng = np.random.default_rng(seed)
+    if tokenizer:
+        vocab = len(CHATML_TOKENS)
     hd = head_dim or n_embd // n_head
     flags = FAMILY_TENSORS[arch]
     w = gguf.GGUFWriter(str(path), arch)
@@ -52,6 +58,14 @@ def write_tiny_model(path, arch: str = "llama", *, n_layers: int = 2, n_embd: in
         w.add_value_length(hd)
     if arch == "gemma3":
         w.add_sliding_window(window)
+    if tokenizer:
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("gpt2")
+        w.add_token_list(CHATML_TOKENIZER["tokenizer.ggml.tokens"])
+        w.add_token_types(CHATML_TOKENIZER["tokenizer.ggml.token_type"])
+        w.add_token_merges(CHATML_TOKENIZER["tokenizer.ggml.merges"])
+        w.add_eos_token_id(CHATML_TOKENIZER["tokenizer.ggml.eos_token_id"])
+        w.add_add_bos_token(False)
     for k, v in (metadata or {}).items():
         w.add_key_value(k, v[0], v[1])
 
@@ -63,7 +77,10 @@ def write_tiny_model(path, arch: str = "llama", *, n_layers: int = 2, n_embd: in
 
     def vec(name, n, center=1.0):
         if name not in skip_tensors:
-            w.add_tensor(name, (center + rng.normal(0, 0.05, n)).astype(np.float32))
+            values = (center + rng.normal(0, 0.05, n)).astype(np.float32)
+            if name in (fill or {}):
+                values[:] = fill[name]
+            w.add_tensor(name, values)
 
     mat("token_embd.weight", vocab, n_embd, 0.5)
     if not tied:
@@ -93,3 +110,23 @@ def write_tiny_model(path, arch: str = "llama", *, n_layers: int = 2, n_embd: in
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def _byte_alphabet() -> list[str]:
+    """GPT-2's printable stand-ins for the 256 bytes."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    return [chr(c) for c in printable] + [chr(256 + i) for i in range(256 - len(printable))]
+
+
+# A byte-level BPE vocabulary (one token per byte, one merge, the two ChatML markers): the real tokenizer
+# code over a vocabulary small enough for tiny random models.
+CHATML_TOKENS = _byte_alphabet() + ["hi", "<|im_start|>", "<|im_end|>"]
+CHATML_TOKENIZER = {
+    "tokenizer.ggml.model": "gpt2",
+    "tokenizer.ggml.pre": "gpt2",
+    "tokenizer.ggml.tokens": CHATML_TOKENS,
+    "tokenizer.ggml.token_type": [1] * (len(CHATML_TOKENS) - 2) + [3, 3],
+    "tokenizer.ggml.merges": ["h i"],
+    "tokenizer.ggml.eos_token_id": len(CHATML_TOKENS) - 1,
+    "tokenizer.ggml.add_bos_token": False,
+}

@@ -33,6 +33,7 @@ from engine.kv import persist as kv_persist
 from engine.kv.cache import KvCache, KvDtype
 from engine.kv.sidecar_writer import WRITER
 from engine.models.transformer import UBATCH, Transformer
+from engine.models.validate import check_logits
 from engine.sampling import LogitProcessor, Sampler, SamplerConfig
 from engine.tokenize import StreamDecoder, Tokenizer, load_tokenizer
 
@@ -344,6 +345,7 @@ class _Turn:
         c = self.convo
         if self.cancel is not None and self.cancel.is_set():
             return self.end("cancelled")
+        check_logits(logits, c.cache.len - 1)  # a broken model fails the turn instead of sampling garbage
         token = c.sampler.sample(logits, c._history)
         self._count_sample()
         if token in c._stop_ids:

@@ -35,6 +35,16 @@ _NUMPY_OF_SCALAR = {
 }
 _STRING, _ARRAY = 8, 9
 
+# Header limits well above any real model's (under a hundred metadata keys, a few thousand tensors, a
+# tokenizer's tokens, types, scores and merges together under a million items: Gemma 3's 262k-token
+# vocabulary takes 786k), so a hostile header is refused before it costs seconds or gigabytes: each array
+# item becomes a Python object (2M strings: a few seconds and under 200 MB).
+MAX_METADATA_KEYS = 1 << 16
+MAX_TENSORS = 1 << 16
+MAX_ARRAY_DEPTH = 4  # arrays of arrays, nested this deep at most (llama.cpp reads none)
+MAX_ARRAY_ITEMS = 1 << 21  # all metadata array items of the file together
+MAX_NESTED_ARRAYS = 1 << 16  # arrays inside arrays, all together
+
 
 @dataclass(frozen=True)
 class TensorInfo:
@@ -83,6 +93,8 @@ class _Cursor:
         self.pos = 0
         self.size = len(buf)
         self.path = path
+        self.items_left = MAX_ARRAY_ITEMS
+        self.nested_left = MAX_NESTED_ARRAYS
 
     def need(self, n: int, what: str) -> None:
         if n < 0 or self.pos + n > self.size:
@@ -118,25 +130,40 @@ class _Cursor:
         if vtype == _STRING:
             return self.string(what)
         if vtype == _ARRAY:
-            return self.array(what)
+            return self.array(what, depth=1)
         raise GGUFError(f"{self.path}: {what} has an unknown value type {vtype}")
 
-    def array(self, what: str):
+    def array(self, what: str, depth: int):
         item_type = self.u32(what + " item type")
         count = self.u64(what + " count")
         if item_type in _SCALAR_TYPES:
             size = _SCALAR_TYPES[item_type][1]
             self.need(count * size, what)
+            self._spend_items(count, what)
             arr = np.frombuffer(self.buf, dtype=_NUMPY_OF_SCALAR[item_type], count=count, offset=self.pos)
             self.pos += count * size
             return arr.copy()  # small; a copy keeps metadata alive after close()
         if item_type == _STRING:
             self.need(count * 8, what)  # every string has at least its length field
+            self._spend_items(count, what)
             return self._string_array(count, what)
         if item_type == _ARRAY:
-            self.need(count * 12, what)
-            return [self.array(what) for _ in range(count)]
+            self.need(count * 12, what)  # every array has at least its item type and count
+            self._spend_items(count, what)
+            if depth >= MAX_ARRAY_DEPTH:
+                raise GGUFError(f"{self.path}: {what} nests arrays more than {MAX_ARRAY_DEPTH} deep")
+            if count > self.nested_left:
+                raise GGUFError(f"{self.path}: {what} holds more nested arrays than the file may "
+                                f"({MAX_NESTED_ARRAYS} in all)")
+            self.nested_left -= count
+            return [self.array(what, depth + 1) for _ in range(count)]
         raise GGUFError(f"{self.path}: {what} has an unknown array item type {item_type}")
+
+    def _spend_items(self, count: int, what: str) -> None:
+        if count > self.items_left:
+            raise GGUFError(f"{self.path}: {what} has {count} array items; a GGUF's metadata arrays may hold "
+                            f"{MAX_ARRAY_ITEMS} in all")
+        self.items_left -= count
 
     def _string_array(self, count: int, what: str) -> list[str]:
         buf, pos, size = self.buf, self.pos, self.size
@@ -195,6 +222,9 @@ class GGUFFile:
         # Each metadata item and tensor info takes at least 12 / 24 bytes: an absurd
         # count fails here rather than after looping over garbage.
         cur.need(n_kv * 12 + n_tensors * 24, f"{n_kv} metadata items and {n_tensors} tensor infos")
+        if n_kv > MAX_METADATA_KEYS or n_tensors > MAX_TENSORS:
+            raise GGUFError(f"{self.path}: {n_kv} metadata items and {n_tensors} tensors; a model has at most "
+                            f"{MAX_METADATA_KEYS} and {MAX_TENSORS}")
 
         self.metadata: dict[str, object] = {}
         for _ in range(n_kv):

@@ -1,4 +1,6 @@
-"""Model families, chosen by the GGUF's `general.architecture`. A new family is one new file."""
+"""Model families, chosen by the GGUF's `general.architecture`. A new family is one new file: its `ARCH`
+and `model_args(file)`, the ModelArgs its metadata describes; the model is built here once they pass
+engine.models.validate."""
 
 from __future__ import annotations
 
@@ -8,19 +10,24 @@ from engine.errors import UnsupportedArchitecture
 from engine.gguf.reader import GGUFFile, open_gguf
 from engine.models import gemma3, llama, qwen2, qwen3
 from engine.models.transformer import Transformer
+from engine.models.validate import check_args, check_layer_count, check_weights
 
-FAMILIES = {m.ARCH: m.build for m in (llama, qwen2, qwen3, gemma3)}
+FAMILIES = {m.ARCH: m.model_args for m in (llama, qwen2, qwen3, gemma3)}
 
 
 def build_model(file: GGUFFile) -> Transformer:
     arch = file.architecture
     try:
-        build = FAMILIES[arch]
+        model_args = FAMILIES[arch]
     except KeyError:
         raise UnsupportedArchitecture(
             f"{file.path}: architecture {arch!r} is not supported (supported: {', '.join(sorted(FAMILIES))})"
         ) from None
-    return build(file)
+    check_layer_count(file, arch)  # before per-layer values are sized by block_count
+    args = model_args(file)
+    check_args(file, args)
+    check_weights(file)
+    return Transformer(file, args)
 
 
 def load_model(path: str | os.PathLike) -> Transformer:

@@ -8,10 +8,13 @@ keys and use RoPE base 10000. The GGUF norm weights already include Gemma's +1.
 
 import math
 
-from engine.gguf.meta import meta_float_opt, meta_int_opt
+import numpy as np
+
+from engine.errors import ConfigError
+from engine.gguf.meta import meta_float_opt, meta_int_opt, per_layer
 from engine.gguf.reader import GGUFFile
 from engine.models.args import common_args
-from engine.models.transformer import Transformer
+from engine.models.transformer import ModelArgs
 
 ARCH = "gemma3"
 LOCAL_ROPE_BASE = 10000.0
@@ -22,14 +25,26 @@ def is_global_layer(layer: int, pattern: int) -> bool:
     return pattern <= 0 or layer % pattern == pattern - 1
 
 
-def build(file: GGUFFile) -> Transformer:
+def global_layers(meta, n_layers: int) -> list[bool]:
+    """Which layers attend globally: `attention.sliding_window_pattern` is a period (every pattern-th layer;
+    default 6) or, as llama.cpp also reads it, one flag per layer (nonzero: sliding)."""
+    key = f"{ARCH}.attention.sliding_window_pattern"
+    if isinstance(meta.get(key), (list, np.ndarray)):
+        flags = per_layer(meta, key, n_layers)
+        if not all(isinstance(f, (bool, int)) for f in flags):
+            raise ConfigError(f"model metadata {key} must be a period or one flag per layer")
+        return [not f for f in flags]
+    pattern = meta_int_opt(meta, ARCH, "attention.sliding_window_pattern") or DEFAULT_PATTERN
+    return [is_global_layer(i, pattern) for i in range(n_layers)]
+
+
+def model_args(file: GGUFFile) -> ModelArgs:
     meta = file.metadata
     args = common_args(meta, ARCH, activation="gelu", qk_norm=True, post_norms=True)
-    pattern = meta_int_opt(meta, ARCH, "attention.sliding_window_pattern") or DEFAULT_PATTERN
     window = meta_int_opt(meta, ARCH, "attention.sliding_window") or 0
-    global_base = meta_float_opt(meta, ARCH, "rope.freq_base") or 1_000_000.0
-    glob = [is_global_layer(i, pattern) for i in range(args.n_layers)]
+    global_base = meta_float_opt(meta, ARCH, "rope.freq_base", default=1_000_000.0)
+    glob = global_layers(meta, args.n_layers)
     args.window = [0 if g else window for g in glob]
     args.rope_base = [global_base if g else LOCAL_ROPE_BASE for g in glob]
     args.embed_scale = math.sqrt(args.n_embd)
-    return Transformer(file, args)
+    return args

@@ -6,10 +6,10 @@ llama.cpp's converter permutes the q/k rows of llama checkpoints so that the
 
 from engine.gguf.reader import GGUFFile
 from engine.models.args import common_args
-from engine.models.transformer import Transformer
+from engine.models.transformer import ModelArgs
 
 ARCH = "llama"
 
 
-def build(file: GGUFFile) -> Transformer:
-    return Transformer(file, common_args(file.metadata, ARCH, rope_neox=False))
+def model_args(file: GGUFFile) -> ModelArgs:
+    return common_args(file.metadata, ARCH, rope_neox=False)

@@ -2,10 +2,10 @@
 
 from engine.gguf.reader import GGUFFile
 from engine.models.args import common_args
-from engine.models.transformer import Transformer
+from engine.models.transformer import ModelArgs
 
 ARCH = "qwen3"
 
 
-def build(file: GGUFFile) -> Transformer:
-    return Transformer(file, common_args(file.metadata, ARCH, qk_norm=True))
+def model_args(file: GGUFFile) -> ModelArgs:
+    return common_args(file.metadata, ARCH, qk_norm=True)

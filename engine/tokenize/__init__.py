@@ -8,6 +8,7 @@ ids into text as soon as it is complete UTF-8.
 from __future__ import annotations
 
 from engine.errors import TokenizerError
+from engine.gguf.meta import meta_value
 from engine.tokenize.base import Tokenizer
 from engine.tokenize.bpe import BPETokenizer
 from engine.tokenize.spm import SPMTokenizer
@@ -20,7 +21,7 @@ _KINDS = {"gpt2": BPETokenizer, "llama": SPMTokenizer}
 
 def load_tokenizer(metadata: dict) -> Tokenizer:
     """The tokenizer a GGUF's metadata describes (`GGUFFile.metadata`)."""
-    model = metadata.get("tokenizer.ggml.model")
+    model = meta_value(metadata, "tokenizer.ggml.model", "string", TokenizerError)
     if model is None:
         raise TokenizerError("the model has no tokenizer (tokenizer.ggml.model is missing)")
     kind = _KINDS.get(model)

@@ -11,6 +11,7 @@ from typing import Sequence
 import numpy as np
 
 from engine.errors import TokenizerError
+from engine.gguf.meta import meta_value
 from engine.tokenize.base import Tokenizer
 from engine.tokenize.merge import SpanTable, encode_words
 from engine.tokenize.pretokenize import pretokenizer_for
@@ -58,10 +59,10 @@ class BPETokenizer(Tokenizer):
 
     @classmethod
     def from_metadata(cls, metadata: dict) -> BPETokenizer:
-        merges = metadata.get("tokenizer.ggml.merges")
+        merges = meta_value(metadata, "tokenizer.ggml.merges", "strings", TokenizerError)
         if not merges:
             raise TokenizerError("byte-level BPE model without merges (tokenizer.ggml.merges is missing or empty)")
-        pre = metadata.get("tokenizer.ggml.pre")
+        pre = meta_value(metadata, "tokenizer.ggml.pre", "string", TokenizerError)
         # llama.cpp's BPE defaults when metadata is silent: id 11 for BOS (none for GLM) and EOS
         vocab = read_vocab(metadata, bos=None if pre in _GLM else 11, eos=11, unk=None, add_bos=pre in _LLAMA3)
         return cls(vocab, merges, pre)

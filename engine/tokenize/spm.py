@@ -13,6 +13,7 @@ import re
 import numpy as np
 
 from engine.errors import TokenizerError
+from engine.gguf.meta import meta_value
 from engine.tokenize.base import Tokenizer
 from engine.tokenize.merge import SpanTable, encode_words
 from engine.tokenize.vocab import Vocab, read_vocab
@@ -36,12 +37,13 @@ class SPMTokenizer(Tokenizer):
 
     @classmethod
     def from_metadata(cls, metadata: dict) -> SPMTokenizer:
-        scores = metadata.get("tokenizer.ggml.scores")
+        scores = meta_value(metadata, "tokenizer.ggml.scores", "numbers", TokenizerError)
         if scores is None:
             raise TokenizerError("SentencePiece model without tokenizer.ggml.scores")
         # llama.cpp's SentencePiece defaults when metadata is silent
         vocab = read_vocab(metadata, bos=1, eos=2, unk=0, add_bos=True)
-        return cls(vocab, scores, add_space_prefix=bool(metadata.get("tokenizer.ggml.add_space_prefix", True)))
+        space_prefix = meta_value(metadata, "tokenizer.ggml.add_space_prefix", "bool", TokenizerError)
+        return cls(vocab, scores, add_space_prefix=True if space_prefix is None else space_prefix)
 
     def _byte_token(self, byte: int) -> int:
         """llama.cpp's byte fallback: <0xXX>, else the byte as a one-character token (else unknown)."""

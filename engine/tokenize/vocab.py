@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.errors import TokenizerError
+from engine.gguf.meta import meta_value
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ _EOG_TEXTS = (
     "<｜end▁of▁sentence｜>", "[e~[",
 )
 _MARKER_SHAPE = re.compile(r"<\|.+\|>")
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # what a BYTE token's text must be: decoding parses it
 
 
 @dataclass
@@ -53,6 +55,7 @@ class Vocab:
     bos_id: int | None = None
     eos_id: int | None = None
     unk_id: int | None = None
+    pad_id: int | None = None
     add_bos: bool = False
     add_eos: bool = False
     # eot/eom/fim_* ids named by metadata; the others are looked up by their usual text
@@ -82,38 +85,49 @@ def token_types(tokens: list[str], types) -> np.ndarray:
         out = np.full(len(tokens), NORMAL, dtype=np.int32)
         out[[i for i, t in enumerate(tokens) if _MARKER_SHAPE.fullmatch(t)]] = CONTROL
         return out
-    out = np.array(types, dtype=np.int32)
-    if len(out) < len(tokens):
-        raise TokenizerError(f"tokenizer.ggml.token_type has {len(out)} entries for {len(tokens)} tokens")
-    return out[: len(tokens)].copy()
+    if len(types) < len(tokens):
+        raise TokenizerError(f"tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens")
+    out = np.array(types[: len(tokens)], dtype=np.int32)
+    for i in np.flatnonzero(out == BYTE):
+        if not _BYTE_TOKEN.fullmatch(tokens[i]):
+            raise TokenizerError(f"tokenizer.ggml.token_type marks token {i} {tokens[i]!r} as a byte token, "
+                                 "but its text is not of the form <0xXX>")
+    return out
 
 
 def read_vocab(metadata: dict, *, bos: int | None, eos: int | None, unk: int | None, add_bos: bool) -> Vocab:
     """The vocabulary of `metadata`, with llama.cpp's defaults for this tokenizer kind where it is silent."""
-    tokens = metadata.get("tokenizer.ggml.tokens")
+    def get(key: str, kind: str):
+        return meta_value(metadata, f"tokenizer.ggml.{key}", kind, TokenizerError)
+
+    tokens = get("tokens", "strings")
     if not tokens:
         raise TokenizerError("the model has no tokenizer vocabulary (tokenizer.ggml.tokens is missing or empty)")
     # llama.cpp renames empty tokens so every token text stays distinct
     tokens = [t or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
-    types = token_types(tokens, metadata.get("tokenizer.ggml.token_type"))
+    types = token_types(tokens, get("token_type", "integers"))
     n = len(tokens)
 
     def special_id(key: str, default: int | None) -> int | None:
         if default is not None and default >= n:
             default = None
-        value = metadata.get(f"tokenizer.ggml.{key}_token_id")
+        value = get(f"{key}_token_id", "integer")
         if value is None:
             return default
-        if not 0 <= int(value) < n:
+        if not 0 <= value < n:
             log.warning("tokenizer.ggml.%s_token_id = %s is outside the vocabulary; using %s", key, value, default)
             return default
-        return int(value)
+        return value
+
+    def flag(key: str, default: bool) -> bool:
+        value = get(key, "bool")
+        return default if value is None else value
 
     return Vocab(
         tokens, types,
         bos_id=special_id("bos", bos), eos_id=special_id("eos", eos), unk_id=special_id("unknown", unk),
-        add_bos=bool(metadata.get("tokenizer.ggml.add_bos_token", add_bos)),
-        add_eos=bool(metadata.get("tokenizer.ggml.add_eos_token", False)),
+        pad_id=special_id("padding", None),
+        add_bos=flag("add_bos_token", add_bos), add_eos=flag("add_eos_token", False),
         marker_ids={key: special_id(key, None) for key in _BY_TEXT},
     )
 

@@ -137,3 +137,39 @@ def test_random_corruption_never_crashes(good, tmp_path):
             open_gguf(p).close()
         except GGUFError:
             pass
+
+
+def _array_header(item_type: int, count: int) -> bytes:
+    return struct.pack("<IQ", item_type, count)
+
+
+def test_deeply_nested_arrays_are_refused_without_recursing(tmp_path):
+    depth = 100_000
+    value = _array_header(9, 1) * depth + _array_header(4, 0)
+    data = _header(0, 1) + _string(b"k") + struct.pack("<I", 9) + value
+    with pytest.raises(GGUFError, match="'k' nests arrays more than"):
+        open_gguf(_write(tmp_path, data))
+
+
+@pytest.mark.parametrize("count, refusal", [(5_000_000, "5000000 array items"), (100_000, "nested arrays")])
+def test_many_nested_empty_arrays_are_refused_before_they_are_built(tmp_path, count, refusal):
+    # the first is the 60 MB file of empty arrays that took 81 s and 968 MB to refuse
+    data = _header(0, 1) + _string(b"k") + struct.pack("<I", 9) + _array_header(9, count)
+    data += _array_header(4, 0) * count
+    with pytest.raises(GGUFError, match=refusal):
+        open_gguf(_write(tmp_path, data))
+
+
+def test_array_items_are_bounded_across_the_whole_file(tmp_path):
+    per_key = 1 << 20  # each array alone is allowed; together they exceed the file's budget
+    item = _array_header(0, per_key) + b"\0" * per_key
+    data = _header(0, 3) + b"".join(_string(k) + struct.pack("<I", 9) + item for k in (b"a", b"b", b"c"))
+    with pytest.raises(GGUFError, match="'c' has 1048576 array items"):
+        open_gguf(_write(tmp_path, data))
+
+
+def test_absurd_but_present_metadata_key_count(tmp_path):
+    n = 100_000  # the file holds them all, but no model has that many
+    data = _header(0, n) + b"".join(_string(b"k%05d" % i) + struct.pack("<IB", 0, 0) for i in range(n))
+    with pytest.raises(GGUFError, match="metadata items"):
+        open_gguf(_write(tmp_path, data))

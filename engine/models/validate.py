@@ -1,0 +1,111 @@
+"""What a model file must satisfy before its kernels run, and the checks at the engine's edges.
+
+The Numba kernels index without bounds checks, so every value they rely on is checked here, once, when
+the model is built (engine.models.build_model), and the inputs that reach them are checked per call:
+
+- layers: `block_count` is the number of `blk.N.` layers in the file, before any per-layer list is
+  sized from it; per-layer values (kv heads, RoPE bases, windows) have one entry per layer.
+- RoPE rotates pairs inside dims [0, rope_dims) of each head: 0 < rope_dims <= head_dim, even.
+- grouped-query attention reads kv head h // (n_head / n_head_kv): n_head_kv divides n_head.
+- weights, caches: the q/k/v/o, FFN, norm and bias tensors must have exactly the shapes these args
+  predict (LinearWeight.load, load_vector), and KV caches are made from, and checked against, the
+  same geometry (Transformer.new_cache, _check_cache), so no kernel reads past a row.
+- the embedding lookup gathers row `id`: the embedding and output matrices have vocab_size rows (their
+  load checks the shape), the tokenizer has exactly vocab_size tokens (so every id it makes, and every
+  id sampled from the logits, is a row and a token), and ids from callers are checked
+  (check_token_ids; the forward refuses them too).
+- sliding windows are >= 0 (0 = global); eps, RoPE bases and scales are finite and positive.
+
+Weights holding NaN or Inf are refused at load (check_weights); a model whose activations overflow can
+still produce NaN or Inf logits, and check_logits turns those into an error instead of a garbage reply.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Sequence
+
+import numpy as np
+
+from engine.errors import ConfigError, GGUFError, InvalidTokenId, NonFiniteLogits
+from engine.gguf.finite import first_non_finite
+from engine.gguf.meta import meta_int, meta_value
+from engine.gguf.reader import GGUFFile
+from engine.models.transformer import ModelArgs
+
+_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.")
+
+
+def check_layer_count(file: GGUFFile, arch: str) -> None:
+    """`<arch>.block_count` equals the layers the file has tensors for."""
+    n = meta_int(file.metadata, arch, "block_count")
+    layers = {int(m.group(1)) for m in map(_LAYER_TENSOR.match, file.tensors) if m}
+    present = max(layers) + 1 if layers else 0
+    if n != present or len(layers) != present:
+        span = f" (blk.0 .. blk.{present - 1})" if layers else ""
+        raise ConfigError(f"{file.path}: {arch}.block_count is {n}, but the file has tensors for "
+                          f"{len(layers)} layers{span}")
+
+
+def check_args(file: GGUFFile, args: ModelArgs) -> None:
+    """Every kernel precondition that follows from the metadata alone; the first broken one is a
+    ConfigError naming its key."""
+    a, arch = args, args.arch
+    for name in ("n_head_kv", "rope_base", "window"):
+        if len(getattr(a, name)) != a.n_layers:
+            raise ConfigError(f"{file.path}: {name} has {len(getattr(a, name))} entries for {a.n_layers} layers")
+    checks = [
+        (a.n_layers >= 1 and a.n_embd >= 1 and a.n_ff >= 1,
+         f"{arch}.block_count, embedding_length and feed_forward_length must be positive"),
+        (a.n_head >= 1, f"{arch}.attention.head_count is {a.n_head}; it must be positive"),
+        (all(1 <= kv <= a.n_head and a.n_head % kv == 0 for kv in a.n_head_kv),
+         f"{arch}.attention.head_count_kv {_shown(a.n_head_kv)} must divide the {a.n_head} attention heads"),
+        (a.head_dim >= 1, f"the head size ({arch}.attention.key_length) is {a.head_dim}; it must be positive"),
+        (2 <= a.rope_dims <= a.head_dim and a.rope_dims % 2 == 0,
+         f"{arch}.rope.dimension_count is {a.rope_dims}; it must be even and at most the head size {a.head_dim}"),
+        (a.vocab_size >= 1, f"{arch}.vocab_size is {a.vocab_size}; it must be positive"),
+        (all(w >= 0 for w in a.window), f"{arch}.attention.sliding_window {_shown(a.window)} must not be negative"),
+        (_positive(a.norm_eps), f"{arch}.attention.layer_norm_rms_epsilon is {a.norm_eps}; it must be positive"),
+        (all(_positive(b) for b in a.rope_base), f"{arch}.rope.freq_base {_shown(a.rope_base)} must be positive"),
+        (_positive(a.attn_scale) and _positive(a.embed_scale),
+         f"attention scale {a.attn_scale} and embedding scale {a.embed_scale} must be positive"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(f"{file.path}: {message}")
+    tokens = meta_value(file.metadata, "tokenizer.ggml.tokens", "strings")
+    if tokens is not None and len(tokens) != a.vocab_size:
+        raise ConfigError(f"{file.path}: the model has {a.vocab_size} token rows ({arch}.vocab_size) but "
+                          f"tokenizer.ggml.tokens has {len(tokens)} tokens")
+
+
+def check_weights(file: GGUFFile) -> None:
+    """No tensor stores a NaN or Inf (engine.gguf.finite: the quantized kernels would hide it)."""
+    bad = first_non_finite(file)
+    if bad is not None:
+        raise GGUFError(f"{file.path}: tensor {bad!r} holds NaN or Inf values; the file is corrupt")
+
+
+def check_token_ids(ids: Sequence[int], vocab_size: int) -> None:
+    """Token ids given by a caller (not made by the tokenizer) are rows of the vocabulary."""
+    for pos, t in enumerate(ids):
+        if not 0 <= t < vocab_size:
+            raise InvalidTokenId(f"token id {t} at position {pos} is outside the vocabulary (0..{vocab_size - 1})")
+
+
+def check_logits(logits: np.ndarray, position: int) -> None:
+    """Logits rows ([vocab] or [rows, vocab], the first at cache position `position`) are all finite."""
+    finite = np.isfinite(logits).all(axis=-1)
+    if not np.all(finite):
+        bad = position + (int(np.argmin(finite)) if finite.ndim else 0)
+        raise NonFiniteLogits(f"the model produced non-finite logits at position {bad} (NaN or Inf: its "
+                              "activations overflow; the model file is broken)")
+
+
+def _positive(x: float) -> bool:
+    return math.isfinite(x) and x > 0
+
+
+def _shown(values: list) -> str:
+    return str(values[0]) if len(set(values)) == 1 else str(values)
