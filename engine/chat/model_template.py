@@ -32,6 +32,10 @@ _SENTINEL = "\x01system\x01"
 def template_for_model(metadata: dict, tokenizer: Tokenizer, *,
                        default_system: bool = False) -> Template | JinjaTemplate:
     source = metadata.get("tokenizer.chat_template")
+    if source is not None and not isinstance(source, str):  # hostile or broken metadata: not a template
+        log.warning("tokenizer.chat_template is %s, not text; using the model family's format instead",
+                    type(source).__name__)
+        source = None
     builtin = Template.detect(source)
     if builtin is None:
         family = Template(_family_format(str(metadata.get("general.architecture", ""))))

@@ -164,6 +164,13 @@ def test_a_template_that_cannot_render_a_chat_falls_back_to_the_familys_format(s
     assert f"using the {fmt.value} format instead" in caplog.text and "chat template" in caplog.text
 
 
+@pytest.mark.parametrize("source", [7, ["<|im_start|>"], 1.5])
+def test_a_chat_template_that_is_not_text_falls_back_to_the_familys_format(source, caplog):
+    metadata = {"general.architecture": "gemma3", "tokenizer.chat_template": source}
+    assert template_for_model(metadata, byte_level_chatml_tokenizer()) == Template(Format.GEMMA)
+    assert "tokenizer.chat_template is" in caplog.text and "not text" in caplog.text
+
+
 def test_a_builtin_format_template_that_cannot_render_keeps_the_builtin_format(caplog):
     metadata = {"general.architecture": "qwen2", "tokenizer.chat_template": "<|im_start|>{% for m in messages %}"}
     assert template_for_model(metadata, byte_level_chatml_tokenizer(), default_system=True) == Template(Format.CHATML)
