@@ -31,7 +31,7 @@ from typing import Sequence
 import numpy as np
 from numba import typed
 
-from engine.errors import ConfigError, KvCacheOverflow, KvCacheShapeMismatch
+from engine.errors import ConfigError, InvalidTokenId, KvCacheOverflow, KvCacheShapeMismatch
 from engine.gguf.reader import GGUFFile
 from engine.gguf.weights import LinearGroup, LinearWeight, load_vector
 from engine.kv.cache import KvCache, KvDtype
@@ -314,7 +314,7 @@ class Transformer:
         ids = np.fromiter((t for toks in token_spans for t in toks), dtype=np.int64, count=n)
         if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
             bad = ids[(ids < 0) | (ids >= self.vocab_size)][0]
-            raise ValueError(f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})")
+            raise InvalidTokenId(f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})")
         x = self.embed.rows(ids)
         if self.args.embed_scale != 1.0:
             x *= np.float32(self.args.embed_scale)

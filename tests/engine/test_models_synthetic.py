@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType as T
 
-from engine.errors import GGUFError, UnsupportedArchitecture, WeightShapeError
+from engine.errors import GGUFError, InvalidTokenId, UnsupportedArchitecture, WeightShapeError
 from engine.gguf.reader import open_gguf
 from engine.models import build_model, load_model
 from tests.synthetic import write_tiny_model
@@ -74,7 +74,7 @@ def test_context_overflow_and_bad_ids(model):
     with pytest.raises(Exception, match="context full"):
         model.forward(TOKENS[:5], cache)
     assert cache.len == 0
-    with pytest.raises(ValueError, match="outside the vocabulary"):
+    with pytest.raises(InvalidTokenId, match="outside the vocabulary"):
         model.forward([100000], model.new_cache(4))
 
 
