@@ -3,8 +3,9 @@
 Without fast-math reassociation (see quant_blocks.KERNEL) LLVM keeps a float sum
 in source order and cannot vectorize it, and a one-lane chain of adds made the
 q . k scores of decode several times slower. Here the order is spelled out
-instead: two 8-lane vector accumulators over alternating 8-element chunks, added
-lane by lane, then reduced lane 0 first (an ordered `llvm.vector.reduce.fadd`).
+instead: two 8-lane vector accumulators over alternating 8-element chunks (fused
+multiply-adds where the host has FMA), added lane by lane, then reduced lane 0
+first (an ordered `llvm.vector.reduce.fadd`).
 Every compilation computes the same bits, and the loads and multiplies run as
 AVX vectors. The second operand may be f16 bit patterns (the default KV cache)
 or float32.
@@ -17,6 +18,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from kernels.cpu.f16 import f16_bits_to_f32
+from kernels.cpu.int8_dot import multiply_add
 from kernels.cpu.quant_blocks import KERNEL
 
 _LANES = 8
@@ -61,9 +63,9 @@ def _dot_chunks(typingctx, a, b):
         with cgutils.for_range(builder, builder.udiv(n, step)) as loop:
             for lane_block, acc in enumerate(accs):
                 start = builder.add(builder.mul(loop.index, step), ir.Constant(n.type, lane_block * _LANES))
-                prod = builder.fmul(_chunk(builder, arr_a.data, sig.args[0].dtype, start),
-                                    _chunk(builder, arr_b.data, sig.args[1].dtype, start))
-                builder.store(builder.fadd(builder.load(acc), prod), acc)
+                builder.store(multiply_add(builder, _chunk(builder, arr_a.data, sig.args[0].dtype, start),
+                                           _chunk(builder, arr_b.data, sig.args[1].dtype, start),
+                                           builder.load(acc)), acc)
         total = builder.fadd(builder.load(accs[0]), builder.load(accs[1]))
         reduce = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32, [_F32, _FVEC]),
                                                 f"llvm.vector.reduce.fadd.v{_LANES}f32")

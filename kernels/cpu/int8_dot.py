@@ -27,6 +27,16 @@ from kernels.cpu.f16 import f16_bits_to_f32, f32_to_f16_bits
 
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 _AVX2 = bool(llvm.get_host_cpu_features().get("avx2"))
+_FMA = bool(llvm.get_host_cpu_features().get("fma"))
+
+
+def multiply_add(builder, a, b, acc):
+    """acc + a * b for float vectors: one fused multiply-add where the host has FMA (an explicit
+    `llvm.fma`, so no compilation decides on its own whether to fuse), else a multiply and an add."""
+    if not _FMA:
+        return builder.fadd(acc, builder.fmul(a, b))
+    name = f"llvm.fma.v{a.type.count}f32"
+    return _call(builder, name, a.type, [a, b, acc])
 
 
 def _vec(t, n):
@@ -131,7 +141,7 @@ def _row_dot(block_bytes, weights, offset=None):
                 xd_b = builder.load(builder.gep(xd_a.data, [b]))
                 scale = _splat_float(builder, builder.fmul(_f16(builder, block), xd_b), lanes)
                 prods = builder.sitofp(_madd(builder, w, x), fvec)
-                builder.store(builder.fadd(builder.load(acc), builder.fmul(prods, scale)), acc)
+                builder.store(multiply_add(builder, prods, scale, builder.load(acc)), acc)
                 if offset is not None:
                     byte, factor = offset
                     xs_b = builder.sitofp(builder.load(builder.gep(xsum_a.data, [b])), ir.FloatType())

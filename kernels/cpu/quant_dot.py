@@ -307,7 +307,8 @@ def _products_range(qtypes, ws, starts, X, acts, Y, lo, hi):
         if a >= b:
             continue
         w = ws[i]
-        tile = max(1, _ROW_TILE_BYTES // w.shape[1])
+        # one input row streams the weight straight through; more revisit each tile while it is in L2
+        tile = b - a if X.shape[0] == 1 else max(1, _ROW_TILE_BYTES // w.shape[1])
         for r0 in range(a, b, tile):
             r1 = min(b, r0 + tile)
             for n in range(X.shape[0]):
