@@ -2,7 +2,7 @@
 
 One validator for sampler settings, whether they come from the app's settings dialog, the CLI's flags or an
 imported file, and one for a whole imported document. Errors are HistoryErrors naming the JSON path of the
-offending field: "conversation.sampler.ctx: expected an integer between 256 and 131072, got 'abc'".
+offending field: "conversation.sampler.ctx: expected an integer between 16 and 131072, got 'abc'".
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ SAMPLER_RANGES: dict[str, tuple[type, float, float]] = {
     "repeat_penalty": (float, 0.01, 10.0),
     "seed": (int, 0, 2**63 - 1),
     "max_tokens": (int, 1, 131_072),
-    "ctx": (int, 256, 131_072),
+    "ctx": (int, 16, 131_072),
 }
 # key -> the values it may take
 SAMPLER_CHOICES: dict[str, tuple[str, ...]] = {"context_policy": POLICIES}

@@ -94,7 +94,7 @@ def an_export(**conversation):
 
 @pytest.mark.parametrize("text, expected", [
     (json.dumps(an_export(sampler={"ctx": "abc"})),
-     "conversation.sampler.ctx: expected an integer between 256 and 131072, got 'abc'"),
+     "conversation.sampler.ctx: expected an integer between 16 and 131072, got 'abc'"),
     (json.dumps(an_export(pinned="false")), "conversation.pinned: expected true or false"),
     ("[" * 50_000 + "]" * 50_000, "nested too deeply"),
 ])

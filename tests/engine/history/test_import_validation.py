@@ -44,8 +44,8 @@ def nested(depth):
 
 
 @pytest.mark.parametrize("mutate, expected", [
-    (sampler(ctx="abc"), "conversation.sampler.ctx: expected an integer between 256 and 131072, got 'abc'"),
-    (sampler(ctx=10**12), "conversation.sampler.ctx: expected an integer between 256 and 131072, got 1000000000000"),
+    (sampler(ctx="abc"), "conversation.sampler.ctx: expected an integer between 16 and 131072, got 'abc'"),
+    (sampler(ctx=10**12), "conversation.sampler.ctx: expected an integer between 16 and 131072, got 1000000000000"),
     (sampler(ctx=4096.5), "conversation.sampler.ctx: expected an integer"),
     (sampler(temperature="hot"), "conversation.sampler.temperature: expected a number between 0 and 10, got 'hot'"),
     (sampler(temperature=float("nan")), "conversation.sampler.temperature: expected a number"),
@@ -88,7 +88,7 @@ def test_a_valid_document_imports_with_its_values_normalised(store, export):
 
 def test_settings_set_from_the_app_or_cli_pass_the_same_checks(store):
     cid = store.create_conversation("m")
-    with pytest.raises(HistoryError, match=r"^sampler.ctx: expected an integer between 256 and 131072"):
+    with pytest.raises(HistoryError, match=r"^sampler.ctx: expected an integer between 16 and 131072"):
         store.update_settings(cid, sampler={"ctx": 10**12})
     with pytest.raises(HistoryError, match=r"^sampler.temperature: expected a number"):
         store.create_conversation("m", sampler={"temperature": "hot"})
