@@ -229,14 +229,16 @@ def _check_sidecar(report: Report, home: Path, model, cid: str) -> None:
 def _compare(report: Report, cid: str, model, session) -> None:
     tokens = session.convo.history[:session.resumed_positions]
     branch = session.messages()
-    encode = session.convo.tokenizer.encode
+    def prompt(messages):  # the ids a reply to `messages` is conditioned on
+        return session._window(messages)[0].ids
+
     # where the last reply's tokens start: its sampled tokens may differ from its text's (the next reply
     # prefills it again), while every earlier reply was rendered again when the next one was prefilled
     replies = [i for i, m in enumerate(branch) if m["role"] == "assistant"]
-    last_reply = len(encode(session._render(branch[:replies[-1]]), add_special=True)) if replies else None
+    last_reply = len(prompt(branch[:replies[-1]])) if replies else None
     if not branch or branch[-1]["role"] == "assistant":  # render it as the next message would
-        branch.append({"role": "user", "content": "Next."})
-    render = encode(session._render(branch), add_special=True)
+        branch.append({"id": "next", "role": "user", "content": "Next.", "meta": {}})
+    render = prompt(branch)
     n = min(len(tokens), len(render))
     if tokens[:n] != render[:n]:
         at = next(i for i in range(n) if tokens[i] != render[i])
