@@ -113,3 +113,12 @@ class InvalidDecodeState(SpeculativeError):
 
 class SamIndexError(SpeculativeError):
     """A suffix-automaton index that cannot take an append: frozen, poisoned by a failed append, or full."""
+
+
+class SpeculationMismatch(SpeculativeError):
+    """A speculative decode that committed other tokens than the plain decode of the same prompt: a bug in
+    the lossless contract, never a setting (the benchmark checks it on every run)."""
+
+
+class BenchWorkloadError(FucinaError):
+    """A benchmark workload file that cannot be read or lacks a field (which file, which field)."""

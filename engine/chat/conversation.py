@@ -30,7 +30,7 @@ import numpy as np
 
 from engine.chat.jinja_template import JinjaTemplate
 from engine.chat.model_template import template_for_model
-from engine.chat.speculation import Speculation
+from engine.chat.speculation import run_speculative
 from engine.chat.templates import Message, Template
 from engine.errors import ContextFull, InvalidPrefix
 from engine.kv import persist as kv_persist
@@ -38,7 +38,7 @@ from engine.kv.cache import KvCache, KvDtype
 from engine.kv.sidecar_writer import WRITER
 from engine.models.transformer import Transformer
 from engine.sampling import LogitProcessor, Sampler, SamplerConfig
-from engine.speculative import Stats as SpecStats
+from engine.speculative import SpeculativeStream, Stats as SpecStats
 from engine.tokenize import StreamDecoder, Tokenizer, load_tokenizer
 
 
@@ -127,7 +127,7 @@ class Conversation:
         self._sidecar: tuple[str, bytes] | None = None  # (path, model fingerprint) once persistence is on
         self._saved = 0  # leading cache positions the sidecar holds (or will, once its writes land)
         self.sidecar_error: str | None = None  # why the last sidecar write failed; the next turn rewrites it
-        self._speculation: Speculation | None = None  # built at the first speculative turn (it measures costs)
+        self._speculation: SpeculativeStream | None = None  # built at the first speculative turn (it may measure)
 
     @classmethod
     def for_model(cls, model: Transformer, options: ChatOptions | None = None, *,
@@ -245,8 +245,8 @@ class Conversation:
         try:
             if self.options.speculation:
                 if self._speculation is None:
-                    self._speculation = Speculation(self.model)
-                yield from self._speculation.run(turn, logits)
+                    self._speculation = SpeculativeStream(self.model)
+                yield from run_speculative(turn, self._speculation, logits)
                 return
             while True:
                 text = turn.accept(logits)

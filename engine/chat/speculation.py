@@ -6,78 +6,60 @@ RNG and processor state, the stop that ends the reply and the cache rows it leav
 turn. What differs is only how many tokens one forward checks: [last token, draft...] in one row-wise
 verify, each row bitwise a one-token step.
 
-Per conversation, across turns: the draft index (SpeculationIndex over the whole history, re-synced at
-every turn start -- an extended history appends, a rewritten one (LCP reuse, an edit, a reopened chat)
-rebuilds) and the cost gate, over the verify-cost table measured for the model on this machine.
+Per conversation, across turns, a SpeculativeStream: the draft index over the whole history, re-synced at
+every turn start (an extended history appends; a rewritten one -- LCP reuse, an edit, a reopened chat --
+rebuilds), and the cost gate over the verify-cost table measured for the model on this machine.
 """
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 
-from engine.speculative import CacheTarget, CostGate, SpecOptions, SpeculationIndex, SpeculativeDecoder
+from engine.speculative import SpeculationIndex
 from engine.speculative.source import TopKRow
-from engine.speculative.verify_costs import verify_cost_table
+from engine.speculative.stream import SpeculativeStream
 
 if TYPE_CHECKING:
     from engine.chat.conversation import _Turn
 
 
-GATE_MIN_DRAFTED = 32
+def run_speculative(turn: "_Turn", stream: SpeculativeStream, logits: np.ndarray) -> Iterator[str]:
+    """Decode the turn after its prefill (`logits`: the prefill's last row); yield its text per step."""
+    c = turn.convo
+    stream.index.sync(c._history)
+    decoder = stream.decoder(c.cache, _TurnSampler(turn), _TurnBoundary(stream.index, turn))
+    turn.stats.spec = decoder.stats
+    pieces: list[str] = []
+    stop = None
 
+    def is_stop(token: int) -> bool:
+        nonlocal stop
+        stop = turn.stop_check(token)
+        return stop is not None
 
-class Speculation:
-    """A conversation's speculative state: the draft index over its history and the cost gate."""
+    def sink(token: int) -> None:
+        pieces.append(turn.commit(token))
 
-    def __init__(self, model, options: SpecOptions | None = None):
-        self.options = options or SpecOptions()
-        # drafts shorter than the decoder's min_draft never reach a verify: they must not count as rejected
-        self.index = SpeculationIndex(model.vocab_size, accounting_min_draft=self.options.min_draft)
-        # the gate judges over about four drafts: one miss at a turn's start must not switch speculation
-        # off for the next reprobe_after tokens
-        self.gate = CostGate(verify_cost_table(model), max_draft=self.options.max_draft,
-                             min_draft=self.options.min_draft, min_window_drafted=GATE_MIN_DRAFTED)
-
-    def run(self, turn: "_Turn", logits: np.ndarray) -> Iterator[str]:
-        """Decode the turn after its prefill (`logits`: the prefill's last row); yield its text per step."""
-        c = turn.convo
-        self.index.sync(c._history)
-        decoder = SpeculativeDecoder(CacheTarget(c.model, c.cache), _TurnSampler(turn), _TurnBoundary(self.index, turn),
-                                     vocab_size=c.model.vocab_size, options=self.options, gate=self.gate,
-                                     clock=time.perf_counter)
-        turn.stats.spec = decoder.stats
-        pieces: list[str] = []
-        stop = None
-
-        def is_stop(token: int) -> bool:
-            nonlocal stop
-            stop = turn.stop_check(token)
-            return stop is not None
-
-        def sink(token: int) -> None:
-            pieces.append(turn.commit(token))
-
-        if turn.cancelled():
-            yield turn.end("cancelled")
+    if turn.cancelled():
+        yield turn.end("cancelled")
+        return
+    decoder.bootstrap(logits, c._history, is_stop=is_stop, sink=sink)
+    while True:
+        text = "".join(pieces)
+        pieces.clear()
+        if stop is not None:
+            text += turn.end(stop[0], fired=stop[1])
+        elif spent := turn.budget_spent():
+            text += turn.end(spent)
+        elif turn.cancelled():
+            text += turn.end("cancelled")
+        if text:
+            yield text
+        if turn.done:
             return
-        decoder.bootstrap(logits, c._history, is_stop=is_stop, sink=sink)
-        while True:
-            text = "".join(pieces)
-            pieces.clear()
-            if stop is not None:
-                text += turn.end(stop[0], fired=stop[1])
-            elif spent := turn.budget_spent():
-                text += turn.end(spent)
-            elif turn.cancelled():
-                text += turn.end("cancelled")
-            if text:
-                yield text
-            if turn.done:
-                return
-            decoder.step(c._history, limit=c.options.max_tokens - len(turn.ids), is_stop=is_stop, sink=sink)
+        decoder.step(c._history, limit=c.options.max_tokens - len(turn.ids), is_stop=is_stop, sink=sink)
 
 
 class _TurnSampler:

@@ -7,10 +7,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from engine.chat import ChatOptions, Conversation, JinjaTemplate, Message, Template, Format, send_batch
+from engine.chat import (ChatOptions, Conversation, JinjaTemplate, Message, Template, Format, send_batch,
+                         template_for_model)
 from engine.kv.sidecar_writer import WRITER
 from engine.sampling import LogitProcessor, SamplerConfig
-from engine.chat import speculation
+from engine.speculative import stream
 
 CHATML = Template(Format.CHATML)
 SAMPLED = SamplerConfig(temperature=0.9, top_k=40, top_p=0.9, min_p=0.02, repeat_penalty=1.1,
@@ -21,7 +22,7 @@ SAMPLED = SamplerConfig(temperature=0.9, top_k=40, top_p=0.9, min_p=0.02, repeat
 def free_verify(monkeypatch):
     """Verifies priced like plain steps, so the gate never turns speculation off and every step drafts
     what it can (the gate's own test prices them otherwise)."""
-    monkeypatch.setattr(speculation, "verify_cost_table", lambda model: {m: 1.0 for m in range(1, 18)})
+    monkeypatch.setattr(stream, "verify_cost_table", lambda model: {m: 1.0 for m in range(1, 18)})
 
 
 class Script(LogitProcessor):
@@ -55,9 +56,11 @@ def ids(tok, text):
     return tok.encode(text, add_special=False)
 
 
-def pair(tiny_chat, template=CHATML, processor=lambda: None, **options):
-    """A plain and a speculative conversation with the same options (each its own processor)."""
-    model, tok = tiny_chat
+def pair(model_and_tokenizer, template=CHATML, processor=lambda: None, **options):
+    """A plain and a speculative conversation with the same options (each its own processor); template
+    None: the model's own."""
+    model, tok = model_and_tokenizer
+    template = template or template_for_model(model.file.metadata, tok)
     return [Conversation(model, tok, template, ChatOptions(processor=processor(), speculation=spec, **options))
             for spec in (False, True)]
 
@@ -171,7 +174,7 @@ def test_a_reopened_conversation_drafts_from_its_whole_history(tiny_chat, tmp_pa
 def test_the_cost_gate_decides_when_never_what(tiny_chat, monkeypatch):
     # verifies over m rows priced at m plain steps, and a coin-flip text whose drafts are often wrong:
     # speculation does not pay, so the gate turns it off for stretches; the output stays the plain one
-    monkeypatch.setattr(speculation, "verify_cost_table", lambda model: {m: float(m) for m in range(1, 18)})
+    monkeypatch.setattr(stream, "verify_cost_table", lambda model: {m: float(m) for m in range(1, 18)})
     _, tok = tiny_chat
     coin_flips = "".join(np.random.default_rng(0).choice(list("ab"), 160))
     convos = pair(tiny_chat, processor=lambda: Script(ids(tok, coin_flips)), max_tokens=160)
@@ -184,3 +187,31 @@ def test_lockstep_batches_stay_plain_with_speculation_on(tiny_chat):
     [result] = send_batch([spec], ["hi"])
     "".join(plain.send("hi"))
     assert result.token_ids == plain.last_turn.token_ids and result.stats.spec is None
+
+
+# --- real models: short replies that invite copying from the prompt and from earlier turns
+
+PASSAGE = ("The lighthouse at Harrow Point was built in 1871 from granite cut on the island. Its lamp burned "
+           "colza oil until 1902, when the keepers changed it for paraffin, and its light could be seen for "
+           "eighteen miles on a clear night.")
+
+
+def test_smollm2_greedy_three_turns_equal_plain(real_model):
+    convos = pair(real_model("smollm2-135m-instruct"), template=None, max_tokens=48)
+    stats = turns(convos, [f"Repeat this text exactly: {PASSAGE}", "Now repeat the first sentence again.",
+                           "Say it once more, word for word."])
+    assert sum(s.accepted for s in stats) > 0
+
+
+def test_smollm2_sampled_with_penalties_and_a_stop_sequence_equal_plain(real_model):
+    sampler = SamplerConfig(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.1, seed=42)
+    convos = pair(real_model("smollm2-135m-instruct"), template=None, max_tokens=48, sampler=sampler,
+                  stop_sequences=("eighteen",))
+    turns(convos, [f"Copy this text: {PASSAGE}", "Copy it again, please."])
+
+
+def test_qwen_coder_greedy_equal_plain(real_model):
+    code = "def area(width, height):\n    return width * height\n\n\nprint(area(3, 4))\n"
+    convos = pair(real_model("qwen2.5-coder-0.5b-instruct"), template=None, max_tokens=48)
+    [stats] = turns(convos, [f"Rename `area` to `surface` in this code and return all of it:\n```python\n{code}```"])
+    assert stats.accepted > 0
