@@ -25,6 +25,7 @@ from engine.models.transformer import Transformer
 from engine.sampling import SamplerConfig
 from engine.speculative import Stats
 from engine.speculative.verify_costs import verify_cost_table
+from engine.tokenize import Tokenizer, load_tokenizer
 
 PREVIOUS = "{previous}"
 CAPACITY = 8192  # KV positions per conversation: a workload's prompts and replies, all turns
@@ -103,16 +104,19 @@ def _reply(convo: Conversation, user: str, side: _Side) -> list[int]:
 
 
 def run_workload(model: Transformer, workload: Workload, runs: int, *, sampler: SamplerConfig = SamplerConfig(),
-                 max_tokens: int | None = None, log: Callable[[str], None] = lambda s: None) -> dict:
+                 max_tokens: int | None = None, tokenizer: Tokenizer | None = None,
+                 log: Callable[[str], None] = lambda s: None) -> dict:
     """Median plain and speculative decode speed over `runs` runs of `workload`, with the speculative side's
-    tokens per step and acceptance; raises SpeculationMismatch when a reply differs."""
+    tokens per step and acceptance; raises SpeculationMismatch when a reply differs. `tokenizer`: the
+    model's own unless given."""
     budget = max_tokens or workload.max_tokens
+    tokenizer = tokenizer or load_tokenizer(model.file.metadata)  # built once: Qwen's takes a second
     per_run = []
     for run in range(runs):
         sides = {"plain": _Side(), "spec": _Side()}
         convos = {name: Conversation.for_model(model, ChatOptions(
             system=workload.system, capacity=min(CAPACITY, model.args.context_length),
-            max_tokens=budget, sampler=sampler, speculation=name == "spec")) for name in sides}
+            max_tokens=budget, sampler=sampler, speculation=name == "spec"), tokenizer=tokenizer) for name in sides}
         previous = ""
         replies = 0
         for i in range(len(workload.turns)):
@@ -145,7 +149,7 @@ def spec_benchmark(model: Transformer, workloads: list[Workload], runs: int, *,
                    sampler: SamplerConfig = SamplerConfig(), max_tokens: int | None = None,
                    log: Callable[[str], None] = lambda s: None) -> dict:
     start = time.perf_counter()
-    verify_cost_table(model)  # measured (or read back) before any timed reply
+    verify_cost_table(model)  # measured (or read back) before any timed reply; no timed reply waits for it
     costs_s = time.perf_counter() - start
     log(f"verify-cost table ready in {costs_s:.2f} s")
     return {"verify_costs_s": costs_s,
