@@ -80,11 +80,13 @@ class _TurnBoundary:
 
     def __init__(self, index: SpeculationIndex, turn: "_Turn"):
         self.index, self.turn = index, turn
+        # the stop-sequence check reads only the reply's last bytes: a sequence's length less one
+        self._tail = max((len(s) for s in turn.convo._stop_sequences), default=1)
 
     def suggest(self, context: Sequence[int], budget: int) -> list[int]:
         draft = self.index.suggest(context, budget)
         c = self.turn.convo
-        reply = self.turn.reply
+        reply = self.turn.reply[-self._tail:]
         for i, token in enumerate(draft):
             # a token the tokenizer lacks (a padded vocabulary) ends the draft too: it has no text to check
             if not 0 <= token < c.tokenizer.vocab_size or c._ending(reply, token) is not None:

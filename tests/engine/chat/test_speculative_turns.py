@@ -71,6 +71,7 @@ def assert_same_state(plain, spec):
     assert (s.text, s.token_ids, s.finish_reason, s.fired_stop) == (p.text, p.token_ids, p.finish_reason, p.fired_stop)
     assert s.stats.generated_tokens == p.stats.generated_tokens
     assert p.stats.spec is None and s.stats.spec is not None
+    assert spec._speculation.index.conversation.tokens == spec.history  # the index holds what the cache means
     assert spec.cache.len == plain.cache.len
     for layer in range(plain.cache.n_layers):
         np.testing.assert_array_equal(spec.cache.k[layer][: spec.cache.len], plain.cache.k[layer][: plain.cache.len])
