@@ -2,7 +2,6 @@
 replies on a tiny model, and a loud failure when they differ."""
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -64,5 +63,6 @@ def test_a_differing_speculative_reply_fails_loudly(tiny_chat, monkeypatch):
     honest = speculation._TurnSampler.sample
     monkeypatch.setattr(speculation._TurnSampler, "sample",
                         lambda self, logits, history: (honest(self, logits, history) + 1) % 200)
-    with pytest.raises(SpeculationMismatch, match="turn 1: the speculative reply differs from the plain one at token 0"):
+    with pytest.raises(SpeculationMismatch, match="turn 1: the speculative reply differs from the plain one at "
+                                                  "token 0"):
         run_workload(model, WORKLOAD, 1, tokenizer=tok)
