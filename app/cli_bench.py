@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from app.cli_eval import resolve_model_path
+from app.cli_sampling import add_sampler_options, sampler_config
 from engine.bench import PEERS, benchmark, rows_throughput
 from engine.bench_reopen import reopen_benchmark
-from engine.errors import FucinaError
+from engine.bench_spec import load_workload, spec_benchmark
+from engine.errors import BenchWorkloadError, FucinaError
+from engine.models import load_model
 from engine.runtime import configure_threads
+
+WORKLOADS = Path(__file__).resolve().parents[1] / "benchmarks" / "workloads"  # the built-in ones, by name
 
 
 def run_bench(args) -> int:
@@ -20,6 +26,10 @@ def run_bench(args) -> int:
         return _run_reopen(args, path, threads, log)
     if args.rows:
         return _run_rows(args, path, threads, log)
+    if args.spec:
+        return _run_spec(args, path, threads, log)
+    if args.workload is not None:
+        raise BenchWorkloadError("--workload goes with --spec")
     r = benchmark(str(path), threads, args.prompt_tokens, args.gen_tokens, args.runs, args.peer, log)
     if args.json:
         json.dump(r, sys.stdout, indent=1)
@@ -77,6 +87,40 @@ def _run_reopen(args, path, threads: int, log) -> int:
     return 0
 
 
+def workloads(name: str | None) -> list:
+    """`name` as a file, else a built-in workload's name; None: every built-in workload."""
+    builtin = sorted(WORKLOADS.glob("*.json"))
+    if name is None:
+        return [load_workload(p) for p in builtin]
+    if Path(name).is_file():
+        return [load_workload(name)]
+    for p in builtin:
+        if p.stem == name:
+            return [load_workload(p)]
+    raise BenchWorkloadError(f"no workload file or built-in workload {name!r}; built-in: "
+                             f"{', '.join(p.stem for p in builtin)}")
+
+
+def _run_spec(args, path, threads: int, log) -> int:
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise BenchWorkloadError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    chosen = workloads(args.workload)
+    r = spec_benchmark(load_model(path), chosen, args.runs, sampler=sampler_config(args),
+                       max_tokens=args.max_tokens, log=log) | {"model": str(path), "threads": threads}
+    if args.json:
+        json.dump(r, sys.stdout, indent=1)
+        print()
+        return 0
+    print(f"{path.name}: {threads} threads, {args.runs} runs per workload, plain and speculative replies identical; "
+          f"verify costs ready in {r['verify_costs_s']:.2f} s")
+    for w in r["workloads"]:
+        p, s, x, t, a = (w[k] for k in ("plain_tps", "spec_tps", "speedup", "tokens_per_step", "acceptance"))
+        print(f"{w['workload']:>16}: plain {p['median']:7.2f} tok/s | speculative {s['median']:7.2f} tok/s | "
+              f"speedup {x['median']:.2f}x (min {x['min']:.2f}, max {x['max']:.2f}) | "
+              f"{t['median']:.2f} tokens/step | acceptance {100 * a['median']:.0f}% | {w['reply_tokens']} tokens")
+    return 0
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("bench", help="measure prefill/decode speed, optionally against llama.cpp")
     p.add_argument("model", help="a starter model name or a path to a .gguf file")
@@ -92,5 +136,13 @@ def register(subparsers) -> None:
     p.add_argument("--reopen", type=int, metavar="N", default=None,
                    help="instead: time to first token of a stored N-token conversation reopened from its KV "
                         "sidecar versus re-prefilled")
+    p.add_argument("--spec", action="store_true",
+                   help="instead: plain and speculative replies to chat workloads, timed in the same run; fails "
+                        "if any reply differs")
+    p.add_argument("--workload", metavar="NAME|FILE", default=None,
+                   help="with --spec: one workload, a JSON file or a built-in name (default: every built-in one)")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="with --spec: cap every reply at this many tokens (default: the workload's own)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_sampler_options(p)
     p.set_defaults(func=run_bench)

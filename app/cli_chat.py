@@ -65,7 +65,7 @@ class _EphemeralChat(_Chat):
     def __init__(self, model, args):
         self.convo = self.target = Conversation.for_model(model, ChatOptions(
             system=args.system, capacity=args.ctx, kv_dtype=args.kv, max_tokens=args.max_tokens,
-            think_off=args.no_think, sampler=sampler_config(args)))
+            think_off=args.no_think, sampler=sampler_config(args), speculation=args.spec))
 
     def reset(self) -> str:
         self.convo.reset()
@@ -82,6 +82,7 @@ class _StoredChat(_Chat):
 
     def __init__(self, model, args, store: HistoryStore):
         self.model, self.store = model, store
+        self.speculation = args.spec
         if args.conversation == "new":
             self.settings = {"temperature": args.temp, "top_k": args.top_k, "top_p": args.top_p,
                              "min_p": args.min_p, "repeat_penalty": args.repeat_penalty, "seed": args.seed,
@@ -90,7 +91,8 @@ class _StoredChat(_Chat):
             self.system = args.system
             self.session = self._new()
         else:
-            self.session = ChatSession(store, model, find_conversation(store, args.conversation))
+            self.session = ChatSession(store, model, find_conversation(store, args.conversation),
+                                       speculation=args.spec)
             self.settings, self.system = self.session.settings["sampler"], self.session.settings["system_prompt"]
         resumed = self.session.resumed_positions
         print(f"(conversation {self.session.id[:8]}: {len(self.session.messages())} messages"
@@ -106,7 +108,8 @@ class _StoredChat(_Chat):
 
     def _new(self) -> ChatSession:
         return ChatSession.open(self.store, self.model, system_prompt=self.system,
-                                sampler={k: v for k, v in self.settings.items() if v is not None})
+                                sampler={k: v for k, v in self.settings.items() if v is not None},
+                                speculation=self.speculation)
 
     def reset(self) -> str:
         if unsaved := self.unsaved_reply():  # a new conversation would drop the reply kept for this one
@@ -227,9 +230,10 @@ def _command(chat, text: str) -> bool:
 
 def format_stats(turn: TurnResult) -> str:
     s = turn.stats
-    return (f"prompt {s.prompt_tokens} tokens ({s.reused_tokens} reused, {s.prefilled_tokens} prefilled in "
+    line = (f"prompt {s.prompt_tokens} tokens ({s.reused_tokens} reused, {s.prefilled_tokens} prefilled in "
             f"{s.prefill_ms:.0f} ms) · first token {s.ttft_ms:.0f} ms · {s.generated_tokens} tokens at "
             f"{s.decode_tps:.1f} tok/s · ended: {turn.finish_reason}")
+    return line if s.spec is None else f"{line}\nspeculation: {s.spec.summary()}"
 
 
 def token_count(text: str) -> int:
@@ -256,5 +260,7 @@ def register(subparsers) -> None:
     p.add_argument("--context-policy", choices=POLICIES, default=None,
                    help="a new stored chat that outgrows the context: drop_oldest (the default) leaves the "
                         "oldest turns out of the prompt, stop refuses")
+    p.add_argument("--spec", action="store_true",
+                   help="speculative decoding: drafts from the conversation itself, verified; the same replies")
     add_sampler_options(p, CHAT_DEFAULTS)
     p.set_defaults(func=run_chat)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
+import time
 
 from app.cli_models import ProgressBar
 from app.cli_sampling import add_sampler_options, sampler_config
@@ -14,6 +16,7 @@ from engine.errors import FucinaError
 from engine.models import load_model
 from engine.runtime import configure_threads
 from engine.sampling import Sampler
+from engine.speculative import Stats
 from engine.tokenize import StreamDecoder, load_tokenizer
 
 
@@ -53,7 +56,7 @@ def prompt_tokens(args, model, tokenizer) -> list[int]:
     a one-turn chat with the model's chat template first, with --chat)."""
     if getattr(args, "chat", False):
         if args.prompt is None:
-            raise FucinaError("--chat needs the prompt as text (--prompt)")
+            raise FucinaError("--chat needs the prompt as text (--prompt or --prompt-file)")
         return tokenizer.encode(template_for_model(model.file.metadata, tokenizer).render_messages(
             [Message("user", args.prompt)]))
     if args.prompt is not None:
@@ -85,25 +88,55 @@ def run_eval(args) -> int:
     return 0
 
 
+def read_prompt_file(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise FucinaError(f"cannot read the prompt file {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise FucinaError(f"the prompt file {path} is not UTF-8 text") from None
+
+
 def run_generate(args) -> int:
+    if args.max_tokens < 1:
+        raise FucinaError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    if args.prompt_file is not None:
+        args.prompt = read_prompt_file(args.prompt_file)
     model = open_model(args)
     tokenizer = load_tokenizer(model.file.metadata)
     prompt = prompt_tokens(args, model, tokenizer)
     stops = () if args.no_stop else tokenizer.eog_ids
+    sampler = Sampler(sampler_config(args))
+    spec = Stats() if args.spec else None
+    tokens = (generate.sample_speculative(model, prompt, args.max_tokens, sampler, stops, args.kv, stats=spec)
+              if args.spec else generate.sample(model, prompt, args.max_tokens, sampler, stops, args.kv))
     stream = StreamDecoder(tokenizer)
-    out = []
-    for tok in generate.sample(model, prompt, args.max_tokens, Sampler(sampler_config(args)), stops, args.kv):
+    out, times = [], []
+    for tok in tokens:
+        times.append(time.perf_counter())
         if tok in stops:
             break
         out.append(tok)
         if not args.json:
             print(stream.push(tok), end="", flush=True)
+    # sampled tokens per second after the first (the first waits for the prefill), as a chat turn counts
+    decode_tps = (len(times) - 1) / max(times[-1] - times[0], 1e-9) if len(times) > 1 else 0.0
     if args.json:
-        json.dump({"prompt_ids": prompt, "ids": out, "text": tokenizer.decode(out)}, sys.stdout)
+        json.dump({"prompt_ids": prompt, "ids": out, "text": tokenizer.decode(out), "decode_tps": decode_tps,
+                   "spec": None if spec is None else spec_stats(spec)}, sys.stdout)
     else:
         print(stream.flush(), end="")
+        if spec is not None:
+            print(f"\n[{decode_tps:.1f} tok/s; speculation: {spec.summary()}]", end="", file=sys.stderr)
     print()
     return 0
+
+
+def spec_stats(stats: Stats) -> dict:
+    """The speculative decoder's counts, with the two rates a report reads."""
+    return dataclasses.asdict(stats) | {"tokens_per_step": stats.tokens_per_step(),
+                                        "acceptance": stats.acceptance_rate()}
 
 
 def register(subparsers) -> None:
@@ -124,9 +157,12 @@ def register(subparsers) -> None:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt-ids", dest="ids", help="comma-separated prompt token ids")
     source.add_argument("--prompt", help="prompt text, encoded with the model's tokenizer")
+    source.add_argument("--prompt-file", help="a UTF-8 file holding the prompt text")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--no-stop", action="store_true", help="do not stop at an end-of-generation token")
     p.add_argument("--chat", action="store_true", help="render the prompt as a one-turn chat with the model's template")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--spec", action="store_true",
+                   help="speculative decoding (drafts from the prompt and the output, verified): the same ids")
     add_sampler_options(p)
     p.set_defaults(func=run_generate)

@@ -153,3 +153,12 @@ class DataDirInUse(FucinaError):
 
 class ConversationBusy(FucinaError):
     """A reply is being written into this conversation by another session or process."""
+
+
+class SpeculationMismatch(SpeculativeError):
+    """A speculative decode that committed other tokens than the plain decode of the same prompt: a bug in
+    the lossless contract, never a setting (the benchmark checks it on every run)."""
+
+
+class BenchWorkloadError(FucinaError):
+    """A benchmark workload file that cannot be read or lacks a field (which file, which field)."""

@@ -10,6 +10,7 @@ from engine.kv.cache import KvDtype
 from engine.models.transformer import UBATCH, Transformer
 from engine.models.validate import check_logits, check_token_ids
 from engine.sampling import Sampler
+from engine.speculative import SpecOptions, SpeculativeStream, Stats
 
 
 def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -69,3 +70,30 @@ def sample(model: Transformer, prompt: Sequence[int], max_tokens: int, sampler: 
             return
         history.append(tok)
         logits = model.forward([tok], cache)
+
+
+def sample_speculative(model: Transformer, prompt: Sequence[int], max_tokens: int, sampler: Sampler,
+                       stop_ids: Iterable[int] = (), kv: KvDtype | str = KvDtype.F16, capacity: int | None = None,
+                       *, stats: Stats | None = None) -> Iterator[int]:
+    """`sample`, decoded speculatively (engine.speculative) with drafts from the prompt and the output so
+    far: the same ids, fewer forwards. `stats`, when given, collects the decoder's counts."""
+    if max_tokens < 1:
+        return
+    cache = model.new_cache(capacity or len(prompt) + max_tokens, kv)
+    history = list(prompt)
+    stream = SpeculativeStream(model, SpecOptions(stop_tokens=frozenset(stop_ids)))
+    stream.index.sync(history)
+    decoder = stream.decoder(cache, sampler)
+    if stats is not None:
+        decoder.stats = stats
+    result = decoder.bootstrap(model.forward(prompt, cache), history)
+    produced = 0
+    while True:
+        yield from result.committed
+        produced += len(result.committed)
+        if result.stopped:
+            yield result.stop_token
+            return
+        if produced >= max_tokens or cache.len >= cache.capacity:
+            return
+        result = decoder.step(history, limit=max_tokens - produced)

@@ -108,8 +108,10 @@ def chat_options(settings: dict) -> ChatOptions:
 class ChatSession:
     """One open conversation. Single-threaded, like the store connection and the Conversation it holds."""
 
-    def __init__(self, store: HistoryStore, model: Transformer, conversation_id: str, *, sidecar_dir=None):
+    def __init__(self, store: HistoryStore, model: Transformer, conversation_id: str, *, sidecar_dir=None,
+                 speculation: bool = False):
         self.store, self.model, self.id = store, model, conversation_id
+        self.speculation = speculation  # a choice of this session (decoding speed), not a stored setting
         self.sidecar = sidecar_path(conversation_id, sidecar_dir)
         try:
             self.sidecar.parent.mkdir(parents=True, exist_ok=True)
@@ -126,12 +128,13 @@ class ChatSession:
 
     @classmethod
     def open(cls, store: HistoryStore, model: Transformer, conversation_id: str | None = None, *,
-             sidecar_dir=None, system_prompt: str | None = None, sampler: dict | None = None) -> "ChatSession":
+             sidecar_dir=None, system_prompt: str | None = None, sampler: dict | None = None,
+             speculation: bool = False) -> "ChatSession":
         """Open a stored conversation, or (conversation_id None) a new one with these settings."""
         if conversation_id is None:
             conversation_id = store.create_conversation(os.fspath(model.file.path), system_prompt=system_prompt,
                                                         sampler=sampler)
-        return cls(store, model, conversation_id, sidecar_dir=sidecar_dir)
+        return cls(store, model, conversation_id, sidecar_dir=sidecar_dir, speculation=speculation)
 
     @property
     def model_name(self) -> str:
@@ -321,7 +324,8 @@ class ChatSession:
         if not self._turn_lock.try_acquire():
             raise busy(self.id)
         try:
-            self.convo = Conversation.for_model(self.model, chat_options(sampler), tokenizer=_tokenizer(self.model))
+            options = dataclasses.replace(chat_options(sampler), speculation=self.speculation)
+            self.convo = Conversation.for_model(self.model, options, tokenizer=_tokenizer(self.model))
             return self.convo.enable_persistence(self.sidecar)
         except OSError as e:  # the sidecar cannot be created or reset: a full or read-only data dir
             raise storage_error(e, self.sidecar) from e

@@ -9,6 +9,9 @@ positions [0, prefix_rows) for the prefix and the first `cache.len - prefix_rows
 may run one token ahead (a turn that ended on its token budget never forwarded its last token), and the
 next prefill feeds it first. Any error leaves that invariant intact, so a conversation stays resendable.
 The stop token that ends a reply is never committed: the next turn's render closes the turn itself.
+With `speculation` on, a reply decodes through engine.chat.speculation, which drives the same turn steps
+(sample, stop check, commit, budget) over verified drafts: its output and its cache equal the plain turn's.
+The lockstep batch stays plain.
 
 With persistence on (enable_persistence), every turn's end brings the conversation's KV sidecar up to the
 cache, so a reopened chat resumes without prefilling again. The new positions are copied out at the turn's
@@ -27,6 +30,7 @@ import numpy as np
 
 from engine.chat.jinja_template import JinjaTemplate
 from engine.chat.model_template import template_for_model
+from engine.chat.speculation import run_speculative
 from engine.chat.templates import Message, Template
 from engine.errors import ContextFull, InvalidPrefix
 from engine.kv import persist as kv_persist
@@ -35,6 +39,7 @@ from engine.kv.sidecar_writer import WRITER
 from engine.models.transformer import UBATCH, Transformer
 from engine.models.validate import check_logits
 from engine.sampling import LogitProcessor, Sampler, SamplerConfig
+from engine.speculative import SpeculativeStream, Stats as SpecStats
 from engine.tokenize import StreamDecoder, Tokenizer, load_tokenizer
 
 
@@ -49,6 +54,7 @@ class ChatOptions:
     extra_stop_ids: tuple[int, ...] = ()
     stop_sequences: tuple[str, ...] = ()  # a reply stops before the token that completes one
     processor: LogitProcessor | None = None  # re-armed (reset) at every turn start
+    speculation: bool = False  # decode replies speculatively (engine.chat.speculation): same output, fewer forwards
 
     def __post_init__(self):
         if self.max_tokens < 1:
@@ -66,6 +72,7 @@ class TurnStats:
     prefill_ms: float = 0.0
     ttft_ms: float = 0.0       # turn start to the first sampled token
     decode_tps: float = 0.0    # sampled tokens per second after the first
+    spec: SpecStats | None = None  # the speculative decoder's counts, on a speculative turn
 
 
 @dataclass
@@ -122,6 +129,7 @@ class Conversation:
         self._sidecar: tuple[str, bytes] | None = None  # (path, model fingerprint) once persistence is on
         self._saved = 0  # leading cache positions the sidecar holds (or will, once its writes land)
         self.sidecar_error: str | None = None  # why the last sidecar write failed; the next turn rewrites it
+        self._speculation: SpeculativeStream | None = None  # built at the first speculative turn (it may measure)
 
     @classmethod
     def for_model(cls, model: Transformer, options: ChatOptions | None = None, *,
@@ -246,6 +254,11 @@ class Conversation:
         if turn.done:  # stopped during the prefill
             return
         try:
+            if self.options.speculation:
+                if self._speculation is None:
+                    self._speculation = SpeculativeStream(self.model)
+                yield from run_speculative(turn, self._speculation, logits)
+                return
             while True:
                 text = turn.accept(logits)
                 if text:
@@ -300,6 +313,13 @@ class Conversation:
             on_prefill(total, total)
         return logits
 
+    def _ending(self, reply: bytes, token: int) -> tuple[str, int | None] | None:
+        """(finish reason, fired stop sequence) when `token`, following the reply bytes `reply`, ends it."""
+        if token in self._stop_ids:
+            return "stop", None
+        fired = self._stop_sequence_completed(reply, self.tokenizer.token_bytes(token))
+        return None if fired is None else ("stop_sequence", fired)
+
     def _stop_sequence_completed(self, reply: bytes, piece: bytes) -> int | None:
         """The first stop sequence that the reply completes with `piece`, if any."""
         for i, seq in enumerate(self._stop_sequences):
@@ -342,28 +362,53 @@ class _Turn:
     def accept(self, logits: np.ndarray) -> str:
         """Sample the next token; return the text it completes (possibly ""), plus the decoder's tail when
         the turn ends here."""
-        c = self.convo
-        if self.cancel is not None and self.cancel.is_set():
+        if self.cancelled():
             return self.end("cancelled")
-        check_logits(logits, c.cache.len - 1)  # a broken model fails the turn instead of sampling garbage
+        token = self.sample(logits)
+        stop = self.stop_check(token)
+        if stop is not None:
+            return self.end(stop[0], fired=stop[1])
+        self.convo._history.append(token)
+        text = self.commit(token)
+        spent = self.budget_spent()
+        return text + self.end(spent) if spent else text
+
+    # The steps of `accept`, shared with the speculative loop (engine.chat.speculation), which samples,
+    # checks and commits several tokens per forward.
+    def cancelled(self) -> bool:
+        return self.cancel is not None and self.cancel.is_set()
+
+    def sample(self, logits: np.ndarray) -> int:
+        """One draw from the conversation's sampler, conditioned on the committed history; a broken model's
+        non-finite logits fail the turn instead of being sampled."""
+        c = self.convo
+        check_logits(logits, c.prefix_rows + len(c._history) - 1)  # the row's position, in either loop
         token = c.sampler.sample(logits, c._history)
         self._count_sample()
-        if token in c._stop_ids:
-            return self.end("stop")
-        piece = c.tokenizer.token_bytes(token)
-        fired = c._stop_sequence_completed(self.reply, piece)
-        if fired is not None:
-            return self.end("stop_sequence", fired=fired)
-        c._history.append(token)
+        return token
+
+    def stop_check(self, token: int) -> tuple[str, int | None] | None:
+        """(finish reason, fired stop sequence) when the sampled `token` ends the reply; it is then neither
+        committed nor streamed."""
+        return self.convo._ending(self.reply, token)
+
+    def commit(self, token: int) -> str:
+        """Add a token the history already holds to the reply; the text it completes."""
         self.ids.append(token)
-        self.reply += piece
-        text = c._decoder.push(token)
+        self.reply += self.convo.tokenizer.token_bytes(token)
+        text = self.convo._decoder.push(token)
         self.parts.append(text)
-        if len(self.ids) >= c.options.max_tokens:
-            return text + self.end("length")
-        if c.cache.len >= c.cache.capacity:  # no room to forward the token just committed
-            return text + self.end("context")
         return text
+
+    def budget_spent(self) -> str | None:
+        """The finish reason when the reply may not grow: its token budget, or no cache room to forward
+        the token just committed."""
+        c = self.convo
+        if len(self.ids) >= c.options.max_tokens:
+            return "length"
+        if c.cache.len >= c.cache.capacity:
+            return "context"
+        return None
 
     def end(self, reason: str, error: BaseException | None = None, fired: int | None = None) -> str:
         c = self.convo

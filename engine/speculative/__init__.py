@@ -12,8 +12,9 @@ from engine.speculative.gate import CostGate, measure_verify_costs, table_cost
 from engine.speculative.recycling import TokenRecycling
 from engine.speculative.sam_index import Cursor, FrozenSource, SamIndex
 from engine.speculative.source import DraftSource, TopKRow
+from engine.speculative.stream import SpeculativeStream
 from engine.speculative.target import CacheTarget, VerifyTarget
 
 __all__ = ["AcceptanceGate", "CacheTarget", "CostGate", "Cursor", "DraftSource", "FrozenSource", "SamIndex",
-           "SpecOptions", "SpeculationIndex", "SpeculativeDecoder", "Stats", "StepResult", "TokenRecycling",
-           "TopKRow", "VerifyTarget", "measure_verify_costs", "table_cost"]
+           "SpecOptions", "SpeculationIndex", "SpeculativeDecoder", "SpeculativeStream", "Stats", "StepResult",
+           "TokenRecycling", "TopKRow", "VerifyTarget", "measure_verify_costs", "table_cost"]

@@ -83,3 +83,32 @@ def test_a_context_too_large_to_allocate_is_refused_before_loading(capsys):
     with pytest.raises(SystemExit) as exited:
         fucina(["chat", "--ctx", str(10**12)])
     assert exited.value.code == 2 and "--ctx: must be at most 131072, got 1000000000000" in capsys.readouterr().err
+
+
+def test_generate_spec_prints_the_plain_ids_with_the_decoders_figures(model_path, capsys, tmp_path, monkeypatch):
+    from engine.speculative import stream
+    monkeypatch.setattr(stream, "verify_cost_table", lambda model: {m: 1.0 for m in range(1, 18)})
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("Repeat exactly: the quick brown fox jumps over the lazy dog.", encoding="utf-8")
+    args = ["generate", str(model_path(MODEL)), "--chat", "--prompt-file", str(prompt), "--max-tokens", "24", "--json"]
+    assert fucina(args) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert fucina([*args, "--spec"]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert (spec["ids"], spec["text"]) == (plain["ids"], plain["text"]) and plain["spec"] is None
+    assert spec["decode_tps"] > 0 and plain["decode_tps"] > 0
+    assert spec["spec"]["committed"] == len(spec["ids"]) and 0 <= spec["spec"]["acceptance"] <= 1
+
+
+def test_chat_spec_reports_the_speculation_in_stats(model_path, monkeypatch, capsys):
+    from engine.speculative import stream
+    monkeypatch.setattr(stream, "verify_cost_table", lambda model: {m: 1.0 for m in range(1, 18)})
+    model_path(MODEL)
+    lines = chat(monkeypatch, capsys, ["Hi", "/stats"], "--temp", "0", "--spec").out.splitlines()
+    assert lines[1].startswith("prompt ") and lines[2].startswith("speculation: ")
+
+
+def test_bench_spec_names_an_unknown_workload(model_path, capsys):
+    assert fucina(["bench", str(model_path(MODEL)), "--spec", "--workload", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no workload file or built-in workload 'nope'") and "free_chat" in err

@@ -295,3 +295,22 @@ def test_a_failed_sidecar_write_is_reported(smollm2, home, monkeypatch):
     reply(s.send("Again"))
     assert "could not write the sidecar" in s.sidecar_error and "No space left" in s.sidecar_error
     assert len(s.messages()) == 4  # the chat itself is stored
+
+
+def test_a_speculative_session_stores_the_plain_replies_and_reopens_warm(smollm2, home, tmp_path, monkeypatch):
+    from engine.speculative import stream
+    monkeypatch.setattr(stream, "verify_cost_table", lambda model: {m: 1.0 for m in range(1, 18)})
+    store, sidecars = home
+    turns = ("Repeat exactly: the quick brown fox jumps over the lazy dog.", "Once more, word for word.")
+    plain = ChatSession.open(store, smollm2, sidecar_dir=tmp_path / "plain", sampler=GREEDY)
+    expected = [reply(plain.send(t)) for t in turns]
+
+    first = ChatSession.open(store, smollm2, sidecar_dir=sidecars, sampler=GREEDY, speculation=True)
+    assert reply(first.send(turns[0])) == expected[0] and first.last_turn.stats.spec is not None
+    first.close()
+    reopened = ChatSession(HistoryStore(store.path), smollm2, first.id, sidecar_dir=sidecars, speculation=True)
+    assert reopened.resumed_positions > 0
+    assert reply(reopened.send(turns[1])) == expected[1]
+    assert reopened.convo.history == plain.convo.history
+    reopened.update_settings(sampler=GREEDY)  # reopening the cache for new settings keeps speculation on
+    assert reopened.convo.options.speculation
