@@ -7,7 +7,7 @@ import pytest
 
 from engine.chat import Message
 from engine.chat.window import fit_context, longest_token, reply_room
-from engine.errors import ContextFull, InvalidContextPolicy
+from engine.errors import ContextFull, HistoryError, InvalidContextPolicy
 from engine.history.store import HistoryStore
 from engine.session import ChatSession
 
@@ -182,6 +182,9 @@ def test_a_huge_stored_message_is_left_out_without_tokenizing_it(tiny_chat_model
 
 
 def test_a_stored_policy_that_names_none_is_refused_on_opening(tiny_chat_model, store, tmp_path):
-    cid = store.create_conversation("tiny", sampler={"context_policy": "forget"})
+    with pytest.raises(HistoryError, match="context_policy: expected one of drop_oldest, stop, got 'forget'"):
+        store.create_conversation("tiny", sampler={"context_policy": "forget"})
+    cid = store.create_conversation("tiny")  # a row the validator never saw (an older version's, a hand edit)
+    store.db.execute("UPDATE conversations SET sampler = ? WHERE id = ?", ['{"context_policy": "forget"}', cid])
     with pytest.raises(InvalidContextPolicy, match="got 'forget'"):
         ChatSession(store, tiny_chat_model, cid, sidecar_dir=tmp_path / "sidecars")
