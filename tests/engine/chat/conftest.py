@@ -1,6 +1,9 @@
 """Real starter models for the chat tests, each loaded once per session."""
 
+import numpy as np
 import pytest
+
+from engine.sampling import LogitProcessor
 
 
 @pytest.fixture(scope="session")
@@ -71,3 +74,24 @@ def tiny_chat_model(tmp_path_factory):
     path = tmp_path_factory.mktemp("chat") / "tiny-chatml.gguf"
     write_tiny_model(path, "llama", vocab=len(metadata["tokenizer.ggml.tokens"][0]), metadata=metadata)
     return load_model(path)
+
+
+class Script(LogitProcessor):
+    """Forces the given tokens, one per sample, a new list each turn (the conversation resets it per turn);
+    past the end of a list the model chooses."""
+
+    def __init__(self, *turns):
+        self.turns, self.turn, self.pos, self.commits = [list(t) for t in turns], -1, 0, 0
+
+    def reset(self):
+        self.turn, self.pos = self.turn + 1, 0
+
+    def process(self, logits, history):
+        script = self.turns[self.turn] if self.turn < len(self.turns) else []
+        if self.pos < len(script):
+            logits[:] = -np.inf
+            logits[script[self.pos]] = 0.0
+
+    def commit(self, token):
+        self.pos += 1
+        self.commits += 1

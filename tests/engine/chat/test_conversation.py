@@ -11,29 +11,9 @@ from engine.chat import (ChatOptions, Conversation, JinjaTemplate, Message, Temp
                          send_batch, send_batch_rendered)
 from engine.errors import AllTokensMasked, ContextFull, InvalidPrefix
 from engine.sampling import LogitProcessor, SamplerConfig
+from tests.engine.chat.conftest import Script
 
 CHATML = Template(Format.CHATML)
-
-
-class Script(LogitProcessor):
-    """Forces the given tokens, one per sample, a new list each turn (the conversation resets it per turn);
-    past the end of a list the model chooses."""
-
-    def __init__(self, *turns):
-        self.turns, self.turn, self.pos, self.commits = [list(t) for t in turns], -1, 0, 0
-
-    def reset(self):
-        self.turn, self.pos = self.turn + 1, 0
-
-    def process(self, logits, history):
-        script = self.turns[self.turn] if self.turn < len(self.turns) else []
-        if self.pos < len(script):
-            logits[:] = -np.inf
-            logits[script[self.pos]] = 0.0
-
-    def commit(self, token):
-        self.pos += 1
-        self.commits += 1
 
 
 class MaskAll(LogitProcessor):

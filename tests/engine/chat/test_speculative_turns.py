@@ -10,6 +10,7 @@ from engine.chat import (ChatOptions, Conversation, JinjaTemplate, Message, Temp
                          template_for_model)
 from engine.kv.sidecar_writer import WRITER
 from engine.sampling import LogitProcessor, SamplerConfig
+from tests.engine.chat.conftest import Script
 from engine.speculative import stream
 
 CHATML = Template(Format.CHATML)
@@ -22,25 +23,6 @@ def free_verify(monkeypatch):
     """Verifies priced like plain steps, so the gate never turns speculation off and every step drafts
     what it can (the gate's own test prices them otherwise)."""
     monkeypatch.setattr(stream, "verify_cost_table", lambda model: {m: 1.0 for m in range(1, 18)})
-
-
-class Script(LogitProcessor):
-    """Forces the given tokens, one per sample, a new list each turn; past the end the model chooses."""
-
-    def __init__(self, *turns):
-        self.turns, self.turn, self.pos = [list(t) for t in turns], -1, 0
-
-    def reset(self):
-        self.turn, self.pos = self.turn + 1, 0
-
-    def process(self, logits, history):
-        script = self.turns[self.turn] if self.turn < len(self.turns) else []
-        if self.pos < len(script):
-            logits[:] = -np.inf
-            logits[script[self.pos]] = 0.0
-
-    def commit(self, token):
-        self.pos += 1
 
 
 class BanOddIds(LogitProcessor):
