@@ -70,6 +70,10 @@ class AllTokensMasked(FucinaError):
     """No token is left to sample: a logit processor masked every one (or the logits are all NaN)."""
 
 
+class InvalidGrammar(FucinaError):
+    """A reply grammar (JSON schema, regex, Lark, GBNF) that does not compile; the message is llguidance's."""
+
+
 class ChatTemplateError(FucinaError):
     """A chat that the template cannot render, or a model's own Jinja template that fails or runs away."""
 

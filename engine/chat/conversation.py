@@ -26,7 +26,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from engine.chat.jinja_template import JinjaTemplate
-from engine.chat.model_template import template_for_model
+from engine.chat.model_template import stop_token_id, template_for_model
 from engine.chat.templates import Message, Template
 from engine.errors import ContextFull, InvalidPrefix
 from engine.kv import persist as kv_persist
@@ -112,8 +112,7 @@ class Conversation:
         self._history = list(warm.tokens[: warm.cache.len - warm.prefix_rows])
         self.cache.truncate(self.prefix_rows + len(self._history))
         # the template's stop marker (else EOS), every end-of-generation token, and the caller's extras
-        marker = template.stop_marker and tokenizer.token_id(template.stop_marker)
-        stop = {marker if marker is not None else tokenizer.eos_id} - {None}
+        stop = {stop_token_id(tokenizer, template)} - {None}
         self._stop_ids = frozenset(tokenizer.eog_ids) | stop | set(self.options.extra_stop_ids)
         self._stop_sequences = [s.encode("utf-8") for s in self.options.stop_sequences]
         self._decoder = StreamDecoder(tokenizer)

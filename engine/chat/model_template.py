@@ -35,6 +35,12 @@ def template_for_model(metadata: dict, tokenizer: Tokenizer, *,
     return Template(builtin.format, default_system=own_default_system(builtin, own_template(source, tokenizer)))
 
 
+def stop_token_id(tokenizer: Tokenizer, template: Template | JinjaTemplate) -> int | None:
+    """The token that ends a reply: the template's stop marker, else the tokenizer's EOS."""
+    marker = template.stop_marker and tokenizer.token_id(template.stop_marker)
+    return marker if marker is not None else tokenizer.eos_id
+
+
 def own_template(source: str, tokenizer: Tokenizer) -> JinjaTemplate:
     """The GGUF's Jinja template with the tokenizer's BOS/EOS texts; a leading BOS text is dropped when
     the tokenizer adds BOS itself."""
