@@ -15,13 +15,15 @@ from pathlib import Path
 from typing import Iterator
 
 from app.cli_eval import add_model_options, open_model
-from app.cli_sampling import add_sampler_options, sampler_config
+from app.cli_sampling import add_grammar_options, add_sampler_options, grammar_from_args, sampler_config
 from app.cli_conversations import find_conversation, open_store
-from engine.chat import ChatOptions, Conversation, TurnResult
+from engine.chat import ChatOptions, Conversation, TurnResult, template_for_model
+from engine.chat.constrained import with_grammar
 from engine.history.store import HistoryStore
 from engine.errors import ContextFull, FucinaError
 from engine.sampling import CHAT_DEFAULTS
 from engine.session import ChatSession
+from engine.tokenize import load_tokenizer
 
 HELP = """commands:
   /reset        forget the conversation (a stored chat: start a new one)
@@ -45,10 +47,13 @@ class _Chat:
 class _EphemeralChat(_Chat):
     """A chat that lives only in this process."""
 
-    def __init__(self, model, args):
-        self.convo = self.target = Conversation.for_model(model, ChatOptions(
-            system=args.system, capacity=args.ctx, kv_dtype=args.kv, max_tokens=args.max_tokens,
-            think_off=args.no_think, sampler=sampler_config(args)))
+    def __init__(self, model, args, grammar):
+        tokenizer = load_tokenizer(model.file.metadata)
+        template = template_for_model(model.file.metadata, tokenizer)
+        options = ChatOptions(system=args.system, capacity=args.ctx, kv_dtype=args.kv, max_tokens=args.max_tokens,
+                              think_off=args.no_think, sampler=sampler_config(args))
+        self.convo = self.target = Conversation(model, tokenizer, template,
+                                                with_grammar(options, grammar, tokenizer, template))
 
     def reset(self) -> str:
         self.convo.reset()
@@ -63,12 +68,13 @@ class _EphemeralChat(_Chat):
 class _StoredChat(_Chat):
     """A chat in the history store, through the session layer."""
 
-    def __init__(self, model, args, store: HistoryStore):
+    def __init__(self, model, args, store: HistoryStore, grammar):
         self.model, self.store = model, store
         if args.conversation == "new":
             self.settings = {"temperature": args.temp, "top_k": args.top_k, "top_p": args.top_p,
                              "min_p": args.min_p, "repeat_penalty": args.repeat_penalty, "seed": args.seed,
-                             "max_tokens": args.max_tokens, "ctx": args.ctx}
+                             "max_tokens": args.max_tokens, "ctx": args.ctx,
+                             "response_format": grammar and grammar.as_setting()}
             self.system = args.system
             self.session = self._new()
         else:
@@ -98,13 +104,14 @@ class _StoredChat(_Chat):
 
 
 def run_chat(args) -> int:
+    grammar = grammar_from_args(args)
     model = open_model(args)
     with contextlib.ExitStack() as stack:
         if args.conversation:
-            chat = _StoredChat(model, args, stack.enter_context(open_store()))
+            chat = _StoredChat(model, args, stack.enter_context(open_store()), grammar)
             stack.callback(lambda: chat.session.close())
         else:
-            chat = _EphemeralChat(model, args)
+            chat = _EphemeralChat(model, args, grammar)
         interactive = sys.stdin.isatty()
         if interactive:
             print(f"fucina chat · {Path(model.file.path).name} · /help for commands", file=sys.stderr)
@@ -190,4 +197,5 @@ def register(subparsers) -> None:
     p.add_argument("--ctx", type=positive_int, default=4096, help="context size in tokens (default 4096)")
     p.add_argument("--no-think", action="store_true", help="render with the reasoning channel closed")
     add_sampler_options(p, CHAT_DEFAULTS)
+    add_grammar_options(p)
     p.set_defaults(func=run_chat)

@@ -6,14 +6,16 @@ import json
 import sys
 
 from app.cli_models import ProgressBar
-from app.cli_sampling import add_sampler_options, sampler_config
+from app.cli_sampling import add_grammar_options, add_sampler_options, grammar_from_args, sampler_config
 from engine import generate
 from engine.catalog import default_model_name, resolve_model
 from engine.chat import Message, template_for_model
+from engine.chat.model_template import stop_token_id
 from engine.errors import FucinaError
 from engine.models import load_model
 from engine.runtime import configure_threads
 from engine.sampling import Sampler
+from engine.sampling.grammar import grammar_processor
 from engine.tokenize import StreamDecoder, load_tokenizer
 
 
@@ -86,13 +88,22 @@ def run_eval(args) -> int:
 
 
 def run_generate(args) -> int:
+    grammar = grammar_from_args(args)
+    if grammar is not None and args.no_stop:
+        raise FucinaError("--no-stop cannot be combined with a reply grammar: a finished grammar ends the reply "
+                          "with the stop token")
     model = open_model(args)
     tokenizer = load_tokenizer(model.file.metadata)
     prompt = prompt_tokens(args, model, tokenizer)
     stops = () if args.no_stop else tokenizer.eog_ids
+    processor = None
+    if grammar is not None:  # a chat reply ends on its template's stop marker, plain text on EOS
+        stop = stop_token_id(tokenizer, template_for_model(model.file.metadata, tokenizer)) if args.chat else None
+        processor = grammar_processor(grammar, tokenizer, stop)
     stream = StreamDecoder(tokenizer)
     out = []
-    for tok in generate.sample(model, prompt, args.max_tokens, Sampler(sampler_config(args)), stops, args.kv):
+    sampler = Sampler(sampler_config(args), processor)
+    for tok in generate.sample(model, prompt, args.max_tokens, sampler, stops, args.kv):
         if tok in stops:
             break
         out.append(tok)
@@ -126,4 +137,5 @@ def register(subparsers) -> None:
     p.add_argument("--chat", action="store_true", help="render the prompt as a one-turn chat with the model's template")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     add_sampler_options(p)
+    add_grammar_options(p)
     p.set_defaults(func=run_generate)

@@ -21,13 +21,15 @@ import weakref
 from pathlib import Path
 from typing import Iterator
 
-from engine.chat import ChatOptions, Conversation, Message, TurnResult
+from engine.chat import ChatOptions, Conversation, Message, TurnResult, template_for_model
+from engine.chat.constrained import with_grammar
 from engine.errors import FucinaError
 from engine.history.store import HistoryStore
 from engine.kv.sidecar_writer import WRITER
 from engine.models.transformer import Transformer
 from engine.paths import data_dir
 from engine.sampling import CHAT_DEFAULTS
+from engine.sampling.grammar import Grammar
 from engine.tokenize import Tokenizer, load_tokenizer
 
 DEFAULT_CONTEXT = 4096
@@ -216,7 +218,11 @@ class ChatSession:
             self.resumed_positions = self._open_conversation(sampler or {})
 
     def _open_conversation(self, sampler: dict) -> int:
-        self.convo = Conversation.for_model(self.model, chat_options(sampler), tokenizer=_tokenizer(self.model))
+        tokenizer = _tokenizer(self.model)
+        template = template_for_model(self.model.file.metadata, tokenizer)
+        grammar = Grammar.from_setting(sampler.get("response_format"))  # the stored response format
+        self.convo = Conversation(self.model, tokenizer, template,
+                                  with_grammar(chat_options(sampler), grammar, tokenizer, template))
         return self.convo.enable_persistence(self.sidecar)
 
     @property

@@ -20,7 +20,9 @@ from engine.history.schema import MIGRATIONS
 from engine.paths import data_dir
 
 ROLES = ("system", "user", "assistant")
-SAMPLER_KEYS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed", "max_tokens", "ctx")
+# response_format: {"type": "free" | engine.sampling.grammar.GRAMMAR_KINDS, "grammar": TEXT} (Grammar.as_setting)
+SAMPLER_KEYS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed", "max_tokens", "ctx",
+                "response_format")
 EXPORT_FORMAT = "fucina-conversation"
 TITLE_CHARS = 60
 
