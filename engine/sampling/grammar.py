@@ -186,10 +186,9 @@ class GrammarProcessor(StructuredProcessor):
             llg_numpy.fill_next_token_bitmask(self._matcher, self._bitmask)  # in llguidance, GIL released
             if self._matcher.is_error():
                 self._fail(self._matcher.get_error())
-        if self.failure is not None:
-            stop = logits[self.stop_id]
+        if self.failure is not None:  # the forced stop: the only token left
             logits[:] = -np.inf
-            logits[self.stop_id] = stop
+            logits[self.stop_id] = 0.0
             return
         allowed = self.allowed()
         n = min(allowed.size, logits.size)
