@@ -35,6 +35,10 @@ log = logging.getLogger(__name__)
 
 # What a stored or typed response format may name; "gbnf" is converted to Lark when it is read.
 GRAMMAR_KINDS = ("json_object", "json_schema", "regex", "lark", "gbnf")
+# JSON whitespace as llama.cpp's schema grammars allow it: per gap, a space or a newline with some
+# indentation. llguidance's default (any run) lets a small model that wants to go on with a string
+# cut at its maxLength loop on newlines until max_tokens. A schema's own "x-guidance" still overrides it.
+JSON_OPTIONS = {"whitespace_pattern": r"(?: |\n[ \t]{0,20})?"}
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,7 @@ class Grammar:
 
 def _compile(kind: str, source: str) -> str:
     if kind == "json_object":
-        compiled = llguidance.LLMatcher.grammar_from_json_schema({"type": "object"})
+        compiled = llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
     elif kind == "json_schema":
         try:
             schema = json.loads(source)
@@ -77,7 +81,7 @@ def _compile(kind: str, source: str) -> str:
             raise InvalidGrammar(f"the JSON schema is not valid JSON: {e}") from None
         if not isinstance(schema, dict):
             raise InvalidGrammar(f"a JSON schema is a JSON object, got {type(schema).__name__}")
-        compiled = llguidance.LLMatcher.grammar_from_json_schema(schema)
+        compiled = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
     elif kind in ("regex", "lark", "gbnf"):
         try:  # llguidance converts GBNF to its Lark itself (and raises ValueError when it cannot)
             compiled = llguidance.grammar_from(kind, source)

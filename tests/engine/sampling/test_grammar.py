@@ -180,3 +180,12 @@ def test_structural_hooks_forced_tokens_and_valid_prefix_len(tok):
     assert processor.forced_tokens() == [tok.vocab.ids["Ġ"]]
     processor.commit(tok.vocab.ids["Ġ"])
     assert processor.forced_tokens() == []  # x or y
+
+
+def test_json_whitespace_is_bounded_per_gap_so_a_reply_cannot_loop_on_newlines(tok):
+    schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 3}}, "required": ["a"]}
+    processor = grammar_processor(Grammar("json_schema", json.dumps(schema)), tok)
+    pretty = tok.encode_plain('{\n  "a": "xyz"\n}')
+    assert processor.valid_prefix_len(pretty) == len(pretty)
+    looping = tok.encode_plain('{"a": "xyz"\n\n\n\n')
+    assert processor.valid_prefix_len(looping) == len(tok.encode_plain('{"a": "xyz"\n'))
