@@ -109,14 +109,16 @@ class _TokenSource:
     """What llguidance.TokenizerWrapper reads: raw token bytes, the special ids and an encoder."""
 
     def __init__(self, tokenizer: Tokenizer, end_id: int):
-        self._tokenizer = tokenizer
+        # weak: the bridge is the value of a weak-keyed cache on this tokenizer, and must not keep it alive
+        self._tokenizer = weakref.ref(tokenizer)
         self.eos_token_id, self.bos_token_id = end_id, tokenizer.bos_id
         self.tokens = [tokenizer.token_bytes(i) for i in range(tokenizer.vocab_size)]
         self.special_token_ids = [i for i in range(tokenizer.vocab_size) if _is_control(tokenizer, i)]
 
     def __call__(self, text: bytes) -> list[int]:
         # llguidance hands complete UTF-8 here; plain encoding, so text never becomes a control token
-        return self._tokenizer.encode_plain(text.decode("utf-8", "replace"))
+        tokenizer = self._tokenizer()
+        return [] if tokenizer is None else tokenizer.encode_plain(text.decode("utf-8", "replace"))
 
 
 def _is_control(tokenizer: Tokenizer, token: int) -> bool:

@@ -189,3 +189,14 @@ def test_json_whitespace_is_bounded_per_gap_so_a_reply_cannot_loop_on_newlines(t
     assert processor.valid_prefix_len(pretty) == len(pretty)
     looping = tok.encode_plain('{"a": "xyz"\n\n\n\n')
     assert processor.valid_prefix_len(looping) == len(tok.encode_plain('{"a": "xyz"\n'))
+
+
+def test_the_shared_bridge_does_not_keep_its_tokenizer_alive():
+    import gc
+    import weakref
+    tokenizer = byte_level_chatml_tokenizer()
+    grammar_vocabulary(tokenizer)
+    gone = weakref.ref(tokenizer)
+    del tokenizer
+    gc.collect()
+    assert gone() is None
