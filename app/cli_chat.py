@@ -17,13 +17,11 @@ from typing import Iterator
 from app.cli_eval import add_model_options, open_model
 from app.cli_sampling import add_grammar_options, add_sampler_options, grammar_from_args, sampler_config
 from app.cli_conversations import find_conversation, open_store
-from engine.chat import ChatOptions, Conversation, TurnResult, template_for_model
-from engine.chat.constrained import with_grammar
+from engine.chat import ChatOptions, Conversation, TurnResult
 from engine.history.store import HistoryStore
 from engine.errors import ContextFull, FucinaError
 from engine.sampling import CHAT_DEFAULTS
 from engine.session import ChatSession
-from engine.tokenize import load_tokenizer
 
 HELP = """commands:
   /reset        forget the conversation (a stored chat: start a new one)
@@ -48,12 +46,9 @@ class _EphemeralChat(_Chat):
     """A chat that lives only in this process."""
 
     def __init__(self, model, args, grammar):
-        tokenizer = load_tokenizer(model.file.metadata)
-        template = template_for_model(model.file.metadata, tokenizer)
-        options = ChatOptions(system=args.system, capacity=args.ctx, kv_dtype=args.kv, max_tokens=args.max_tokens,
-                              think_off=args.no_think, sampler=sampler_config(args))
-        self.convo = self.target = Conversation(model, tokenizer, template,
-                                                with_grammar(options, grammar, tokenizer, template))
+        self.convo = self.target = Conversation.for_model(model, ChatOptions(
+            system=args.system, capacity=args.ctx, kv_dtype=args.kv, max_tokens=args.max_tokens,
+            think_off=args.no_think, sampler=sampler_config(args), grammar=grammar))
 
     def reset(self) -> str:
         self.convo.reset()

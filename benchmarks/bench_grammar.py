@@ -24,10 +24,10 @@ sys.path.insert(0, str(ROOT))
 
 from engine.catalog import resolve_model  # noqa: E402
 from engine.chat import ChatOptions, Conversation, template_for_model  # noqa: E402
-from engine.chat.constrained import with_grammar  # noqa: E402
+from engine.chat.model_template import stop_token_id  # noqa: E402
 from engine.models import load_model  # noqa: E402
 from engine.sampling import LogitProcessor  # noqa: E402
-from engine.sampling.grammar import Grammar  # noqa: E402
+from engine.sampling.grammar import Grammar, grammar_processor  # noqa: E402
 from engine.tokenize import load_tokenizer  # noqa: E402
 
 
@@ -66,9 +66,8 @@ def main() -> None:
     mask_ns = steps = forced = tokens = 0
     decode_s = 0.0
     for case in cases:
-        options = with_grammar(ChatOptions(capacity=256, max_tokens=args.max_tokens),
-                               Grammar("json_schema", json.dumps(case["schema"])), tokenizer, template)
-        timed = Timed(options.processor)
+        grammar = Grammar("json_schema", json.dumps(case["schema"]))
+        timed = Timed(grammar_processor(grammar, tokenizer, stop_token_id(tokenizer, template)))
         convo = Conversation(model, tokenizer, template, ChatOptions(
             capacity=256, max_tokens=args.max_tokens, processor=timed))
         "".join(convo.send(case["prompt"]))

@@ -21,8 +21,7 @@ import weakref
 from pathlib import Path
 from typing import Iterator
 
-from engine.chat import ChatOptions, Conversation, Message, TurnResult, template_for_model
-from engine.chat.constrained import with_grammar
+from engine.chat import ChatOptions, Conversation, Message, TurnResult
 from engine.errors import FucinaError
 from engine.history.store import HistoryStore
 from engine.kv.sidecar_writer import WRITER
@@ -67,14 +66,15 @@ def delete_conversation(store: HistoryStore, conversation_id: str, sidecar_dir=N
 
 def chat_options(settings: dict) -> ChatOptions:
     """A stored conversation's sampler settings (HistoryStore.SAMPLER_KEYS) as ChatOptions; what is not set
-    takes the chat defaults, and an unset seed a fresh random one."""
+    takes the chat defaults, and an unset seed a fresh random one. A response format becomes the grammar."""
     sampler = {k: settings[k] for k in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty")
                if settings.get(k) is not None}
     seed = settings.get("seed")
     sampler["seed"] = secrets.randbits(63) if seed is None else seed
     return ChatOptions(capacity=settings.get("ctx") or DEFAULT_CONTEXT,
                        max_tokens=settings.get("max_tokens") or DEFAULT_MAX_TOKENS,
-                       sampler=dataclasses.replace(CHAT_DEFAULTS, **sampler))
+                       sampler=dataclasses.replace(CHAT_DEFAULTS, **sampler),
+                       grammar=Grammar.from_setting(settings.get("response_format")))
 
 
 class ChatSession:
@@ -218,11 +218,7 @@ class ChatSession:
             self.resumed_positions = self._open_conversation(sampler or {})
 
     def _open_conversation(self, sampler: dict) -> int:
-        tokenizer = _tokenizer(self.model)
-        template = template_for_model(self.model.file.metadata, tokenizer)
-        grammar = Grammar.from_setting(sampler.get("response_format"))  # the stored response format
-        self.convo = Conversation(self.model, tokenizer, template,
-                                  with_grammar(chat_options(sampler), grammar, tokenizer, template))
+        self.convo = Conversation.for_model(self.model, chat_options(sampler), tokenizer=_tokenizer(self.model))
         return self.convo.enable_persistence(self.sidecar)
 
     @property

@@ -4,8 +4,9 @@ stop marker, and a lockstep batch of clones decoding exactly as the streams do o
 import dataclasses
 import re
 
+import pytest
+
 from engine.chat import ChatOptions, Conversation, Format, Template, send_batch
-from engine.chat.constrained import with_grammar
 from engine.sampling import CHAT_DEFAULTS
 from engine.sampling.grammar import Grammar
 
@@ -15,11 +16,8 @@ PATTERN = r"(hi|[a-e]{2,5})!"
 
 def convo(tiny_chat, seed=0, processor=None):
     model, tok = tiny_chat
-    options = ChatOptions(capacity=256, max_tokens=32, sampler=dataclasses.replace(CHAT_DEFAULTS, seed=seed))
-    if processor is None:
-        options = with_grammar(options, Grammar("regex", PATTERN), tok, CHATML)
-    else:
-        options = dataclasses.replace(options, processor=processor)
+    options = ChatOptions(capacity=256, max_tokens=32, sampler=dataclasses.replace(CHAT_DEFAULTS, seed=seed),
+                          grammar=None if processor else Grammar("regex", PATTERN), processor=processor)
     return Conversation(model, tok, CHATML, options)
 
 
@@ -29,6 +27,12 @@ def test_every_turn_follows_the_grammar_and_ends_on_the_stop_marker(tiny_chat):
         text = "".join(c.send(user))
         assert re.fullmatch(PATTERN, text) and c.last_turn.finish_reason == "stop"
     assert c.sampler.processor.stop_id == tiny_chat[1].token_id("<|im_end|>")
+
+
+def test_a_chat_takes_a_grammar_or_a_processor_not_both(tiny_chat):
+    c = convo(tiny_chat)
+    with pytest.raises(ValueError, match="not both"):
+        ChatOptions(grammar=Grammar("regex", "a"), processor=c.sampler.processor)
 
 
 def test_a_batch_of_clones_decodes_as_the_streams_do_alone(tiny_chat):

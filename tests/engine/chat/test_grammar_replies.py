@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from engine.chat import ChatOptions, Conversation, send_batch, template_for_model
-from engine.chat.constrained import with_grammar
 from engine.sampling import CHAT_DEFAULTS, SamplerConfig
 from engine.sampling.grammar import Grammar
 from engine.tokenize.vocab import CONTROL
@@ -66,8 +65,8 @@ def test_every_constrained_reply_parses_validates_and_ends_on_the_stop_token(rea
     convos = []
     for i, (_, grammar, _) in enumerate(all_cases):
         sampler = SamplerConfig() if sampling == "greedy" else dataclasses.replace(CHAT_DEFAULTS, seed=1000 + i)
-        options = ChatOptions(capacity=192, max_tokens=MAX_TOKENS, sampler=sampler)
-        convos.append(Conversation(model, tokenizer, template, with_grammar(options, grammar, tokenizer, template)))
+        options = ChatOptions(capacity=192, max_tokens=MAX_TOKENS, sampler=sampler, grammar=grammar)
+        convos.append(Conversation(model, tokenizer, template, options))
     results = send_batch(convos, [prompt for prompt, _, _ in all_cases])
 
     control_ids = set(np.flatnonzero(tokenizer.vocab.types == CONTROL).tolist())
