@@ -66,7 +66,7 @@ def delete_conversation(store: HistoryStore, conversation_id: str, sidecar_dir=N
 
 def chat_options(settings: dict) -> ChatOptions:
     """A stored conversation's sampler settings (HistoryStore.SAMPLER_KEYS) as ChatOptions; what is not set
-    takes the chat defaults, and an unset seed a fresh random one. A response format becomes the grammar."""
+    takes the chat defaults, and an unset seed a fresh random one."""
     sampler = {k: settings[k] for k in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty")
                if settings.get(k) is not None}
     seed = settings.get("seed")
@@ -74,7 +74,7 @@ def chat_options(settings: dict) -> ChatOptions:
     return ChatOptions(capacity=settings.get("ctx") or DEFAULT_CONTEXT,
                        max_tokens=settings.get("max_tokens") or DEFAULT_MAX_TOKENS,
                        sampler=dataclasses.replace(CHAT_DEFAULTS, **sampler),
-                       grammar=Grammar.from_setting(settings.get("response_format")))
+                       grammar=Grammar.from_setting(settings.get("response_format")))  # the stored format
 
 
 class ChatSession:
