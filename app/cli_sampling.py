@@ -45,8 +45,8 @@ def grammar_from_args(args) -> Grammar | None:
     for kind, flag in (("json_schema", "--json-schema"), ("regex", "--regex"), ("lark", "--lark"), ("gbnf", "--gbnf")):
         value = getattr(args, kind)
         if value is not None:
-            try:
-                return Grammar(kind, _text_or_file(value, flag))
+            try:  # a regex is always the pattern itself (one may start with "@")
+                return Grammar(kind, value if kind == "regex" else _text_or_file(value, flag))
             except InvalidGrammar as e:
                 raise InvalidGrammar(f"{flag}: {e}") from None
     return None

@@ -68,3 +68,10 @@ def test_a_stored_chat_keeps_its_response_format(model_path, monkeypatch, capsys
     assert conversation["sampler"]["response_format"] == {"type": "regex", "grammar": "(YES|NO)!"}
     again = chat("--conversation", conversation["id"])  # reopened: the stored format applies, with no flag
     assert again in ("YES!", "NO!")
+
+
+def test_a_regex_is_never_read_from_a_file():
+    from app.cli import build_parser
+    from app.cli_sampling import grammar_from_args
+    grammar = grammar_from_args(build_parser().parse_args(["generate", MODEL, "--prompt", "x", "--regex", "@[a-z]+"]))
+    assert (grammar.kind, grammar.source) == ("regex", "@[a-z]+")
