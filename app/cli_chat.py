@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Iterator
 
 from app.cli_eval import add_model_options, open_model
-from app.cli_sampling import add_sampler_options, sampler_config
+from app.cli_sampling import add_grammar_options, add_sampler_options, grammar_from_args, sampler_config
 from app.cli_conversations import find_conversation, open_store
 from engine.chat import ChatOptions, Conversation, TurnResult
 from engine.chat.window import POLICIES
@@ -62,10 +62,10 @@ class _Chat:
 class _EphemeralChat(_Chat):
     """A chat that lives only in this process."""
 
-    def __init__(self, model, args):
+    def __init__(self, model, args, grammar):
         self.convo = self.target = Conversation.for_model(model, ChatOptions(
             system=args.system, capacity=args.ctx, kv_dtype=args.kv, max_tokens=args.max_tokens,
-            think_off=args.no_think, sampler=sampler_config(args), speculation=args.spec))
+            think_off=args.no_think, sampler=sampler_config(args), speculation=args.spec, grammar=grammar))
 
     def reset(self) -> str:
         self.convo.reset()
@@ -80,14 +80,15 @@ class _EphemeralChat(_Chat):
 class _StoredChat(_Chat):
     """A chat in the history store, through the session layer."""
 
-    def __init__(self, model, args, store: HistoryStore):
+    def __init__(self, model, args, store: HistoryStore, grammar):
         self.model, self.store = model, store
         self.speculation = args.spec
         if args.conversation == "new":
             self.settings = {"temperature": args.temp, "top_k": args.top_k, "top_p": args.top_p,
                              "min_p": args.min_p, "repeat_penalty": args.repeat_penalty, "seed": args.seed,
                              "max_tokens": args.max_tokens, "ctx": args.ctx,
-                             "context_policy": args.context_policy}
+                             "context_policy": args.context_policy,
+                             "response_format": grammar and grammar.as_setting()}
             self.system = args.system
             self.session = self._new()
         else:
@@ -135,13 +136,14 @@ class _StoredChat(_Chat):
 
 
 def run_chat(args) -> int:
+    grammar = grammar_from_args(args)
     model = open_model(args)
     with contextlib.ExitStack() as stack:
         if args.conversation:
-            chat = _StoredChat(model, args, stack.enter_context(open_store()))
+            chat = _StoredChat(model, args, stack.enter_context(open_store()), grammar)
             stack.callback(lambda: chat.session.close())
         else:
-            chat = _EphemeralChat(model, args)
+            chat = _EphemeralChat(model, args, grammar)
         interactive = sys.stdin.isatty()
         if interactive:
             print(f"fucina chat · {Path(model.file.path).name} · /help for commands", file=sys.stderr)
@@ -263,4 +265,5 @@ def register(subparsers) -> None:
     p.add_argument("--spec", action="store_true",
                    help="speculative decoding: drafts from the conversation itself, verified; the same replies")
     add_sampler_options(p, CHAT_DEFAULTS)
+    add_grammar_options(p)
     p.set_defaults(func=run_chat)

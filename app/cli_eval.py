@@ -8,15 +8,17 @@ import sys
 import time
 
 from app.cli_models import ProgressBar
-from app.cli_sampling import add_sampler_options, sampler_config
+from app.cli_sampling import add_grammar_options, add_sampler_options, grammar_from_args, sampler_config
 from engine import generate
 from engine.catalog import default_model_name, resolve_model
 from engine.chat import Message, template_for_model
+from engine.chat.model_template import stop_token_id
 from engine.errors import FucinaError
 from engine.models import load_model
 from engine.runtime import configure_threads
 from engine.sampling import Sampler
 from engine.speculative import Stats
+from engine.sampling.grammar import grammar_processor
 from engine.tokenize import StreamDecoder, load_tokenizer
 
 
@@ -103,11 +105,19 @@ def run_generate(args) -> int:
         raise FucinaError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     if args.prompt_file is not None:
         args.prompt = read_prompt_file(args.prompt_file)
+    grammar = grammar_from_args(args)
+    if grammar is not None and args.no_stop:
+        raise FucinaError("--no-stop cannot be combined with a reply grammar: a finished grammar ends the reply "
+                          "with the stop token")
     model = open_model(args)
     tokenizer = load_tokenizer(model.file.metadata)
     prompt = prompt_tokens(args, model, tokenizer)
     stops = () if args.no_stop else tokenizer.eog_ids
-    sampler = Sampler(sampler_config(args))
+    processor = None
+    if grammar is not None:  # a chat reply ends on its template's stop marker, plain text on EOS
+        stop = stop_token_id(tokenizer, template_for_model(model.file.metadata, tokenizer)) if args.chat else None
+        processor = grammar_processor(grammar, tokenizer, stop)
+    sampler = Sampler(sampler_config(args), processor)
     spec = Stats() if args.spec else None
     tokens = (generate.sample_speculative(model, prompt, args.max_tokens, sampler, stops, args.kv, stats=spec)
               if args.spec else generate.sample(model, prompt, args.max_tokens, sampler, stops, args.kv))
@@ -165,4 +175,5 @@ def register(subparsers) -> None:
     p.add_argument("--spec", action="store_true",
                    help="speculative decoding (drafts from the prompt and the output, verified): the same ids")
     add_sampler_options(p)
+    add_grammar_options(p)
     p.set_defaults(func=run_generate)

@@ -1,10 +1,13 @@
-"""Sampler flags shared by `fucina chat` and `fucina generate`."""
+"""Sampler and reply-grammar flags shared by `fucina chat` and `fucina generate`."""
 
 from __future__ import annotations
 
 import secrets
+from pathlib import Path
 
+from engine.errors import FucinaError, InvalidGrammar
 from engine.sampling import SamplerConfig
+from engine.sampling.grammar import Grammar
 
 
 def add_sampler_options(p, defaults: SamplerConfig = SamplerConfig()) -> None:
@@ -23,3 +26,36 @@ def sampler_config(args) -> SamplerConfig:
     return SamplerConfig(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                          repeat_penalty=args.repeat_penalty,
                          seed=secrets.randbits(63) if args.seed is None else args.seed)
+
+
+def add_grammar_options(p) -> None:
+    """The flags that hold every reply to a grammar (at most one); TEXT|@FILE reads @FILE's contents."""
+    g = p.add_argument_group("reply grammar (llguidance; at most one)").add_mutually_exclusive_group()
+    g.add_argument("--json-schema", metavar="JSON|@FILE", help="replies are JSON valid under this schema")
+    g.add_argument("--json-object", action="store_true", help="replies are one JSON object")
+    g.add_argument("--regex", metavar="PATTERN", help="replies match this regular expression")
+    g.add_argument("--lark", metavar="GRAMMAR|@FILE", help="replies follow this Lark grammar (llguidance's variant)")
+    g.add_argument("--gbnf", metavar="@FILE", help="replies follow this GBNF (llama.cpp) grammar")
+
+
+def grammar_from_args(args) -> Grammar | None:
+    """The grammar the flags name, compiled now so a bad one fails before the model loads."""
+    if args.json_object:
+        return Grammar.json_object()
+    for kind, flag in (("json_schema", "--json-schema"), ("regex", "--regex"), ("lark", "--lark"), ("gbnf", "--gbnf")):
+        value = getattr(args, kind)
+        if value is not None:
+            try:  # a regex is always the pattern itself (one may start with "@")
+                return Grammar(kind, value if kind == "regex" else _text_or_file(value, flag))
+            except InvalidGrammar as e:
+                raise InvalidGrammar(f"{flag}: {e}") from None
+    return None
+
+
+def _text_or_file(value: str, flag: str) -> str:
+    if not value.startswith("@"):
+        return value
+    try:
+        return Path(value[1:]).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise FucinaError(f"{flag}: cannot read {value[1:]}: {e}") from None

@@ -82,6 +82,10 @@ class NonFiniteLogits(FucinaError):
     """The model computed NaN or Inf logits (an overflow in a broken model): nothing can be sampled."""
 
 
+class InvalidGrammar(FucinaError):
+    """A reply grammar (JSON schema, regex, Lark, GBNF) that does not compile; the message is llguidance's."""
+
+
 class ChatTemplateError(FucinaError):
     """A chat that the template cannot render, or a model's own Jinja template that fails or runs away."""
 

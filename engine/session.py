@@ -35,6 +35,7 @@ from engine.models.transformer import Transformer
 from engine.paths import data_dir
 from engine.sampling import CHAT_DEFAULTS
 from engine.storage_errors import storage_error
+from engine.sampling.grammar import Grammar
 from engine.tokenize import Tokenizer, load_tokenizer
 
 DEFAULT_CONTEXT = 4096
@@ -102,7 +103,8 @@ def chat_options(settings: dict) -> ChatOptions:
     sampler["seed"] = secrets.randbits(63) if seed is None else seed
     return ChatOptions(capacity=settings.get("ctx") or DEFAULT_CONTEXT,
                        max_tokens=settings.get("max_tokens") or DEFAULT_MAX_TOKENS,
-                       sampler=dataclasses.replace(CHAT_DEFAULTS, **sampler))
+                       sampler=dataclasses.replace(CHAT_DEFAULTS, **sampler),
+                       grammar=Grammar.from_setting(settings.get("response_format")))  # the stored format
 
 
 class ChatSession:

@@ -29,7 +29,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from engine.chat.jinja_template import JinjaTemplate
-from engine.chat.model_template import template_for_model
+from engine.chat.model_template import stop_token_id, template_for_model
 from engine.chat.speculation import run_speculative
 from engine.chat.templates import Message, Template
 from engine.errors import ContextFull, InvalidPrefix
@@ -40,6 +40,7 @@ from engine.models.transformer import UBATCH, Transformer
 from engine.models.validate import check_logits
 from engine.sampling import LogitProcessor, Sampler, SamplerConfig
 from engine.speculative import SpeculativeStream, Stats as SpecStats
+from engine.sampling.grammar import Grammar, grammar_processor
 from engine.tokenize import StreamDecoder, Tokenizer, load_tokenizer
 
 
@@ -55,12 +56,15 @@ class ChatOptions:
     stop_sequences: tuple[str, ...] = ()  # a reply stops before the token that completes one
     processor: LogitProcessor | None = None  # re-armed (reset) at every turn start
     speculation: bool = False  # decode replies speculatively (engine.chat.speculation): same output, fewer forwards
+    grammar: Grammar | None = None  # every reply follows it and ends on the stop marker (instead of processor)
 
     def __post_init__(self):
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
         if any(not s for s in self.stop_sequences):
             raise ValueError("stop sequences must not be empty")
+        if self.grammar is not None and self.processor is not None:
+            raise ValueError("a chat takes a grammar or a logit processor, not both")
 
 
 @dataclass
@@ -109,7 +113,6 @@ class Conversation:
         self.model, self.tokenizer, self.template = model, tokenizer, template
         self.options = options or ChatOptions()
         self.system = self.options.system
-        self.sampler = Sampler(self.options.sampler, self.options.processor)
         self.messages: list[Message] = []  # the chat as send() saw it
         self.last_turn: TurnResult | None = None
         if warm is None:
@@ -121,8 +124,11 @@ class Conversation:
         self._history = list(warm.tokens[: warm.cache.len - warm.prefix_rows])
         self.cache.truncate(self.prefix_rows + len(self._history))
         # the template's stop marker (else EOS), every end-of-generation token, and the caller's extras
-        marker = template.stop_marker and tokenizer.token_id(template.stop_marker)
-        stop = {marker if marker is not None else tokenizer.eos_id} - {None}
+        stop = {stop_token_id(tokenizer, template)} - {None}
+        processor = self.options.processor
+        if self.options.grammar is not None:  # built here, where the stop marker is known
+            processor = grammar_processor(self.options.grammar, tokenizer, stop_token_id(tokenizer, template))
+        self.sampler = Sampler(self.options.sampler, processor)
         self._stop_ids = frozenset(tokenizer.eog_ids) | stop | set(self.options.extra_stop_ids)
         self._stop_sequences = [s.encode("utf-8") for s in self.options.stop_sequences]
         self._decoder = StreamDecoder(tokenizer)

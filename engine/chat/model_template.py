@@ -59,6 +59,12 @@ def _working_own_template(source: str, tokenizer: Tokenizer, instead: Format) ->
     return own
 
 
+def stop_token_id(tokenizer: Tokenizer, template: Template | JinjaTemplate) -> int | None:
+    """The token that ends a reply: the template's stop marker, else the tokenizer's EOS."""
+    marker = template.stop_marker and tokenizer.token_id(template.stop_marker)
+    return marker if marker is not None else tokenizer.eos_id
+
+
 def own_template(source: str, tokenizer: Tokenizer) -> JinjaTemplate:
     """The GGUF's Jinja template with the tokenizer's BOS/EOS texts; a leading BOS text is dropped when
     the tokenizer adds BOS itself."""

@@ -14,7 +14,8 @@ import os
 from pathlib import Path
 
 from engine.chat.window import POLICIES
-from engine.errors import HistoryError
+from engine.errors import HistoryError, InvalidGrammar
+from engine.sampling.grammar import Grammar
 
 ROLES = ("system", "user", "assistant")
 EXPORT_FORMAT = "fucina-conversation"
@@ -33,7 +34,8 @@ SAMPLER_RANGES: dict[str, tuple[type, float, float]] = {
 }
 # key -> the values it may take
 SAMPLER_CHOICES: dict[str, tuple[str, ...]] = {"context_policy": POLICIES}
-SAMPLER_KEYS = (*SAMPLER_RANGES, *SAMPLER_CHOICES)
+# response_format: {"type": "free" | a grammar kind, "grammar": TEXT} (Grammar.as_setting), compiled to check it
+SAMPLER_KEYS = (*SAMPLER_RANGES, *SAMPLER_CHOICES, "response_format")
 
 MAX_IMPORT_BYTES = 256 * 1024 * 1024
 MAX_MESSAGES = 100_000
@@ -60,6 +62,11 @@ def check_sampler(sampler, where: str = "sampler") -> dict:
     for key, value in sampler.items():
         if value is None:
             pass
+        elif key == "response_format":
+            try:
+                Grammar.from_setting(value)
+            except InvalidGrammar as e:
+                raise HistoryError(f"{where}.{key}: {e}") from None
         elif key in SAMPLER_CHOICES:
             if value not in SAMPLER_CHOICES[key]:
                 raise HistoryError(f"{where}.{key}: expected one of {', '.join(SAMPLER_CHOICES[key])}, "
