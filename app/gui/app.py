@@ -13,6 +13,7 @@ def run(screenshot: str | None = None, conversation_id: str | None = None) -> in
     # Qt is imported here, not at module level, so the command line starts fast without it.
     from PySide6.QtWidgets import QApplication, QMessageBox
 
+    from app.gui.gc_policy import collect_on_gui_thread
     from app.gui.main_window import MainWindow
     from app.gui.screenshot import Screenshot
     from engine.errors import FucinaError
@@ -24,6 +25,7 @@ def run(screenshot: str | None = None, conversation_id: str | None = None) -> in
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("Fucina")
     app.setApplicationDisplayName("Fucina")
+    collect_on_gui_thread(app)  # never on the engine's worker thread (app.gui.gc_policy)
     lock = None
     try:  # one app per data dir: two would stream into one conversation and race on its sidecar
         lock = app_lock(data_dir())

@@ -4,10 +4,25 @@ import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # before Qt loads: no display needed
 
+import gc
+
 import pytest
 
 MODEL = "smollm2-135m-instruct"
 TURN_TIMEOUT_MS = 120_000
+
+
+@pytest.fixture(scope="package", autouse=True)
+def gui_thread_gc(qapp):
+    """As the app does: garbage is collected on the GUI thread only (app.gui.gc_policy); the tests after
+    these get the automatic collector back."""
+    from app.gui.gc_policy import collect_on_gui_thread
+
+    timer = collect_on_gui_thread(qapp)
+    yield
+    timer.stop()
+    gc.enable()
+    gc.collect()
 
 
 @pytest.fixture
