@@ -13,7 +13,7 @@ P99_LIMIT_MS = 50
 
 def test_a_10ms_timer_keeps_firing_while_a_reply_streams(qtbot, open_window):
     window = open_window()
-    window.apply_settings({"system_prompt": None, "sampler": {"temperature": 0.0, "max_tokens": 48}})
+    window.apply_settings({"system_prompt": None, "sampler": {"temperature": 0.0, "max_tokens": 128}})
     ticks = []
     timer = QTimer(interval=TICK_MS)
     timer.timeout.connect(lambda: ticks.append(time.perf_counter()))
