@@ -18,6 +18,12 @@ from engine.runtime import configure_threads
 WORKLOADS = Path(__file__).resolve().parents[1] / "benchmarks" / "workloads"  # the built-in ones, by name
 
 
+def _print_json(result: dict) -> int:
+    json.dump(result, sys.stdout, indent=1)
+    print()
+    return 0
+
+
 def run_bench(args) -> int:
     threads = configure_threads(args.threads)
     path = resolve_model_path(args.model)
@@ -32,9 +38,7 @@ def run_bench(args) -> int:
         raise BenchWorkloadError("--workload goes with --spec")
     r = benchmark(str(path), threads, args.prompt_tokens, args.gen_tokens, args.runs, args.peer, log)
     if args.json:
-        json.dump(r, sys.stdout, indent=1)
-        print()
-        return 0
+        return _print_json(r)
     print(f"{path.name}: {threads} threads, {args.prompt_tokens}-token prompt, {args.gen_tokens} greedy tokens, "
           f"{args.runs} runs")
     print(f"load {r['load_s']:.2f} s, load to first token {r['load_to_first_token_s']:.2f} s, "
@@ -60,9 +64,7 @@ def _run_rows(args, path, threads: int, log) -> int:
         raise FucinaError("--rows needs row counts of at least 1")
     r = rows_throughput(str(path), counts, args.prompt_tokens, args.runs, log) | {"threads": threads}
     if args.json:
-        json.dump(r, sys.stdout, indent=1)
-        print()
-        return 0
+        return _print_json(r)
     print(f"{path.name}: {threads} threads, row-wise calls after a {args.prompt_tokens}-token prompt, {args.runs} runs")
     for m, s in r["rows"].items():
         t = s["tokens_per_s"]
@@ -73,9 +75,7 @@ def _run_rows(args, path, threads: int, log) -> int:
 def _run_reopen(args, path, threads: int, log) -> int:
     r = reopen_benchmark(str(path), args.reopen, args.runs, log) | {"threads": threads}
     if args.json:
-        json.dump(r, sys.stdout, indent=1)
-        print()
-        return 0
+        return _print_json(r)
     w, c, x = r["warm_ttft_s"], r["cold_ttft_s"], r["speedup"]
     print(f"{path.name}: {threads} threads, a {r['conversation_tokens']}-token conversation reopened, {args.runs} runs")
     print(f"  from the sidecar: first token {w['median']:.3f} s (min {w['min']:.3f}, max {w['max']:.3f}), "
@@ -108,9 +108,7 @@ def _run_spec(args, path, threads: int, log) -> int:
     r = spec_benchmark(load_model(path), chosen, args.runs, sampler=sampler_config(args),
                        max_tokens=args.max_tokens, log=log) | {"model": str(path), "threads": threads}
     if args.json:
-        json.dump(r, sys.stdout, indent=1)
-        print()
-        return 0
+        return _print_json(r)
     print(f"{path.name}: {threads} threads, {args.runs} runs per workload, plain and speculative replies identical; "
           f"verify costs ready in {r['verify_costs_s']:.2f} s")
     for w in r["workloads"]:
