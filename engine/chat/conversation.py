@@ -189,8 +189,10 @@ class Conversation:
             kv_persist.reset(path, cache, fingerprint, self.prefix_rows)
         else:
             self._history, self.prefix_rows = loaded.tokens, loaded.prefix_rows
-        self._sidecar, self._saved = (os.fspath(path), fingerprint), cache.len
-        self._save()  # on a fresh start, a declared prefix's rows
+        # A fresh file holds nothing yet: the first save writes from position 0, a declared prefix's rows
+        # included (starting at cache.len would leave the prefix unwritten and every later append refused).
+        self._sidecar, self._saved = (os.fspath(path), fingerprint), 0 if loaded is None else cache.len
+        self._save()
         return 0 if loaded is None else cache.len
 
     def _save(self) -> None:

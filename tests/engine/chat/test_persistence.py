@@ -73,6 +73,7 @@ def test_a_preloaded_prefix_is_saved_and_resumed(tiny_chat, tmp_path):
     model.forward(tok.encode("DOCUMENT", add_special=False), c.cache)
     c.declare_prefix(8)
     c.enable_persistence(path)
+    assert chat(tiny_chat).enable_persistence(path) == 8  # the prefix is saved before any turn (waits for the writer)
     reply(c, "hi")
     assert path.read_bytes()[:8] == b"FUXKV003"
     reopened = chat(tiny_chat)  # no prefix of its own: the file's comes back with it
