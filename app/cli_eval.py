@@ -136,7 +136,6 @@ def run_generate(args) -> int:
         json.dump({"prompt_ids": prompt, "ids": out, "text": tokenizer.decode(out), "decode_tps": decode_tps,
                    "spec": None if spec is None else spec_stats(spec)}, sys.stdout)
     else:
-        print(stream.flush(), end="")
         if spec is not None:
             print(f"\n[{decode_tps:.1f} tok/s; speculation: {spec.summary()}]", end="", file=sys.stderr)
     print()

@@ -368,18 +368,20 @@ class _Turn:
         return logits
 
     def accept(self, logits: np.ndarray) -> str:
-        """Sample the next token; return the text it completes (possibly ""), plus the decoder's tail when
-        the turn ends here."""
+        """Sample the next token; return the text it completes (possibly "")."""
         if self.cancelled():
-            return self.end("cancelled")
+            self.end("cancelled")
+            return ""
         token = self.sample(logits)
         stop = self.stop_check(token)
         if stop is not None:
-            return self.end(stop[0], fired=stop[1])
+            self.end(stop[0], fired=stop[1])
+            return ""
         self.convo._history.append(token)
         text = self.commit(token)
-        spent = self.budget_spent()
-        return text + self.end(spent) if spent else text
+        if spent := self.budget_spent():
+            self.end(spent)
+        return text
 
     # The steps of `accept`, shared with the speculative loop (engine.chat.speculation), which samples,
     # checks and commits several tokens per forward.
@@ -418,10 +420,9 @@ class _Turn:
             return "context"
         return None
 
-    def end(self, reason: str, error: BaseException | None = None, fired: int | None = None) -> str:
+    def end(self, reason: str, error: BaseException | None = None, fired: int | None = None) -> None:
         c = self.convo
-        tail = c._decoder.flush()
-        self.parts.append(tail)
+        c._decoder.reset()  # a character the reply ends inside of is no text
         self.done = True
         s = self.stats
         s.generated_tokens = len(self.ids)
@@ -432,7 +433,6 @@ class _Turn:
         if self.request.user is not None:
             c.messages += [Message("user", self.request.user), Message("assistant", text)]
         c._save()
-        return tail
 
     def _count_sample(self) -> None:
         now = time.perf_counter()

@@ -43,18 +43,18 @@ def run_speculative(turn: "_Turn", stream: SpeculativeStream, logits: np.ndarray
         pieces.append(turn.commit(token))
 
     if turn.cancelled():
-        yield turn.end("cancelled")
+        turn.end("cancelled")
         return
     decoder.bootstrap(logits, c._history, is_stop=is_stop, sink=sink)
     while True:
         text = "".join(pieces)
         pieces.clear()
         if stop is not None:
-            text += turn.end(stop[0], fired=stop[1])
+            turn.end(stop[0], fired=stop[1])
         elif spent := turn.budget_spent():
-            text += turn.end(spent)
+            turn.end(spent)
         elif turn.cancelled():
-            text += turn.end("cancelled")
+            turn.end("cancelled")
         if text:
             yield text
         if turn.done:

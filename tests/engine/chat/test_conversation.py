@@ -82,8 +82,8 @@ def test_a_multibyte_stop_sequence_spanning_tokens(tiny_chat):
     model, tok = tiny_chat
     c = chat(tiny_chat, stop_sequences=("fé",), processor=Script(ids(tok, "café!")))
     # "é" is two byte tokens: the second completes "fé", so only the first is committed, and the
-    # unfinished character it starts flushes as U+FFFD when the turn ends
-    assert reply(c, "hi") == "caf\ufffd"
+    # unfinished character it starts is held back, not shown as U+FFFD
+    assert reply(c, "hi") == "caf"
     assert c.last_turn.token_ids == ids(tok, "café")[:-1]
     assert c.last_turn.fired_stop == 0
 
@@ -99,6 +99,30 @@ def test_cancel_between_tokens(tiny_chat):
     cancel.clear()
     reply(c, "again")  # still resendable
     assert c.last_turn.finish_reason == "length"
+
+
+class CancelAfter(Script):
+    """A Script that stops the turn once it has committed `after` tokens, as Esc between two of them."""
+
+    def __init__(self, cancel, after, *turns):
+        super().__init__(*turns)
+        self.cancel, self.after = cancel, after
+
+    def commit(self, token):
+        super().commit(token)
+        if self.pos == self.after:
+            self.cancel.set()
+
+
+@pytest.mark.parametrize("speculation", [False, True])
+def test_a_stop_inside_a_multibyte_character_keeps_only_whole_characters(tiny_chat, speculation):
+    model, tok = tiny_chat
+    cancel = threading.Event()
+    script = CancelAfter(cancel, len(ids(tok, "caf")) + 1, ids(tok, "café au lait"))  # after é's first byte
+    c = chat(tiny_chat, processor=script, max_tokens=50, speculation=speculation)
+    assert reply(c, "hi", cancel) == "caf"
+    assert c.last_turn.finish_reason == "cancelled" and c.last_turn.text == "caf"
+    assert c.messages[-1].content == "caf"  # what is stored has no U+FFFD either
 
 
 def test_closing_the_stream_cancels_the_turn(tiny_chat):

@@ -16,11 +16,10 @@ def test_a_character_split_across_tokens_is_held_until_complete():
     euro = "€".encode()  # three bytes, three tokens
     assert [stream.push(256), stream.push(euro[0]), stream.push(euro[1])] == [" hi", "", ""]
     assert stream.push(euro[2]) == "€"
-    assert stream.flush() == ""
 
 
-def test_flush_reports_an_unfinished_character_and_resets():
+def test_reset_drops_an_unfinished_character():
     stream = StreamDecoder(byte_tokenizer())
     assert stream.push("é".encode()[0]) == ""
-    assert stream.flush() == "\ufffd"
-    assert stream.push(ord("a")) == "a"
+    stream.reset()
+    assert stream.push(ord("a")) == "a"  # not "\ufffda": the cut bytes are gone
