@@ -15,12 +15,16 @@ def run(screenshot: str | None = None, conversation_id: str | None = None) -> in
 
     from app.gui.gc_policy import collect_on_gui_thread
     from app.gui.main_window import MainWindow
+    from app.gui.qt_binding import binding_problem
     from app.gui.screenshot import Screenshot
     from engine.errors import FucinaError
     from engine.locks import app_lock
     from engine.paths import data_dir
     from engine.runtime import configure_threads
 
+    if problem := binding_problem():
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     configure_threads()
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("Fucina")

@@ -401,6 +401,8 @@ class MainWindow(QMainWindow):
         self.preferences.geometry = self.saveGeometry()
         self.preferences.last_conversation = self.current_id
         self.preferences.sync()
+        for picker in self.findChildren(ModelPicker):  # a download still running stops and its thread ends
+            picker.reject()
         self.client.close()
         # the worker's last signals (queued for this thread) run now, while the store is still open
         QCoreApplication.sendPostedEvents(None, QEvent.Type.MetaCall)

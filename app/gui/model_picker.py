@@ -118,7 +118,6 @@ class ModelPicker(QDialog):
         self.download.done.connect(self._downloaded)
         self.download.failed.connect(self._download_failed)
         self.download.cancelled.connect(self._download_ended)
-        self.download.finished.connect(self.download.deleteLater)
         self.progress_label.setText(f"Downloading {model.display_name}…")
         self.progress.setRange(0, 0)
         for widget in (self.progress, self.progress_label, self.cancel_button):
@@ -128,7 +127,7 @@ class ModelPicker(QDialog):
 
     # -- downloading -----------------------------------------------------------------------------
     def _downloaded(self, path: str) -> None:
-        self.download = None
+        self._forget_download()
         self.choose(path)
 
     def _progress(self, done: int, total: int, stage: str) -> None:
@@ -146,15 +145,23 @@ class ModelPicker(QDialog):
         QMessageBox.critical(self, "Download failed", message)
 
     def _download_ended(self) -> None:
-        self.download = None
+        self._forget_download()
         for widget in (self.progress, self.cancel_button):
             widget.hide()
         self.progress_label.setText("Download stopped; downloading again resumes it.")
         self.use_button.setEnabled(True)
 
+    def _forget_download(self) -> None:
+        """Drop the download once its thread has ended. Its outcome signals are queued from the end of its
+        run(), so the thread may still be returning: the reference is this thread's only owner, and a QThread
+        destroyed while it runs aborts the app (it did, on quit after a download)."""
+        if self.download is not None:
+            self.download.wait()
+            self.download = None
+
     def done(self, result: int) -> None:
         """Closing the dialog, however it closes, stops a download that is still running."""
         if self.download is not None:
             self.download.cancel()
-            self.download.wait()
+            self._forget_download()
         super().done(result)

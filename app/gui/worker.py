@@ -407,8 +407,10 @@ class EngineClient(QObject):
         """Retry storing a reply the disk refused (storage_failed / storage_recovered tell how it went)."""
         self._save_pending.emit()
 
-    def close(self, timeout_ms: int = 30_000) -> None:
-        """Stop any reply, let the worker flush its session, and end the thread."""
+    def close(self) -> None:
+        """Stop any reply, let the worker flush its session, and wait for the thread to end: a reply stops
+        within a token, a model load ends in seconds, and a thread still running Python code while the app
+        tears down crashes it."""
         self.stop()
         self._shutdown.emit()
-        self.thread.wait(timeout_ms)
+        self.thread.wait()
