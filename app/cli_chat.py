@@ -74,7 +74,7 @@ class _EphemeralChat(_Chat):
     def set_system(self, system: str | None) -> str:
         self.convo.system = system
         self.convo.reset()
-        return "(system prompt set; conversation reset)" if system else "(system prompt cleared)"
+        return f"(system prompt {'set' if system else 'cleared'}; conversation reset)"
 
 
 class _StoredChat(_Chat):
@@ -120,9 +120,13 @@ class _StoredChat(_Chat):
         return f"(new conversation {self.session.id[:8]})"
 
     def set_system(self, system: str | None) -> str:
+        """Start over, as /help says: the stored conversation keeps its own prompt and turns, and a new one
+        begins on the new prompt (updating the stored prompt in place kept every earlier turn in the next
+        reply's context)."""
+        if unsaved := self.unsaved_reply():
+            return f"(system prompt not changed: {unsaved})"
         self.system = system
-        self.session.update_settings(system_prompt=system)
-        return "(system prompt set)" if system else "(system prompt cleared)"
+        return f"(system prompt {'set' if system else 'cleared'}; {self.reset()[1:]}"
 
     def unsaved_reply(self) -> str | None:
         try:

@@ -41,6 +41,23 @@ def test_slash_commands(model_path, monkeypatch, capsys):
     assert "system prompt set" in out.err and "conversation reset" in out.err and "unknown command" in out.err
 
 
+def prompt_tokens(stats_line):
+    return int(stats_line.split()[1])
+
+
+@pytest.mark.parametrize("stored", [False, True])
+def test_system_starts_over(model_path, monkeypatch, capsys, tmp_path, stored):
+    model_path(MODEL)
+    monkeypatch.setenv("FUCINA_HOME", str(tmp_path))
+    flags = ["--temp", "0", *(["--conversation", "new"] if stored else [])]
+    fresh = chat(monkeypatch, capsys, ["/system Be brief.", "Hello", "/stats"], *flags).out.splitlines()[-1]
+    after = chat(monkeypatch, capsys, ["My name is Zed.", "/system Be brief.", "Hello", "/stats"],
+                 *flags)
+    last = after.out.splitlines()[-1]
+    assert "0 reused" in last and prompt_tokens(last) == prompt_tokens(fresh)  # no earlier turn in the prompt
+    assert "system prompt set" in after.err and ("new conversation" in after.err) == stored
+
+
 def test_a_message_too_long_for_the_context_is_reported_and_the_chat_goes_on(model_path, monkeypatch, capsys):
     model_path(MODEL)
     out = chat(monkeypatch, capsys, ["a message far longer than the eight positions of this context", "/stats"],
