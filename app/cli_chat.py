@@ -23,7 +23,7 @@ from engine.history.store import HistoryStore
 from engine.history.validate import SAMPLER_RANGES
 from engine.errors import ContextFull, FucinaError, StoreError
 from engine.sampling import CHAT_DEFAULTS
-from engine.session import ChatSession
+from engine.session import DEFAULT_CONTEXT, DEFAULT_MAX_TOKENS, ChatSession
 
 MAX_TOKENS = int(SAMPLER_RANGES["ctx"][2])
 
@@ -260,8 +260,10 @@ def register(subparsers) -> None:
                    help="store the chat: `new`, or reopen a stored one by id or id prefix (its own settings "
                         "apply; see `fucina conversations list`)")
     p.add_argument("--system", default=None, help="system prompt")
-    p.add_argument("--max-tokens", type=token_count, default=512, help="longest reply in tokens (default 512)")
-    p.add_argument("--ctx", type=token_count, default=4096, help="context size in tokens (default 4096)")
+    p.add_argument("--max-tokens", type=token_count, default=DEFAULT_MAX_TOKENS,
+                   help=f"longest reply in tokens (default {DEFAULT_MAX_TOKENS}, as in the app)")
+    p.add_argument("--ctx", type=token_count, default=DEFAULT_CONTEXT,
+                   help=f"context size in tokens (default {DEFAULT_CONTEXT})")
     p.add_argument("--no-think", action="store_true", help="render with the reasoning channel closed")
     p.add_argument("--context-policy", choices=POLICIES, default=None,
                    help="a new stored chat that outgrows the context: drop_oldest (the default) leaves the "

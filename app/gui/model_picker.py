@@ -11,27 +11,34 @@ from PySide6.QtWidgets import (QDialog, QFileDialog, QHBoxLayout, QLabel, QListW
                                QMessageBox, QProgressBar, QPushButton, QVBoxLayout, QWidget)
 
 from app.gui.downloader import Download
-from engine.catalog import StarterModel, catalog, default_model_name
+from engine.catalog import StarterModel, TransferRate, catalog, default_model_name, model_display_name
 
 PATH_ROLE = Qt.ItemDataRole.UserRole
 
 
 def model_label(path: str | None) -> str:
     """A starter model's display name, else the file name."""
-    if not path:
-        return "No model"
-    name = Path(path).name
-    return next((m.display_name for m in catalog().values() if m.file == name), name)
+    return model_display_name(path) if path else "No model"
+
+
+def starter_row(path: str | None) -> int:
+    """The starter list's row of the model at `path` (the one in use), else the default model's."""
+    names = list(catalog())
+    in_use = next((m.name for m in catalog().values() if path and Path(path).name == m.file), None)
+    return names.index(in_use or default_model_name())
 
 
 class ModelPicker(QDialog):
     model_chosen = Signal(str)   # the .gguf file to load
 
-    def __init__(self, recent: list[str], parent: QWidget | None = None, *, first_run: bool = False):
+    def __init__(self, recent: list[str], parent: QWidget | None = None, *, first_run: bool = False,
+                 in_use: str | None = None):
+        """`in_use`: the model file loaded now, highlighted among the starters."""
         super().__init__(parent)
         self.setWindowTitle("Choose a model")
         self.setMinimumWidth(560)
         self.download: Download | None = None
+        self._rate = TransferRate()
         intro = QLabel("Welcome! Fucina is downloading the default starter model. Cancel to pick another one, "
                        "or open a GGUF model file you already have."
                        if first_run else "Starter models, recent files, or any GGUF model file.")
@@ -40,7 +47,7 @@ class ModelPicker(QDialog):
         self.starters.setAccessibleName("Starter models")
         for model in catalog().values():
             self.starters.addItem(self._starter_item(model))
-        self.starters.setCurrentRow(list(catalog()).index(default_model_name()))
+        self.starters.setCurrentRow(starter_row(in_use))
         self.starters.itemActivated.connect(lambda _: self.use_starter())
         self.recent = QListWidget()
         self.recent.setAccessibleName("Recent model files")
@@ -114,6 +121,7 @@ class ModelPicker(QDialog):
             self.choose(str(model.path()))
             return
         self.download = Download(model.name)
+        self._rate = TransferRate()
         self.download.progress.connect(self._progress)
         self.download.done.connect(self._downloaded)
         self.download.failed.connect(self._download_failed)
@@ -133,7 +141,9 @@ class ModelPicker(QDialog):
     def _progress(self, done: int, total: int, stage: str) -> None:
         self.progress.setRange(0, 1000)
         self.progress.setValue(int(1000 * done / max(total, 1)))
-        self.progress_label.setText(f"{stage}: {done / 1e6:,.0f} of {total / 1e6:,.0f} MB")
+        name = catalog()[self.download.name].display_name if self.download else ""
+        self.progress_label.setText(f"{name}: {stage}, {done / 1e6:,.0f} of {total / 1e6:,.0f} MB "
+                                    f"({self._rate.update(done) / 1e6:,.1f} MB/s)")
 
     def cancel_download(self) -> None:
         if self.download is not None:

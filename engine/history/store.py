@@ -16,6 +16,7 @@ from pathlib import Path
 
 import sqlite_utils
 
+from engine.catalog import model_display_name
 from engine.errors import HistoryError
 from engine.history.schema import MIGRATIONS
 from engine.history.validate import EXPORT_FORMAT, ROLES, check_export, check_sampler, check_text
@@ -282,7 +283,8 @@ class HistoryStore:
     def export_markdown(self, conversation_id: str) -> str:
         """The active branch as Markdown, settings in the header."""
         conv = self.get_conversation(conversation_id)
-        lines = [f"# {conv['title'] or 'Untitled conversation'}", "", f"Model: `{conv['model']}`", ""]
+        lines = [f"# {conv['title'] or 'Untitled conversation'}", "", f"Model: {model_display_name(conv['model'])}",
+                 ""]
         if conv["system_prompt"]:
             lines += ["## System", "", conv["system_prompt"], ""]
         for msg in self.active_branch(conversation_id):

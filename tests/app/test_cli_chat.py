@@ -129,3 +129,11 @@ def test_bench_spec_names_an_unknown_workload(model_path, capsys):
     assert fucina(["bench", str(model_path(MODEL)), "--spec", "--workload", "nope"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: no workload file or built-in workload 'nope'") and "free_chat" in err
+
+
+def test_the_terminal_and_the_app_default_to_one_reply_length():
+    from app.cli import build_parser
+    from app.gui.settings_dialog import DEFAULT_SAMPLER
+
+    args = build_parser().parse_args(["chat"])
+    assert args.max_tokens == DEFAULT_SAMPLER["max_tokens"] and args.ctx == DEFAULT_SAMPLER["ctx"]

@@ -200,3 +200,8 @@ def test_an_imported_message_too_big_for_the_context_is_left_out_or_refused(home
         assert "Paris" in out.out and "context full: the 1 oldest turn left out" in out.err
     else:
         assert out.out == "" and "the conversation needs at least" in out.err and "context policy: stop" in out.err
+
+
+def test_a_search_without_hits_says_so(empty_home, capsys):
+    assert fucina(["conversations", "search", "nothing", "here"]) in (0, None)
+    assert capsys.readouterr().out == "no message contains every word of: nothing here\n"

@@ -136,3 +136,19 @@ def test_every_control_has_an_accessible_name(qtbot, open_window):
     assert len(controls) > 10
     unnamed = [w for w in controls if not (w.accessibleName() or getattr(w, "text", lambda: "")())]
     assert unnamed == []
+
+
+def test_the_picker_highlights_the_model_in_use_and_names_the_one_downloading(qtbot, tmp_path, monkeypatch):
+    from engine.catalog import catalog, default_model_name
+
+    monkeypatch.setenv("FUCINA_HOME", str(tmp_path))
+    monkeypatch.setattr("app.gui.model_picker.Download", FakeDownload)
+    other = next(m for name, m in catalog().items() if name != default_model_name())
+    picker = ModelPicker([], in_use=str(tmp_path / "models" / other.file))
+    qtbot.addWidget(picker)
+    assert picker.starters.currentRow() == list(catalog()).index(other.name)
+    picker.use_starter()
+    picker._progress(50_000_000, 100_000_000, "downloading part 1/2")
+    label = picker.progress_label.text()
+    assert label.startswith(f"{other.display_name}: downloading part 1/2, 50 of 100 MB (") and "MB/s)" in label
+    assert ModelPicker([]).starters.currentRow() == list(catalog()).index(default_model_name())

@@ -215,3 +215,14 @@ def test_sigkill_keeps_every_committed_message(tmp_path):
         stored = [m["id"] for m in s.active_branch(cid)]
         assert stored[: len(committed)] == committed
         assert s.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_the_markdown_export_names_the_model_not_its_path(store, tmp_path):
+    from engine.catalog import catalog
+
+    starter = next(iter(catalog().values()))
+    cid = store.create_conversation(str(tmp_path / "models" / starter.file))
+    other = store.create_conversation(str(tmp_path / "mine" / "tiny.gguf"))
+    assert f"Model: {starter.display_name}\n" in store.export_markdown(cid)
+    assert "Model: tiny.gguf\n" in store.export_markdown(other)
+    assert str(tmp_path) not in store.export_markdown(cid) + store.export_markdown(other)
