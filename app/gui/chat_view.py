@@ -11,12 +11,14 @@ from __future__ import annotations
 from typing import Callable
 
 from PySide6.QtCore import QTimer, Signal
+from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QAbstractSlider, QScrollArea, QVBoxLayout, QWidget
 
 from app.gui.message_widget import MessageWidget
 
 RENDER_BATCH = 40
 FOLLOW_SLACK_PX = 24
+FOUND_HIGHLIGHT_MS = 3000  # how long a message found by search stays highlighted
 
 
 class ChatView(QScrollArea):
@@ -43,6 +45,7 @@ class ChatView(QScrollArea):
         self._first = 0
         self._follow = True
         self._anchor: int | None = None  # distance from the bottom to keep while older messages load
+        self._target: MessageWidget | None = None  # a message to keep in view while the layout settles
         bar = self.verticalScrollBar()
         bar.valueChanged.connect(self._scrolled)
         bar.rangeChanged.connect(self._range_changed)
@@ -67,7 +70,7 @@ class ChatView(QScrollArea):
         self._mark_last_message()
 
     def clear(self) -> None:
-        self._follow = True
+        self._follow, self._target = True, None
         self._first = 0
         self._truncate(0)
         self.messages = []
@@ -89,6 +92,8 @@ class ChatView(QScrollArea):
         return widget
 
     def _truncate(self, count: int) -> None:
+        if self._target in self.widgets[count:]:
+            self._target = None
         for widget in self.widgets[count:]:
             self._column.removeWidget(widget)
             widget.deleteLater()
@@ -132,7 +137,7 @@ class ChatView(QScrollArea):
 
     # -- scrolling ---------------------------------------------------------------------------------
     def scroll_to_bottom(self) -> None:
-        self._follow, self._anchor = True, None
+        self._follow, self._anchor, self._target = True, None, None
         self.verticalScrollBar().setValue(self.verticalScrollBar().maximum())
 
     def scroll_to_message(self, message_id: str) -> MessageWidget | None:
@@ -142,9 +147,29 @@ class ChatView(QScrollArea):
         while index < self._first:
             self._load_older()
         widget = self.widgets[index - self._first]
-        self._follow, self._anchor = False, None
-        QTimer.singleShot(0, lambda: self.ensureWidgetVisible(widget, 0, 40))  # after the layout settles
+        self._follow, self._anchor, self._target = False, None, widget
+        self._show_target()
+        QTimer.singleShot(0, self._show_target)
+        self._highlight(widget)
         return widget
+
+    def _show_target(self) -> None:
+        """A chat just opened has no geometry yet (scrolling then left it at the top): every range change
+        until the reader scrolls brings the target back into view."""
+        if self._target is not None:
+            self.ensureWidgetVisible(self._target, 0, 40)
+
+    @staticmethod
+    def _highlight(widget: MessageWidget) -> None:
+        """Mark a found message for a moment in the palette's highlight colour."""
+        normal = widget.palette()
+        found = QPalette(normal)
+        found.setColor(QPalette.ColorRole.Window, normal.color(QPalette.ColorRole.Highlight).lighter(160))
+        widget.setPalette(found)
+        timer = QTimer(widget, singleShot=True, interval=FOUND_HIGHLIGHT_MS)  # dies with the widget
+
+        timer.timeout.connect(lambda: widget.setPalette(normal))
+        timer.start()
 
     def _load_older(self) -> None:
         if self._first == 0:
@@ -167,11 +192,13 @@ class ChatView(QScrollArea):
 
     def _user_scrolled(self, action: int) -> None:
         if action != QAbstractSlider.SliderAction.SliderNoAction:
-            self._anchor = None
+            self._anchor = self._target = None
 
     def _range_changed(self, _minimum: int, maximum: int) -> None:
         bar = self.verticalScrollBar()
-        if self._follow:
+        if self._target is not None:
+            self._show_target()
+        elif self._follow:
             bar.setValue(maximum)
         elif self._anchor is not None:
             bar.setValue(maximum - self._anchor)

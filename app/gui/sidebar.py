@@ -122,7 +122,7 @@ class Sidebar(QWidget):
             self._add_heading("Titles")
             for conv in titled:
                 self._add_conversation(conv)
-        hits = self.store.search(query)
+        hits = self.store.search(query, marks=("", ""))  # a list item shows no mark-up: brackets showed raw
         if hits:
             self._add_heading("Messages")
             titles = {c["id"]: c["title"] or UNTITLED for c in conversations}

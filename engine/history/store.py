@@ -263,19 +263,20 @@ class HistoryStore:
 
     # -- search --
 
-    def search(self, query: str, limit: int = 50) -> list[dict]:
-        """Messages containing every word of `query`, best match first. Words are quoted, so user
-        input cannot reach FTS5's query syntax (quotes, AND/OR/NOT, *, column filters)."""
+    def search(self, query: str, limit: int = 50, marks: tuple[str, str] = ("[", "]")) -> list[dict]:
+        """Messages containing every word of `query`, best match first, each with a snippet whose matched
+        words are between `marks` (("", ""): plain text). Words are quoted, so user input cannot reach
+        FTS5's query syntax (quotes, AND/OR/NOT, *, column filters)."""
         words = re.findall(r"\w+", query)
         if not words:
             return []
         match = " ".join('"' + w + '"' for w in words)
         rows = self.db.query(
             """SELECT m.conversation_id, m.id AS message_id,
-                      snippet(messages_fts, 0, '[', ']', '…', 12) AS snippet
+                      snippet(messages_fts, 0, ?, ?, '…', 12) AS snippet
                FROM messages_fts JOIN messages m ON m.rowid = messages_fts.rowid
                WHERE messages_fts MATCH ? ORDER BY rank LIMIT ?""",
-            [match, limit])
+            [*marks, match, limit])
         return list(rows)
 
     # -- export / import --

@@ -113,6 +113,39 @@ def test_search_finds_a_message_and_jumps_to_it(qtbot, open_window):
     qtbot.waitUntil(lambda: [w.content for w in window.chat_view.widgets][:1] == ["Tell me about zebras."])
 
 
+def test_a_search_hit_opens_its_chat_scrolled_to_the_message_and_highlights_it(qtbot, open_window, fucina_home):
+    from PySide6.QtGui import QPalette
+
+    from engine.history.store import HistoryStore
+
+    with HistoryStore(HistoryStore.default_path()) as store:  # a long chat, the hit in its middle
+        cid = store.create_conversation("model.gguf", title="Long")
+        for i in range(30):
+            text = "The Sieve of Eratosthenes finds primes." if i == 15 else f"Message {i}. " + "Filler text. " * 40
+            store.add_message(cid, "user" if i % 2 == 0 else "assistant", text)
+        target = store.active_branch(cid)[15]["id"]
+    window = open_window()
+    window.new_chat()
+    window.sidebar.search.setText("eratosthenes")
+    hits = window.sidebar.list
+    qtbot.waitUntil(lambda: any(hits.item(i).data(Qt.ItemDataRole.UserRole + 1) for i in range(hits.count())))
+    hit = next(hits.item(i) for i in range(hits.count()) if hits.item(i).data(Qt.ItemDataRole.UserRole + 1))
+    assert "Sieve of Eratosthenes" in hit.text() and "[" not in hit.text()
+    qtbot.mouseClick(hits.viewport(), Qt.MouseButton.LeftButton, pos=hits.visualItemRect(hit).center())
+    view = window.chat_view
+    found = next(w for w in view.widgets if w.message_id == target)
+
+    def in_view():
+        top = found.mapTo(view.widget(), found.rect().topLeft()).y() - view.verticalScrollBar().value()
+        return 0 <= top < view.viewport().height()
+
+    qtbot.waitUntil(lambda: window.current_id == cid and in_view())
+    qtbot.wait(300)  # the layout settles, the view stays on the hit
+    assert in_view()
+    highlight = found.palette().color(QPalette.ColorRole.Window)
+    assert highlight == view.palette().color(QPalette.ColorRole.Highlight).lighter(160)
+
+
 def test_the_conversation_survives_closing_the_app_and_resumes_warm(qtbot, open_window):
     window = open_window()
     window.apply_settings(GREEDY)
