@@ -334,6 +334,12 @@ class ChatSession:
         finally:
             self._turn_lock.release()
 
+    def set_speculation(self, on: bool) -> None:
+        """Decode the next replies speculatively or not. The cache stays: speculation changes how a reply
+        decodes, never what it says."""
+        self.speculation = on
+        self.convo.options = dataclasses.replace(self.convo.options, speculation=on)
+
     @property
     def sidecar_error(self) -> str | None:
         """Why the last sidecar write failed (the chat goes on; the next turn rewrites the file)."""

@@ -69,6 +69,7 @@ class MainWindow(QMainWindow):
         self._connect()
         if self.preferences.geometry is not None:
             self.restoreGeometry(self.preferences.geometry)
+        self.client.set_speculation(self.preferences.speculation)
         self.open_conversation(conversation_id or self.preferences.last_conversation)
         self._load_initial_model(first_run_download)
 
@@ -348,6 +349,12 @@ class MainWindow(QMainWindow):
             self._new_chat_settings = {**current, **changed}
         if changed:  # a new sampler reopens the engine's cache: only for a real change
             self.client.update_settings(changed)
+
+    def set_speculation(self, on: bool) -> None:
+        """Remembered for the next start, and used from the next reply on."""
+        if on != self.preferences.speculation:
+            self.preferences.speculation = on
+            self.client.set_speculation(on)
 
     def export_conversation(self, conversation_id: str | None) -> None:
         if conversation_id is None:
