@@ -242,7 +242,8 @@ class MainWindow(QMainWindow):
 
     def _begin_turn(self, keep: int, user_text: str | None = None) -> None:
         self._set_streaming(True)
-        self.chat_view.begin_reply(keep, user_text)
+        response_format = (self.current_settings().get("sampler") or {}).get("response_format")
+        self.chat_view.begin_reply(keep, user_text, response_format and response_format["type"])
 
     def _end_turn(self) -> None:
         self._set_streaming(False)
@@ -338,6 +339,7 @@ class MainWindow(QMainWindow):
     def edit_settings(self) -> SettingsDialog:
         dialog = SettingsDialog(self.current_settings(), self.preferences, self)
         dialog.accepted.connect(lambda: self.apply_settings(dialog.settings()))
+        dialog.accepted.connect(lambda: self.set_speculation(dialog.speculation.isChecked()))
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.open()
         return dialog
