@@ -49,7 +49,7 @@ SCHEMA_PRESETS = {
 def grammar_error(kind: str, text: str) -> str | None:
     """What llguidance says is wrong with `text` as a `kind` grammar; None when it is valid."""
     if not text.strip():
-        return f"write the {FORMATS[kind].lower()} here, or choose Free text"
+        return f"Empty: write the {FORMATS[kind]} here, or choose Free text"
     try:
         Grammar(kind, text)
     except InvalidGrammar as e:
@@ -100,8 +100,8 @@ class ResponseFormatEditor(QWidget):
         for kind, label in FORMATS.items():
             self.kind.addItem(label, kind)
         self.presets = QComboBox()
-        self.presets.setAccessibleName("JSON schema presets")
-        self.presets.setPlaceholderText("Start from a preset…")
+        self.presets.setAccessibleName("Example schemas")
+        self.presets.setPlaceholderText("Start from an example schema…")
         self.presets.addItems(list(SCHEMA_PRESETS))
         self.presets.setCurrentIndex(-1)
         self.text = QPlainTextEdit()
@@ -111,7 +111,6 @@ class ResponseFormatEditor(QWidget):
         self.message = QLabel()
         self.message.setAccessibleName("Grammar check")
         self.message.setWordWrap(True)
-        self.message.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
         self._debounce = QTimer(self, singleShot=True, interval=DEBOUNCE_MS)
         self._debounce.timeout.connect(self._validate)
 
@@ -184,13 +183,15 @@ class ResponseFormatEditor(QWidget):
 
     def _show(self, error: str | None) -> None:
         kind = self.kind.currentData()
-        if error is not None:
+        if error is not None:  # monospaced: llguidance points at the error with a caret under the line
             self.message.setText(error)
+            self.message.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
             self.message.setStyleSheet("color: #d64545")
         elif kind in WITHOUT_TEXT:
             self.message.clear()
         else:
-            self.message.setText(f"✓ valid {FORMATS[kind].lower()}")
+            self.message.setText(f"✓ {FORMATS[kind]} is valid")
+            self.message.setFont(self.font())
             self.message.setStyleSheet("color: #2f9e44")
         self._set_valid(error is None)
 

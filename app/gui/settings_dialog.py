@@ -49,6 +49,7 @@ class SettingsDialog(QDialog):
         self.preferences = preferences
         self.system_prompt = QPlainTextEdit()
         self.system_prompt.setPlaceholderText("None")
+        self.system_prompt.setMaximumHeight(110)  # leaves the dialog's height to the grammar editor
         self.fields = {
             "temperature": _double(0.0, 5.0, 0.05),
             "top_k": _int(0, 100_000),

@@ -36,7 +36,7 @@ def test_editor_shows_llguidance_error_for_a_malformed_schema_and_none_for_a_val
 
     editor.text.setPlainText('{"type": "object", "properties": {"name": {"type": "string"}}}')
     qtbot.waitUntil(lambda: editor.valid)
-    assert editor.message.text() == "✓ valid json schema"
+    assert editor.message.text() == "✓ JSON schema is valid"
 
     editor.kind.setCurrentIndex(editor.kind.findData("regex"))
     editor.text.setPlainText("[a-z]+(")
