@@ -291,10 +291,14 @@ class ChatSession:
 
     def _meta(self, turn: TurnResult) -> dict:
         s = turn.stats
-        return {"model": self.model_name, "finish_reason": turn.finish_reason,
+        meta = {"model": self.model_name, "finish_reason": turn.finish_reason,
                 "prompt_tokens": s.prompt_tokens, "reused_tokens": s.reused_tokens,
                 "prefilled_tokens": s.prefilled_tokens, "generated_tokens": s.generated_tokens,
                 "ttft_ms": round(s.ttft_ms, 1), "decode_tps": round(s.decode_tps, 2)}
+        grammar = self.convo.options.grammar
+        if grammar is not None:  # what the reply follows: the app shows a JSON reply as JSON
+            meta["response_format"] = grammar.kind
+        return meta
 
     # -- the tree --
 
@@ -333,6 +337,12 @@ class ChatSession:
             raise storage_error(e, self.sidecar) from e
         finally:
             self._turn_lock.release()
+
+    def set_speculation(self, on: bool) -> None:
+        """Decode the next replies speculatively or not. The cache stays: speculation changes how a reply
+        decodes, never what it says."""
+        self.speculation = on
+        self.convo.options = dataclasses.replace(self.convo.options, speculation=on)
 
     @property
     def sidecar_error(self) -> str | None:

@@ -117,14 +117,16 @@ class ChatView(QScrollArea):
         for widget in self.widgets:
             widget.set_branch_actions_enabled(not busy)
 
-    def begin_reply(self, keep: int, user_text: str | None = None) -> None:
-        """Show a reply being written after the first `keep` messages, below a new user message if given."""
+    def begin_reply(self, keep: int, user_text: str | None = None, response_format: str | None = None) -> None:
+        """Show a reply being written after the first `keep` messages, below a new user message if given;
+        `response_format` is the kind of format the reply follows (None: free text)."""
         keep = max(keep, self._first)
         self._truncate(keep - self._first)
         self.messages = self.messages[:keep]
         if user_text is not None:
             self._append({"id": None, "role": "user", "content": user_text})
-        self.streaming = self._append({"id": None, "role": "assistant", "content": ""})
+        self.streaming = self._append({"id": None, "role": "assistant", "content": "",
+                                       "meta": {"response_format": response_format}})
         self.scroll_to_bottom()
 
     def append_reply(self, text: str) -> None:

@@ -69,6 +69,7 @@ class MainWindow(QMainWindow):
         self._connect()
         if self.preferences.geometry is not None:
             self.restoreGeometry(self.preferences.geometry)
+        self.client.set_speculation(self.preferences.speculation)
         self.open_conversation(conversation_id or self.preferences.last_conversation)
         self._load_initial_model(first_run_download)
 
@@ -241,7 +242,8 @@ class MainWindow(QMainWindow):
 
     def _begin_turn(self, keep: int, user_text: str | None = None) -> None:
         self._set_streaming(True)
-        self.chat_view.begin_reply(keep, user_text)
+        response_format = (self.current_settings().get("sampler") or {}).get("response_format")
+        self.chat_view.begin_reply(keep, user_text, response_format and response_format["type"])
 
     def _end_turn(self) -> None:
         self._set_streaming(False)
@@ -337,6 +339,7 @@ class MainWindow(QMainWindow):
     def edit_settings(self) -> SettingsDialog:
         dialog = SettingsDialog(self.current_settings(), self.preferences, self)
         dialog.accepted.connect(lambda: self.apply_settings(dialog.settings()))
+        dialog.accepted.connect(lambda: self.set_speculation(dialog.speculation.isChecked()))
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.open()
         return dialog
@@ -348,6 +351,12 @@ class MainWindow(QMainWindow):
             self._new_chat_settings = {**current, **changed}
         if changed:  # a new sampler reopens the engine's cache: only for a real change
             self.client.update_settings(changed)
+
+    def set_speculation(self, on: bool) -> None:
+        """Remembered for the next start, and used from the next reply on."""
+        if on != self.preferences.speculation:
+            self.preferences.speculation = on
+            self.client.set_speculation(on)
 
     def export_conversation(self, conversation_id: str | None) -> None:
         if conversation_id is None:

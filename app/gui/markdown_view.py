@@ -40,12 +40,13 @@ class CodeBlock(QFrame):
     def __init__(self):
         super().__init__()
         self.code, self.language = None, None
+        self.copy_text = None  # what Copy puts on the clipboard: the code, unless show_segment was told otherwise
         self.setObjectName("codeBlock")
         self.language_label = QLabel()
         self.copy_button = QToolButton(text="Copy")
         self.copy_button.setAccessibleName("Copy code")
         self.copy_button.setToolTip("Copy this code block")
-        self.copy_button.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.code))
+        self.copy_button.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.copy_text))
         self.body = QLabel()
         self.body.setTextFormat(Qt.TextFormat.RichText)
         self.body.setWordWrap(True)
@@ -61,7 +62,9 @@ class CodeBlock(QFrame):
         layout.addLayout(header)
         layout.addWidget(self.body)
 
-    def show_segment(self, segment: Segment) -> None:
+    def show_segment(self, segment: Segment, copy: str | None = None) -> None:
+        """Show a code segment; Copy gives `copy` when it is given, else the code."""
+        self.copy_text = segment.text if copy is None else copy
         if (segment.text, segment.language) == (self.code, self.language):
             return
         dark = is_dark(self)

@@ -9,6 +9,7 @@ from PySide6.QtGui import QGuiApplication, QPalette
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QToolButton,
                                QVBoxLayout, QWidget)
 
+from app.gui.json_view import JSON_FORMATS, JsonView
 from app.gui.markdown_view import SELECTABLE, MarkdownView
 from app.gui.theme import bubble_color
 
@@ -30,8 +31,9 @@ class MessageWidget(QFrame):
     switch_requested = Signal(str)        # the sibling message id to show
 
     def __init__(self, message: dict, siblings: list[str], *, is_last: bool = False):
-        """`message` is a store dict (an `id` of None marks one still being written); `siblings` the ids
-        of the alternatives at its place in the tree, itself included."""
+        """`message` is a store dict (an `id` of None marks one still being written; a reply whose meta names
+        a JSON response format is shown as JSON); `siblings` the ids of the alternatives at its place in
+        the tree, itself included."""
         super().__init__()
         self.message, self.siblings = message, siblings
         self.role = message["role"]
@@ -56,6 +58,8 @@ class MessageWidget(QFrame):
             self.body.setTextFormat(Qt.TextFormat.PlainText)
             self.body.setWordWrap(True)
             self.body.setTextInteractionFlags(SELECTABLE)
+        elif (message.get("meta") or {}).get("response_format") in JSON_FORMATS:
+            self.body = JsonView(message["content"])
         else:
             self.body = MarkdownView(message["content"])
         self.column = QVBoxLayout(self)
@@ -79,6 +83,8 @@ class MessageWidget(QFrame):
         self.message = {**self.message, "content": text}
         if isinstance(self.body, MarkdownView):
             self.body.set_markdown(text)
+        elif isinstance(self.body, JsonView):
+            self.body.set_text(text)
         else:
             self.body.setText(text)
 

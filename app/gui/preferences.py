@@ -1,6 +1,6 @@
 """What the app remembers between runs: window geometry, the last conversation and model, recently used
-model files and named settings presets. One INI file next to the history database, so a data directory
-(`FUCINA_HOME`) carries everything."""
+model files, named settings presets and whether replies decode speculatively. One INI file next to the
+history database, so a data directory (`FUCINA_HOME`) carries everything."""
 
 from __future__ import annotations
 
@@ -34,6 +34,15 @@ class Preferences:
     @last_conversation.setter
     def last_conversation(self, conversation_id: str | None) -> None:
         self._settings.setValue("session/conversation", conversation_id or "")
+
+    @property
+    def speculation(self) -> bool:
+        """Decode replies speculatively: on unless turned off (the cost gate keeps it from costing time)."""
+        return self._settings.value("engine/speculation", True, type=bool)
+
+    @speculation.setter
+    def speculation(self, on: bool) -> None:
+        self._settings.setValue("engine/speculation", on)
 
     @property
     def recent_models(self) -> list[str]:

@@ -1,16 +1,19 @@
-"""Per-conversation settings: system prompt, sampler, reply length, context length and what happens when the
-chat outgrows the context (the context policy), with named presets.
+"""Per-conversation settings: system prompt, sampler, reply length, context length, what happens when the
+chat outgrows the context (the context policy) and the response format, with named presets; and the one
+setting of every chat, speculative decoding.
 
 The dialog edits a settings dict shaped like the store's: {"system_prompt": str | None, "sampler": {...}}
-with the store's sampler keys; a seed left on "random" is simply absent.
+with the store's sampler keys; a seed left on "random" and a free-text response format are simply absent.
 """
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout, QHBoxLayout,
-                               QInputDialog, QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout,
+                               QGroupBox, QHBoxLayout, QInputDialog, QLabel, QPlainTextEdit, QPushButton, QSpinBox,
+                               QVBoxLayout, QWidget)
 
 from app.gui.preferences import Preferences
+from app.gui.response_format import ResponseFormatEditor
 from engine.chat.window import DEFAULT_POLICY
 from engine.sampling import CHAT_DEFAULTS
 from engine.session import DEFAULT_CONTEXT, DEFAULT_MAX_TOKENS
@@ -46,6 +49,7 @@ class SettingsDialog(QDialog):
         self.preferences = preferences
         self.system_prompt = QPlainTextEdit()
         self.system_prompt.setPlaceholderText("None")
+        self.system_prompt.setMaximumHeight(110)  # leaves the dialog's height to the grammar editor
         self.fields = {
             "temperature": _double(0.0, 5.0, 0.05),
             "top_k": _int(0, 100_000),
@@ -70,7 +74,10 @@ class SettingsDialog(QDialog):
             box.setAccessibleName(labels[key])
             form.addRow(labels[key], box)
         form.addRow("When the context is full", self.context_policy)
+        self.response_format = ResponseFormatEditor()
+        form.addRow("Response format", self.response_format)
         self.system_prompt.setAccessibleName("System prompt")
+        every_chat = self._every_chat_box(preferences)
 
         self.presets = QComboBox()
         self.presets.setAccessibleName("Presets")
@@ -88,6 +95,8 @@ class SettingsDialog(QDialog):
 
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel
                                    | QDialogButtonBox.StandardButton.RestoreDefaults)
+        ok = buttons.button(QDialogButtonBox.StandardButton.Ok)
+        self.response_format.validity_changed.connect(ok.setEnabled)  # an invalid grammar is never stored
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         buttons.button(QDialogButtonBox.StandardButton.RestoreDefaults).clicked.connect(
@@ -95,8 +104,24 @@ class SettingsDialog(QDialog):
         layout = QVBoxLayout(self)
         layout.addLayout(preset_row)
         layout.addLayout(form)
+        layout.addWidget(every_chat)
         layout.addWidget(buttons)
         self.apply(settings)
+        ok.setEnabled(self.response_format.valid)
+
+    def _every_chat_box(self, preferences: Preferences) -> QGroupBox:
+        self.speculation = QCheckBox("Speculative decoding")
+        self.speculation.setAccessibleName("Speculative decoding")
+        self.speculation.setChecked(preferences.speculation)
+        note = QLabel("Drafts the next tokens from text the chat already holds and checks them in one step: "
+                      "the same replies, faster where they repeat it. From the next reply on.")
+        note.setWordWrap(True)
+        note.setEnabled(False)  # the palette's muted text
+        box = QGroupBox("Every chat")
+        column = QVBoxLayout(box)
+        column.addWidget(self.speculation)
+        column.addWidget(note)
+        return box
 
     def apply(self, settings: dict) -> None:
         self.system_prompt.setPlainText(settings.get("system_prompt") or "")
@@ -104,12 +129,15 @@ class SettingsDialog(QDialog):
         for key, box in self.fields.items():
             box.setValue(sampler[key])
         self.context_policy.setCurrentIndex(self.context_policy.findData(sampler["context_policy"]))
+        self.response_format.set_format(sampler.get("response_format"))
 
     def settings(self) -> dict:
         sampler = {key: box.value() for key, box in self.fields.items()}
         sampler["context_policy"] = self.context_policy.currentData()
         if sampler["seed"] == RANDOM_SEED:
             del sampler["seed"]
+        if self.response_format.format() is not None:
+            sampler["response_format"] = self.response_format.format()
         return {"system_prompt": self.system_prompt.toPlainText().strip() or None, "sampler": sampler}
 
     def _fill_presets(self) -> None:

@@ -1,6 +1,7 @@
 """The status bar's numbers: context used of available, the oldest turns the context leaves out, time to
-first token, decode speed, and whether the reply continued a warm KV cache (reused positions) or had to
-prefill the history again; while a long prompt is read, how far the engine has got."""
+first token, decode speed, whether the reply continued a warm KV cache (reused positions) or had to
+prefill the history again, and for a speculative reply its tokens per step and draft acceptance; while a
+long prompt is read, how far the engine has got."""
 
 from __future__ import annotations
 
@@ -15,6 +16,14 @@ def _left_out(turns: int) -> list[str]:
     return [f"context full: {turns:,} oldest turn{'s' * (turns != 1)} left out"] if turns else []
 
 
+def _speculation(status: EngineStatus) -> list[str]:
+    if status.spec_tokens_per_step is None:  # a plain reply
+        return []
+    accepted = ("nothing drafted" if status.spec_acceptance is None
+                else f"{status.spec_acceptance:.0%} of drafts accepted")
+    return [f"speculative: {status.spec_tokens_per_step:.2f} tokens/step, {accepted}"]
+
+
 def describe(status: EngineStatus) -> str:
     parts = [f"context {status.context_used:,} / {status.context_size:,}"] if status.context_size else []
     parts += _left_out(status.left_out_turns)
@@ -26,6 +35,7 @@ def describe(status: EngineStatus) -> str:
         parts.append(f"{status.decode_tps:.1f} tok/s")
         warmth = "warm" if status.reused_tokens else "cold"
         parts.append(f"{warmth}: {status.reused_tokens:,} reused, {status.prefilled_tokens:,} prefilled")
+        parts += _speculation(status)
     elif status.context_size:
         parts.append(f"resumed warm ({status.resumed_positions:,} positions)" if status.resumed_positions
                      else "cold start")

@@ -39,6 +39,8 @@ class EngineStatus:
     prefilled_tokens: int = 0
     finish_reason: str | None = None
     left_out_turns: int = 0          # oldest turns the context policy leaves out of the prompt
+    spec_tokens_per_step: float | None = None  # the last reply's, when it decoded speculatively
+    spec_acceptance: float | None = None       # accepted share of its drafted tokens (None: nothing drafted)
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,7 @@ class EngineWorker(QObject):
         self._pending_settings: dict = {}          # settings for the new chat, applied when it is created
         self._storage_failing = False              # the last write was refused (the UI shows a banner)
         self._unsaved: list[PendingReply] = []     # refused replies of sessions closed since, oldest first
+        self.speculation = False                   # decode replies speculatively (the app's preference)
 
     @property
     def store(self) -> HistoryStore:
@@ -137,7 +140,7 @@ class EngineWorker(QObject):
         if self._conversation_id is not None:
             try:
                 self.session = ChatSession.open(self.store, self.model, self._conversation_id,
-                                                sidecar_dir=self._sidecar_dir)
+                                                sidecar_dir=self._sidecar_dir, speculation=self.speculation)
             except FucinaError as e:
                 self._report(e)
                 return
@@ -162,7 +165,7 @@ class EngineWorker(QObject):
         """The open conversation; a new chat becomes a stored conversation with its first message."""
         if self.model is not None and self.session is None and self._conversation_id is None:
             self.session = ChatSession.open(self.store, self.model, None, sidecar_dir=self._sidecar_dir,
-                                            **self._pending_settings)
+                                            speculation=self.speculation, **self._pending_settings)
             self._conversation_id, self._pending_settings = self.session.id, {}
             self.conversation_created.emit(self.session.id, turn)
         return self._session()
@@ -252,6 +255,13 @@ class EngineWorker(QObject):
             self._report(e)
         self._emit_status()
 
+    @Slot(bool)
+    def set_speculation(self, on: bool) -> None:
+        """From the next reply on, in this conversation and the ones opened after it."""
+        self.speculation = on
+        if self.session is not None:
+            self.session.set_speculation(on)
+
     @Slot()
     def save_pending(self) -> None:
         """Retry storing the replies the disk refused."""
@@ -314,11 +324,14 @@ class EngineWorker(QObject):
         turn = s.last_turn
         stats = turn.stats if turn is not None else None
         used, left_out = s.branch_fill()
+        spec = stats and stats.spec
         self.status_changed.emit(EngineStatus(
             context_used=used, context_size=s.context_size, resumed_positions=s.resumed_positions,
             ttft_ms=stats and stats.ttft_ms, decode_tps=stats and stats.decode_tps,
             reused_tokens=stats.reused_tokens if stats else 0, prefilled_tokens=stats.prefilled_tokens if stats else 0,
-            finish_reason=turn and turn.finish_reason, left_out_turns=left_out))
+            finish_reason=turn and turn.finish_reason, left_out_turns=left_out,
+            spec_tokens_per_step=spec.tokens_per_step() if spec and spec.steps else None,
+            spec_acceptance=spec.acceptance_rate() if spec and spec.drafted else None))
 
     @Slot()
     def shutdown(self) -> None:
@@ -345,6 +358,7 @@ class EngineClient(QObject):
     _delete_message = Signal(str)
     _delete_conversation = Signal(str)
     _update_settings = Signal(dict)
+    _set_speculation = Signal(bool)
     _save_pending = Signal()
     _shutdown = Signal()
 
@@ -355,7 +369,8 @@ class EngineClient(QObject):
         self.thread.setObjectName("fucina-engine")
         self.worker.moveToThread(self.thread)
         for name in ("load_model", "open_conversation", "send", "regenerate", "edit", "switch",
-                     "delete_message", "delete_conversation", "update_settings", "save_pending", "shutdown"):
+                     "delete_message", "delete_conversation", "update_settings", "set_speculation", "save_pending",
+                     "shutdown"):
             getattr(self, f"_{name}").connect(getattr(self.worker, name))
         self._cancel = threading.Event()
         self.thread.start()
@@ -402,6 +417,9 @@ class EngineClient(QObject):
 
     def update_settings(self, settings: dict) -> None:
         self._update_settings.emit(settings)
+
+    def set_speculation(self, on: bool) -> None:
+        self._set_speculation.emit(on)
 
     def save_pending(self) -> None:
         """Retry storing a reply the disk refused (storage_failed / storage_recovered tell how it went)."""
