@@ -1,29 +1,32 @@
 """Constrained replies against free ones, with and without speculation, on the JSON-schema suite.
 
     python benchmarks/bench_grammar.py [--model qwen2.5-coder-0.5b-instruct] [--threads 2] [--max-tokens 80]
-                                       [--limit N]
+                                       [--turns 2] [--limit N]
 
-Each schema of tests/data/grammar/json_schemas.json gets, in this order and in the same run, one greedy
-single-stream reply in each mode:
+Each schema of tests/data/grammar/json_schemas.json gets a short chat in each of three modes, all greedy and
+single-stream, run turn by turn side by side in the same run: the schema's prompt, then "Another one,
+please." for every further turn (a follow-up has the first reply's structure to draft from).
 - constrained: the grammar's processor, plain decode;
-- constrained+spec: the same, decoded speculatively (the grammar-aware draft source, spec 13.9.6); its token
+- constrained_spec: the same, decoded speculatively (the grammar-aware draft source, spec 13.9.6); its token
   ids must equal the plain constrained reply's, else the benchmark stops with SpeculationMismatch;
-- free: no grammar, capped at the constrained reply's length (a free reply of similar length).
-Reported, per mode: decode tok/s (sampled tokens after the first over the time after the first: the prefill
-is the same work in every mode); for constrained, the microseconds per token spent in the grammar processor
-(mask fill + applying it to the row + committing the token), its share of the per-token time, and the share
-of sampled tokens the grammar forced (its mask left one token, the closing stop token included); for
-constrained+spec, draft acceptance, tokens per step and the lookaheads' microseconds per sampled token. The
-last line is a JSON summary with the issue's two bars. Reports only: nothing here asserts a time.
+- free: no grammar, each reply capped at the constrained reply's length (a free reply of similar length).
+Reported, per mode, over all turns and per turn: decode tok/s (sampled tokens after each reply's first over
+the time after the first: the prefill is the same work in every mode); for constrained, the microseconds per
+token spent in the grammar processor (mask fill + applying it to the row + committing the token), its share
+of the per-token time, and the share of sampled tokens the grammar forced (its mask left one token, the
+closing stop token included); for constrained_spec, draft acceptance, tokens per step and the lookaheads'
+microseconds per sampled token. The last line is a JSON summary with the issue's two bars (constrained_spec
+>= 1.2x free tok/s; mask <= 5% of the per-token time). Reports only: nothing here asserts a time.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine.catalog import resolve_model  # noqa: E402
-from engine.chat import ChatOptions, Conversation, template_for_model  # noqa: E402
+from engine.chat import ChatOptions, Conversation, TurnResult, template_for_model  # noqa: E402
 from engine.chat.model_template import stop_token_id  # noqa: E402
 from engine.errors import SpeculationMismatch  # noqa: E402
 from engine.models import load_model  # noqa: E402
@@ -44,6 +47,9 @@ from engine.tokenize import load_tokenizer  # noqa: E402
 
 SPEED_BAR = 1.2        # constrained+spec tok/s over free tok/s
 MASK_SHARE_BAR = 0.05  # mask work over the per-token time, plain constrained decode
+FOLLOW_UP = "Another one, please."
+MODES = ("free", "constrained", "constrained_spec")
+CAPACITY = 512  # KV positions per chat: a prompt and a few replies
 
 
 class Timed(StructuredProcessor):
@@ -87,24 +93,35 @@ class Timed(StructuredProcessor):
 
 @dataclass
 class Mode:
-    """One mode's totals over the suite."""
+    """One mode's totals over the suite (or over one turn of each schema's chat)."""
     sampled: int = 0      # tokens sampled, the stop tokens included
     timed: int = 0        # of those, the ones after each reply's first (the decode-time numerator)
     decode_s: float = 0.0
     mask_ns: int = 0
     lookahead_ns: int = 0
     forced: int = 0
+    spec: Stats = field(default_factory=Stats)
 
-    def add(self, convo: Conversation, timed: Timed | None = None) -> None:
-        turn = convo.last_turn
+    def add(self, turn: TurnResult, processor: Timed | None = None, before: tuple[int, int, int] = (0, 0, 0)) -> None:
+        """A reply; `before`: the processor's counters before it (a chat's processor serves every turn)."""
         sampled = len(turn.token_ids) + (turn.finish_reason in ("stop", "stop_sequence"))
         self.sampled += sampled
         if sampled > 1 and turn.stats.decode_tps:
             self.timed += sampled - 1
             self.decode_s += (sampled - 1) / turn.stats.decode_tps
-        if timed is not None:
-            self.mask_ns, self.lookahead_ns = self.mask_ns + timed.ns, self.lookahead_ns + timed.lookahead_ns
-            self.forced += timed.forced
+        if processor is not None:
+            self.mask_ns += processor.ns - before[0]
+            self.lookahead_ns += processor.lookahead_ns - before[1]
+            self.forced += processor.forced - before[2]
+        if turn.stats.spec is not None:
+            for name in ("steps", "drafted", "accepted", "committed"):
+                setattr(self.spec, name, getattr(self.spec, name) + getattr(turn.stats.spec, name))
+
+    def merge(self, other: "Mode") -> None:
+        for name in ("sampled", "timed", "decode_s", "mask_ns", "lookahead_ns", "forced"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name in ("steps", "drafted", "accepted", "committed"):
+            setattr(self.spec, name, getattr(self.spec, name) + getattr(other.spec, name))
 
     def tok_s(self) -> float:
         return self.timed / self.decode_s if self.decode_s else 0.0
@@ -113,19 +130,73 @@ class Mode:
         return ns / 1e3 / max(self.sampled, 1)
 
 
-def reply(model, tokenizer, template, prompt: str, max_tokens: int, processor=None,
-          speculation: bool = False) -> Conversation:
-    convo = Conversation(model, tokenizer, template, ChatOptions(
-        capacity=256, max_tokens=max_tokens, processor=processor, speculation=speculation))
-    "".join(convo.send(prompt))
-    return convo
+def counters(processor: Timed) -> tuple[int, int, int]:
+    return processor.ns, processor.lookahead_ns, processor.forced
 
 
-def check_same(name: str, plain: list[int], spec: list[int]) -> None:
+def chat(model, tokenizer, template, max_tokens: int, processor=None, speculation: bool = False) -> Conversation:
+    return Conversation(model, tokenizer, template, ChatOptions(
+        capacity=CAPACITY, max_tokens=max_tokens, processor=processor, speculation=speculation))
+
+
+def send(convo: Conversation, user: str, max_tokens: int | None = None) -> TurnResult:
+    if max_tokens is not None:  # this reply's cap (a free reply as long as the constrained one)
+        convo.options = dataclasses.replace(convo.options, max_tokens=max_tokens)
+    "".join(convo.send(user))
+    return convo.last_turn
+
+
+def check_same(name: str, turn: int, plain: list[int], spec: list[int]) -> None:
     if plain != spec:
         at = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), min(len(plain), len(spec)))
-        raise SpeculationMismatch(f"schema {name!r}: the speculative constrained reply differs from the plain one "
-                                  f"at token {at} ({len(spec)} vs {len(plain)} tokens)")
+        raise SpeculationMismatch(f"schema {name!r}, turn {turn}: the speculative constrained reply differs from "
+                                  f"the plain one at token {at} ({len(spec)} vs {len(plain)} tokens)")
+
+
+def run_case(model, tokenizer, template, stop: int, case: dict, users: list[str], max_tokens: int,
+             totals: list[dict[str, Mode]]) -> None:
+    """One schema's chat in the three modes, turn by turn; each turn's figures go to totals[turn]."""
+    grammar = Grammar("json_schema", json.dumps(case["schema"]))
+    timed = Timed(grammar_processor(grammar, tokenizer, stop), count_forced=True)
+    timed_spec = Timed(grammar_processor(grammar, tokenizer, stop))
+    plain = chat(model, tokenizer, template, max_tokens, timed)
+    fast = chat(model, tokenizer, template, max_tokens, timed_spec, speculation=True)
+    free = chat(model, tokenizer, template, max_tokens)
+    for i, user in enumerate(users):
+        modes = totals[i]
+        before, before_spec = counters(timed), counters(timed_spec)
+        p = send(plain, user)
+        modes["constrained"].add(p, timed, before)
+        s = send(fast, user)
+        check_same(case["name"], i + 1, p.token_ids, s.token_ids)
+        modes["constrained_spec"].add(s, timed_spec, before_spec)
+        modes["free"].add(send(free, user, max(len(p.token_ids), 1)))
+        print(f"{case['name']:22} turn {i + 1} {p.finish_reason:6} {len(p.token_ids):3} tokens  "
+              f"{p.stats.decode_tps:6.1f} tok/s plain  {s.stats.decode_tps:6.1f} tok/s spec "
+              f"({s.stats.spec.tokens_per_step():.2f}/step, {s.stats.spec.accepted}/{s.stats.spec.drafted} accepted)",
+              flush=True)
+
+
+def summary(modes: dict[str, Mode]) -> dict:
+    free, constrained, spec_mode = modes["free"], modes["constrained"], modes["constrained_spec"]
+    mask_us = constrained.us_per_token(constrained.mask_ns)
+    per_token_us = 1e6 / constrained.tok_s() if constrained.tok_s() else 0.0
+    share = mask_us / per_token_us if per_token_us else None
+    spec = spec_mode.spec
+    speedup = spec_mode.tok_s() / free.tok_s() if free.tok_s() else None
+    return {
+        "free": {"tok_s": free.tok_s(), "sampled": free.sampled},
+        "constrained": {"tok_s": constrained.tok_s(), "sampled": constrained.sampled, "mask_us_per_token": mask_us,
+                        "mask_share": share, "forced_share": constrained.forced / max(constrained.sampled, 1)},
+        "constrained_spec": {"tok_s": spec_mode.tok_s(), "steps": spec.steps, "drafted": spec.drafted,
+                             "accepted": spec.accepted, "acceptance": spec.acceptance_rate(),
+                             "tokens_per_step": spec.tokens_per_step(),
+                             "mask_us_per_token": spec_mode.us_per_token(spec_mode.mask_ns),
+                             "lookahead_us_per_token": spec_mode.us_per_token(spec_mode.lookahead_ns)},
+        "bars": {"spec_vs_free": speedup, "spec_vs_free_ok": speedup is not None and speedup >= SPEED_BAR,
+                 "constrained_vs_free": constrained.tok_s() / free.tok_s() if free.tok_s() else None,
+                 "mask_share_ok": share is not None and share <= MASK_SHARE_BAR},
+    }
 
 
 def main() -> None:
@@ -133,59 +204,34 @@ def main() -> None:
     ap.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=80)
+    ap.add_argument("--turns", type=int, default=2, help="replies per schema's chat (the later ones: " + repr(FOLLOW_UP) + ")")
     ap.add_argument("--limit", type=int, default=None, help="only the first N schemas")
     args = ap.parse_args()
+    if args.turns < 1:
+        ap.error("--turns must be at least 1")
     threads = configure_threads(args.threads)
     cases = json.loads((ROOT / "tests" / "data" / "grammar" / "json_schemas.json").read_text())[: args.limit]
     model = load_model(resolve_model(args.model))
     tokenizer = load_tokenizer(model.file.metadata)
     template = template_for_model(model.file.metadata, tokenizer)
     stop = stop_token_id(tokenizer, template)
-    constrained, spec_mode, free = Mode(), Mode(), Mode()
-    spec = Stats()
+    totals = [{name: Mode() for name in MODES} for _ in range(args.turns)]
     for case in cases:
-        grammar = Grammar("json_schema", json.dumps(case["schema"]))
-        timed = Timed(grammar_processor(grammar, tokenizer, stop), count_forced=True)
-        plain = reply(model, tokenizer, template, case["prompt"], args.max_tokens, timed)
-        constrained.add(plain, timed)
-        timed_spec = Timed(grammar_processor(grammar, tokenizer, stop))
-        fast = reply(model, tokenizer, template, case["prompt"], args.max_tokens, timed_spec, speculation=True)
-        check_same(case["name"], plain.last_turn.token_ids, fast.last_turn.token_ids)
-        spec_mode.add(fast, timed_spec)
-        s = fast.last_turn.stats.spec
-        for name in ("steps", "drafted", "accepted", "committed"):
-            setattr(spec, name, getattr(spec, name) + getattr(s, name))
-        free.add(reply(model, tokenizer, template, case["prompt"], max(len(plain.last_turn.token_ids), 1)))
-        print(f"{case['name']:22} {plain.last_turn.finish_reason:6} {timed.steps:3} tokens  "
-              f"{plain.last_turn.stats.decode_tps:6.1f} tok/s plain  {fast.last_turn.stats.decode_tps:6.1f} "
-              f"tok/s spec ({s.tokens_per_step():.2f}/step, {s.accepted}/{s.drafted} accepted)", flush=True)
-
-    mask_us = constrained.us_per_token(constrained.mask_ns)
-    per_token_us = 1e6 / constrained.tok_s() if constrained.tok_s() else 0.0
-    result = {
-        "model": args.model, "threads": threads, "schemas": len(cases),
-        "free": {"tok_s": free.tok_s(), "sampled": free.sampled},
-        "constrained": {"tok_s": constrained.tok_s(), "sampled": constrained.sampled,
-                        "mask_us_per_token": mask_us,
-                        "mask_share": mask_us / per_token_us if per_token_us else None,
-                        "forced_share": constrained.forced / max(constrained.sampled, 1)},
-        "constrained_spec": {"tok_s": spec_mode.tok_s(), "steps": spec.steps, "drafted": spec.drafted,
-                             "accepted": spec.accepted, "acceptance": spec.acceptance_rate(),
-                             "tokens_per_step": spec.tokens_per_step(),
-                             "mask_us_per_token": spec_mode.us_per_token(spec_mode.mask_ns),
-                             "lookahead_us_per_token": spec_mode.us_per_token(spec_mode.lookahead_ns)},
-        "outputs_equal": True,  # else SpeculationMismatch stopped the run
-    }
-    speedup = spec_mode.tok_s() / free.tok_s() if free.tok_s() else None
-    share = result["constrained"]["mask_share"]
-    result["bars"] = {"spec_vs_free": speedup, "spec_vs_free_ok": speedup is not None and speedup >= SPEED_BAR,
-                      "constrained_vs_free": constrained.tok_s() / free.tok_s() if free.tok_s() else None,
-                      "mask_share_ok": share is not None and share <= MASK_SHARE_BAR}
-    print(f"\n{args.model}, {threads} threads: {len(cases)} schemas; free {free.tok_s():.1f} tok/s, constrained "
-          f"{constrained.tok_s():.1f}, constrained+spec {spec_mode.tok_s():.1f} tok/s")
-    print(f"mask work {mask_us:.1f} us/token = {100 * (share or 0):.2f}% of the per-token time; forced tokens "
-          f"{100 * result['constrained']['forced_share']:.1f}%; draft acceptance {100 * spec.acceptance_rate():.0f}% "
-          f"at {spec.tokens_per_step():.2f} tokens/step")
+        run_case(model, tokenizer, template, stop, case, [case["prompt"]] + [FOLLOW_UP] * (args.turns - 1),
+                 args.max_tokens, totals)
+    overall = {name: Mode() for name in MODES}
+    for modes in totals:
+        for name in MODES:
+            overall[name].merge(modes[name])
+    result = {"model": args.model, "threads": threads, "schemas": len(cases),
+              "outputs_equal": True,  # else SpeculationMismatch stopped the run
+              "all_turns": summary(overall), "per_turn": [summary(modes) for modes in totals]}
+    for label, r in [("all turns", result["all_turns"])] + [(f"turn {i + 1}", r) for i, r in enumerate(result["per_turn"])]:
+        c, s = r["constrained"], r["constrained_spec"]
+        print(f"{label}: free {r['free']['tok_s']:.1f} tok/s, constrained {c['tok_s']:.1f}, constrained+spec "
+              f"{s['tok_s']:.1f} ({r['bars']['spec_vs_free'] or 0:.2f}x free); mask {c['mask_us_per_token']:.1f} "
+              f"us/token = {100 * (c['mask_share'] or 0):.2f}%; forced {100 * c['forced_share']:.1f}%; acceptance "
+              f"{100 * s['acceptance']:.0f}% at {s['tokens_per_step']:.2f} tokens/step")
     print(json.dumps(result))
 
 
