@@ -16,6 +16,7 @@ from engine.speculative.source import DraftSource, TopKRow
 from engine.speculative.stream import SpeculativeStream
 from engine.speculative.target import CacheTarget, VerifyTarget
 
-__all__ = ["AcceptanceGate", "CacheTarget", "ConstrainedSource", "CostGate", "Cursor", "DraftSource", "FrozenSource", "SamIndex",
-           "SpecOptions", "SpeculationIndex", "SpeculativeDecoder", "SpeculativeStream", "Stats", "StepResult",
-           "TokenRecycling", "TopKRow", "VerifyTarget", "grammar_aware", "measure_verify_costs", "table_cost"]
+__all__ = ["AcceptanceGate", "CacheTarget", "ConstrainedSource", "CostGate", "Cursor", "DraftSource",
+           "FrozenSource", "SamIndex", "SpecOptions", "SpeculationIndex", "SpeculativeDecoder",
+           "SpeculativeStream", "Stats", "StepResult", "TokenRecycling", "TopKRow", "VerifyTarget",
+           "grammar_aware", "measure_verify_costs", "table_cost"]

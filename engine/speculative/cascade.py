@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 from engine.errors import InvalidSpeculationConfig
 from engine.speculative.recycling import TokenRecycling
 from engine.speculative.sam_index import FrozenSource, SamIndex
-from engine.speculative.source import TopKRow, common_prefix_len
+from engine.speculative.source import TopKRow
 
 _UNBOUNDED = 1 << 30  # the SamIndex's own draft cap; the cascade's budget governs
 
@@ -168,7 +168,7 @@ class SpeculationIndex:
         if pending is not None:
             gate, draft = pending
             if len(draft) >= self.accounting_min_draft:
-                gate.record(len(draft), common_prefix_len(draft, committed))
+                gate.record(len(draft), _common_prefix_len(draft, committed))
 
     def observe_top_k(self, rows: Sequence[TopKRow]) -> None:
         self.recycling.observe_top_k(rows)
@@ -203,3 +203,11 @@ class SpeculationIndex:
         names = ["conversation", *(f"reference {i}" for i in range(1, len(self.references) + 1)), "recycling"]
         return [SourceStats(n, g.drafted, g.accepted, g.mutes, g.muted) for n, g in zip(names, self._gates())]
 
+
+def _common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

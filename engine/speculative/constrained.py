@@ -19,28 +19,23 @@ from __future__ import annotations
 from typing import Sequence
 
 from engine.sampling.processor import LogitProcessor, StructuredProcessor, has_structure
-from engine.speculative.source import DraftSource, common_prefix_len, truncate_pending, wants_top_k
+from engine.speculative.source import DraftSource, truncate_pending, wants_top_k
 
 
 class ConstrainedSource:
     def __init__(self, processor: StructuredProcessor, inner: DraftSource):
         self.processor, self.inner = processor, inner
         self._from_inner = False  # the last suggestion is the inner source's (its truncations go there)
-        self._forced: list[int] | None = None  # the last suggestion, when it is a forced span
-        self.forced_drafted = 0   # forced-span tokens that went to verify, and how many were accepted
-        self.forced_accepted = 0
-        self.cut = 0              # inner-draft tokens dropped as grammar-invalid
         if wants_top_k(inner):  # only then: the decoder computes top-K for sources that take it
             self.observe_top_k = inner.observe_top_k
 
     def suggest(self, context: Sequence[int], budget: int) -> list[int]:
-        self._from_inner, self._forced = False, None
+        self._from_inner = False
         if budget <= 0:
             return []
         forced = list(self.processor.forced_tokens())[:budget]
         draft = list(self.inner.suggest(context, budget))
         valid = self.processor.valid_prefix_len(draft) if draft else 0
-        self.cut += len(draft) - valid
         if valid and valid >= len(forced) and draft[:len(forced)] == forced:
             if valid < len(draft):
                 truncate_pending(self.inner, valid)
@@ -48,25 +43,17 @@ class ConstrainedSource:
             return draft[:valid]
         if draft:
             truncate_pending(self.inner, 0)  # not verified: not the inner source's miss
-        self._forced = forced or None
         return forced
 
     def truncate_pending(self, new_len: int) -> None:
-        if self._from_inner:
+        if self._from_inner:  # a forced span has no accounting to shorten
             truncate_pending(self.inner, new_len)
-        elif self._forced is not None:
-            self._forced = self._forced[:max(new_len, 0)] or None
 
     def observe(self, committed: Sequence[int]) -> None:
-        forced, self._forced = self._forced, None
         self._from_inner = False
-        if forced is not None:
-            self.forced_drafted += len(forced)
-            self.forced_accepted += common_prefix_len(forced, committed)
         self.inner.observe(committed)
 
 
 def grammar_aware(source: DraftSource, processor: LogitProcessor | None) -> DraftSource:
     """`source`, wrapped in a ConstrainedSource when the sampler's processor has structure."""
     return ConstrainedSource(processor, source) if has_structure(processor) else source
-

@@ -40,13 +40,3 @@ def truncate_pending(source: DraftSource, new_len: int) -> None:
     hook = getattr(source, "truncate_pending", None)
     if callable(hook):
         hook(new_len)
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens a draft `a` and the committed tokens `b` share: the draft's accepted part."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
