@@ -210,11 +210,24 @@ def constrained(pattern=GRAMMAR_REPLY):
 
 
 @pytest.mark.parametrize("sampler", [SamplerConfig(), SAMPLED], ids=["greedy", "sampled"])
-def test_constrained_turns_equal_plain_turns(tiny_chat, sampler):
+def test_constrained_turns_equal_plain_turns(tiny_chat, sampler, monkeypatch):
+    from engine.speculative.constrained import ConstrainedSource
+
     # the prompts spell replies the grammar allows, so the cascade drafts past the grammar's end too
+    end = tiny_chat[1].token_id("<|im_end|>")
+    drafts = []
+    suggest = ConstrainedSource.suggest
+
+    def recorded(self, context, budget):
+        drafts.append(suggest(self, context, budget))
+        return drafts[-1]
+
+    monkeypatch.setattr(ConstrainedSource, "suggest", recorded)
     stats = turns(pair(tiny_chat, sampler=sampler, max_tokens=40, grammar=constrained()),
                   ["ab ab abc end! ab hi", "hi hi abc stop!", "abc abc abc abc stop! and more"])
     assert sum(s.spec_steps for s in stats) > 0
+    # some draft ran into the grammar's end: cut after the stop marker (which the turn boundary drops)
+    assert any(len(d) > 1 and d[-1] == end for d in drafts)
 
 
 def test_a_forced_reply_drafts_itself(tiny_chat):
