@@ -1,20 +1,32 @@
-"""Grammar mask cost per token against the decode time per token, on the JSON-schema suite.
+"""Constrained replies against free ones, with and without speculation, on the JSON-schema suite.
 
-    python benchmarks/bench_grammar.py [--model smollm2-135m-instruct] [--max-tokens 80] [--limit N]
+    python benchmarks/bench_grammar.py [--model qwen2.5-coder-0.5b-instruct] [--threads 2] [--max-tokens 80]
+                                       [--turns 2] [--limit N]
 
-Each schema of tests/data/grammar/json_schemas.json gets one greedy single-stream reply (no speculation).
-Reported: the mean microseconds per token spent in the grammar processor (mask fill + applying it to the
-logits row + committing the token), the mean decode time per token (TurnStats.decode_tps, mask included),
-the mask's share of it, and the share of sampled tokens the grammar forced (its mask allowed exactly one
-token; the closing stop token included). Reports only: nothing here asserts a time.
+Each schema of tests/data/grammar/json_schemas.json gets a short chat in each of three modes, all greedy and
+single-stream, run turn by turn side by side in the same run: the schema's prompt, then "Another one,
+please." for every further turn (a follow-up has the first reply's structure to draft from).
+- constrained: the grammar's processor, plain decode;
+- constrained_spec: the same, decoded speculatively (the grammar-aware draft source, spec 13.9.6); its token
+  ids must equal the plain constrained reply's, else the benchmark stops with SpeculationMismatch;
+- free: no grammar, each reply capped at the constrained reply's length (a free reply of similar length).
+Reported, per mode, over all turns and per turn: decode tok/s (sampled tokens after each reply's first over
+the time after the first: the prefill is the same work in every mode); for constrained, the microseconds per
+token spent in the grammar processor (mask fill + applying it to the row + committing the token), its share
+of the per-token time, and the share of sampled tokens the grammar forced (its mask left one token, the
+closing stop token included); for constrained_spec, draft acceptance, tokens per step and the lookaheads'
+microseconds per sampled token. The last line is a JSON summary with the issue's two bars (constrained_spec
+>= 1.2x free tok/s; mask <= 5% of the per-token time). Reports only: nothing here asserts a time.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -23,26 +35,38 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine.catalog import resolve_model  # noqa: E402
-from engine.chat import ChatOptions, Conversation, template_for_model  # noqa: E402
+from engine.chat import ChatOptions, Conversation, TurnResult, template_for_model  # noqa: E402
 from engine.chat.model_template import stop_token_id  # noqa: E402
+from engine.errors import SpeculationMismatch  # noqa: E402
 from engine.models import load_model  # noqa: E402
-from engine.sampling import LogitProcessor  # noqa: E402
+from engine.runtime import configure_threads  # noqa: E402
 from engine.sampling.grammar import Grammar, grammar_processor  # noqa: E402
+from engine.sampling.processor import StructuredProcessor  # noqa: E402
+from engine.speculative import Stats  # noqa: E402
 from engine.tokenize import load_tokenizer  # noqa: E402
 
+SPEED_BAR = 1.2        # constrained+spec tok/s over free tok/s
+MASK_SHARE_BAR = 0.05  # mask work over the per-token time, plain constrained decode
+FOLLOW_UP = "Another one, please."
+MODES = ("free", "constrained", "constrained_spec")
+CAPACITY = 512  # KV positions per chat: a prompt and a few replies
 
-class Timed(LogitProcessor):
-    """Times the wrapped processor's hooks and counts the steps whose mask left one token."""
 
-    def __init__(self, inner: LogitProcessor):
-        self.inner, self.ns, self.steps, self.forced = inner, 0, 0, 0
+class Timed(StructuredProcessor):
+    """Times the wrapped processor's hooks; with `count_forced`, counts the steps whose mask left one token
+    (outside the timed part, and off in the speculative runs, whose speed is compared)."""
+
+    def __init__(self, inner: StructuredProcessor, count_forced: bool = False):
+        self.inner, self.count_forced = inner, count_forced
+        self.ns = self.lookahead_ns = self.steps = self.forced = 0
 
     def process(self, logits, history):
         start = time.perf_counter_ns()
         self.inner.process(logits, history)
         self.ns += time.perf_counter_ns() - start
         self.steps += 1
-        self.forced += int(np.count_nonzero(logits > -np.inf) == 1)  # outside the timed part
+        if self.count_forced:
+            self.forced += int(np.count_nonzero(logits > -np.inf) == 1)
 
     def commit(self, token):
         start = time.perf_counter_ns()
@@ -52,40 +76,163 @@ class Timed(LogitProcessor):
     def reset(self):
         self.inner.reset()
 
+    def forced_tokens(self):
+        start = time.perf_counter_ns()
+        try:
+            return self.inner.forced_tokens()
+        finally:
+            self.lookahead_ns += time.perf_counter_ns() - start
+
+    def valid_prefix_len(self, tokens):
+        start = time.perf_counter_ns()
+        try:
+            return self.inner.valid_prefix_len(tokens)
+        finally:
+            self.lookahead_ns += time.perf_counter_ns() - start
+
+
+@dataclass
+class Mode:
+    """One mode's totals over the suite (or over one turn of each schema's chat)."""
+    sampled: int = 0      # tokens sampled, the stop tokens included
+    timed: int = 0        # of those, the ones after each reply's first (the decode-time numerator)
+    decode_s: float = 0.0
+    mask_ns: int = 0
+    lookahead_ns: int = 0
+    forced: int = 0
+    spec: Stats = field(default_factory=Stats)
+
+    def add(self, turn: TurnResult, processor: Timed | None = None, before: tuple[int, int, int] = (0, 0, 0)) -> None:
+        """A reply; `before`: the processor's counters before it (a chat's processor serves every turn)."""
+        sampled = len(turn.token_ids) + (turn.finish_reason in ("stop", "stop_sequence"))
+        self.sampled += sampled
+        if sampled > 1 and turn.stats.decode_tps:
+            self.timed += sampled - 1
+            self.decode_s += (sampled - 1) / turn.stats.decode_tps
+        if processor is not None:
+            self.mask_ns += processor.ns - before[0]
+            self.lookahead_ns += processor.lookahead_ns - before[1]
+            self.forced += processor.forced - before[2]
+        if turn.stats.spec is not None:
+            for name in ("steps", "drafted", "accepted", "committed"):
+                setattr(self.spec, name, getattr(self.spec, name) + getattr(turn.stats.spec, name))
+
+    def merge(self, other: "Mode") -> None:
+        for name in ("sampled", "timed", "decode_s", "mask_ns", "lookahead_ns", "forced"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name in ("steps", "drafted", "accepted", "committed"):
+            setattr(self.spec, name, getattr(self.spec, name) + getattr(other.spec, name))
+
+    def tok_s(self) -> float:
+        return self.timed / self.decode_s if self.decode_s else 0.0
+
+    def us_per_token(self, ns: int) -> float:
+        return ns / 1e3 / max(self.sampled, 1)
+
+
+def counters(processor: Timed) -> tuple[int, int, int]:
+    return processor.ns, processor.lookahead_ns, processor.forced
+
+
+def chat(model, tokenizer, template, max_tokens: int, processor=None, speculation: bool = False) -> Conversation:
+    return Conversation(model, tokenizer, template, ChatOptions(
+        capacity=CAPACITY, max_tokens=max_tokens, processor=processor, speculation=speculation))
+
+
+def send(convo: Conversation, user: str, max_tokens: int | None = None) -> TurnResult:
+    if max_tokens is not None:  # this reply's cap (a free reply as long as the constrained one)
+        convo.options = dataclasses.replace(convo.options, max_tokens=max_tokens)
+    "".join(convo.send(user))
+    return convo.last_turn
+
+
+def check_same(name: str, turn: int, plain: list[int], spec: list[int]) -> None:
+    if plain != spec:
+        at = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), min(len(plain), len(spec)))
+        raise SpeculationMismatch(f"schema {name!r}, turn {turn}: the speculative constrained reply differs from "
+                                  f"the plain one at token {at} ({len(spec)} vs {len(plain)} tokens)")
+
+
+def run_case(model, tokenizer, template, stop: int, case: dict, users: list[str], max_tokens: int,
+             totals: list[dict[str, Mode]]) -> None:
+    """One schema's chat in the three modes, turn by turn; each turn's figures go to totals[turn]."""
+    grammar = Grammar("json_schema", json.dumps(case["schema"]))
+    timed = Timed(grammar_processor(grammar, tokenizer, stop), count_forced=True)
+    timed_spec = Timed(grammar_processor(grammar, tokenizer, stop))
+    plain = chat(model, tokenizer, template, max_tokens, timed)
+    fast = chat(model, tokenizer, template, max_tokens, timed_spec, speculation=True)
+    free = chat(model, tokenizer, template, max_tokens)
+    for i, user in enumerate(users):
+        modes = totals[i]
+        before, before_spec = counters(timed), counters(timed_spec)
+        p = send(plain, user)
+        modes["constrained"].add(p, timed, before)
+        s = send(fast, user)
+        check_same(case["name"], i + 1, p.token_ids, s.token_ids)
+        modes["constrained_spec"].add(s, timed_spec, before_spec)
+        modes["free"].add(send(free, user, max(len(p.token_ids), 1)))
+        print(f"{case['name']:22} turn {i + 1} {p.finish_reason:6} {len(p.token_ids):3} tokens  "
+              f"{p.stats.decode_tps:6.1f} tok/s plain  {s.stats.decode_tps:6.1f} tok/s spec "
+              f"({s.stats.spec.tokens_per_step():.2f}/step, {s.stats.spec.accepted}/{s.stats.spec.drafted} accepted)",
+              flush=True)
+
+
+def summary(modes: dict[str, Mode]) -> dict:
+    free, constrained, spec_mode = modes["free"], modes["constrained"], modes["constrained_spec"]
+    mask_us = constrained.us_per_token(constrained.mask_ns)
+    per_token_us = 1e6 / constrained.tok_s() if constrained.tok_s() else 0.0
+    share = mask_us / per_token_us if per_token_us else None
+    spec = spec_mode.spec
+    speedup = spec_mode.tok_s() / free.tok_s() if free.tok_s() else None
+    return {
+        "free": {"tok_s": free.tok_s(), "sampled": free.sampled},
+        "constrained": {"tok_s": constrained.tok_s(), "sampled": constrained.sampled, "mask_us_per_token": mask_us,
+                        "mask_share": share, "forced_share": constrained.forced / max(constrained.sampled, 1)},
+        "constrained_spec": {"tok_s": spec_mode.tok_s(), "steps": spec.steps, "drafted": spec.drafted,
+                             "accepted": spec.accepted, "acceptance": spec.acceptance_rate(),
+                             "tokens_per_step": spec.tokens_per_step(),
+                             "mask_us_per_token": spec_mode.us_per_token(spec_mode.mask_ns),
+                             "lookahead_us_per_token": spec_mode.us_per_token(spec_mode.lookahead_ns)},
+        "bars": {"spec_vs_free": speedup, "spec_vs_free_ok": speedup is not None and speedup >= SPEED_BAR,
+                 "constrained_vs_free": constrained.tok_s() / free.tok_s() if free.tok_s() else None,
+                 "mask_share_ok": share is not None and share <= MASK_SHARE_BAR},
+    }
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
+    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=80)
+    ap.add_argument("--turns", type=int, default=2, help="replies per schema's chat (the later ones: " + repr(FOLLOW_UP) + ")")
     ap.add_argument("--limit", type=int, default=None, help="only the first N schemas")
     args = ap.parse_args()
+    if args.turns < 1:
+        ap.error("--turns must be at least 1")
+    threads = configure_threads(args.threads)
     cases = json.loads((ROOT / "tests" / "data" / "grammar" / "json_schemas.json").read_text())[: args.limit]
     model = load_model(resolve_model(args.model))
     tokenizer = load_tokenizer(model.file.metadata)
     template = template_for_model(model.file.metadata, tokenizer)
-    mask_ns = steps = forced = tokens = 0
-    decode_s = 0.0
+    stop = stop_token_id(tokenizer, template)
+    totals = [{name: Mode() for name in MODES} for _ in range(args.turns)]
     for case in cases:
-        grammar = Grammar("json_schema", json.dumps(case["schema"]))
-        timed = Timed(grammar_processor(grammar, tokenizer, stop_token_id(tokenizer, template)))
-        convo = Conversation(model, tokenizer, template, ChatOptions(
-            capacity=256, max_tokens=args.max_tokens, processor=timed))
-        "".join(convo.send(case["prompt"]))
-        turn = convo.last_turn
-        sampled = timed.steps
-        mask_ns, steps, forced = mask_ns + timed.ns, steps + sampled, forced + timed.forced
-        tokens += len(turn.token_ids)
-        if sampled > 1 and turn.stats.decode_tps:
-            decode_s += (sampled - 1) / turn.stats.decode_tps
-        print(f"{case['name']:22} {turn.finish_reason:6} {sampled:3} steps  "
-              f"{timed.ns / 1e3 / max(sampled, 1):7.1f} us/token mask  {turn.stats.decode_tps:6.1f} tok/s",
-              flush=True)
-    mask_us = mask_ns / 1e3 / steps
-    decode_us = decode_s * 1e6 / max(steps - len(cases), 1)
-    print(f"\n{args.model}: {len(cases)} schemas, {steps} sampled tokens ({tokens} reply tokens)")
-    print(f"mask work {mask_us:.1f} us/token; decode {decode_us / 1e3:.1f} ms/token; "
-          f"mask share {100 * mask_us / decode_us:.2f}%")
-    print(f"forced tokens (mask left one): {forced}/{steps} = {100 * forced / steps:.1f}%")
+        run_case(model, tokenizer, template, stop, case, [case["prompt"]] + [FOLLOW_UP] * (args.turns - 1),
+                 args.max_tokens, totals)
+    overall = {name: Mode() for name in MODES}
+    for modes in totals:
+        for name in MODES:
+            overall[name].merge(modes[name])
+    result = {"model": args.model, "threads": threads, "schemas": len(cases),
+              "outputs_equal": True,  # else SpeculationMismatch stopped the run
+              "all_turns": summary(overall), "per_turn": [summary(modes) for modes in totals]}
+    for label, r in [("all turns", result["all_turns"])] + [(f"turn {i + 1}", r) for i, r in enumerate(result["per_turn"])]:
+        c, s = r["constrained"], r["constrained_spec"]
+        print(f"{label}: free {r['free']['tok_s']:.1f} tok/s, constrained {c['tok_s']:.1f}, constrained+spec "
+              f"{s['tok_s']:.1f} ({r['bars']['spec_vs_free'] or 0:.2f}x free); mask {c['mask_us_per_token']:.1f} "
+              f"us/token = {100 * (c['mask_share'] or 0):.2f}%; forced {100 * c['forced_share']:.1f}%; acceptance "
+              f"{100 * s['acceptance']:.0f}% at {s['tokens_per_step']:.2f} tokens/step")
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from engine.models.transformer import UBATCH, Transformer
 from engine.models.validate import check_logits, check_token_ids
 from engine.sampling import Sampler
 from engine.speculative import SpecOptions, SpeculativeStream, Stats
+from engine.speculative.constrained import grammar_aware
 
 
 def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -83,7 +84,7 @@ def sample_speculative(model: Transformer, prompt: Sequence[int], max_tokens: in
     history = list(prompt)
     stream = SpeculativeStream(model, SpecOptions(stop_tokens=frozenset(stop_ids)))
     stream.index.sync(history)
-    decoder = stream.decoder(cache, sampler)
+    decoder = stream.decoder(cache, sampler, grammar_aware(stream.index, sampler.processor))
     if stats is not None:
         decoder.stats = stats
     result = decoder.bootstrap(model.forward(prompt, cache), history)

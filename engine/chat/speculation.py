@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 
-from engine.speculative import SpeculationIndex
-from engine.speculative.source import TopKRow
+from engine.speculative.constrained import grammar_aware
+from engine.speculative.source import DraftSource, truncate_pending, wants_top_k
 from engine.speculative.stream import SpeculativeStream
 
 if TYPE_CHECKING:
@@ -29,7 +29,9 @@ def run_speculative(turn: "_Turn", stream: SpeculativeStream, logits: np.ndarray
     """Decode the turn after its prefill (`logits`: the prefill's last row); yield its text per step."""
     c = turn.convo
     stream.index.sync(c._history)
-    decoder = stream.decoder(c.cache, _TurnSampler(turn), _TurnBoundary(stream.index, turn))
+    # a grammar's processor drafts its forced spans and cuts drafts at its first invalid token (13.9.6)
+    source = grammar_aware(stream.index, c.sampler.processor)
+    decoder = stream.decoder(c.cache, _TurnSampler(turn), _TurnBoundary(source, turn))
     turn.stats.spec = decoder.stats
     pieces: list[str] = []
     stop = None
@@ -76,30 +78,29 @@ class _TurnSampler:
 class _TurnBoundary:
     """The turn-boundary gate: a draft is cut before the first token that would end the reply (a stop
     token, or one completing a stop sequence after the reply and the draft before it). Such a token is
-    never committed, so verifying rows past it is wasted work; the index is told its draft was shortened."""
+    never committed, so verifying rows past it is wasted work; the source is told its draft was shortened."""
 
-    def __init__(self, index: SpeculationIndex, turn: "_Turn"):
-        self.index, self.turn = index, turn
+    def __init__(self, source: DraftSource, turn: "_Turn"):
+        self.source, self.turn = source, turn
+        if wants_top_k(source):
+            self.observe_top_k = source.observe_top_k
         # the stop-sequence check reads only the reply's last bytes: a sequence's length less one
         self._tail = max((len(s) for s in turn.convo._stop_sequences), default=1)
 
     def suggest(self, context: Sequence[int], budget: int) -> list[int]:
-        draft = self.index.suggest(context, budget)
+        draft = list(self.source.suggest(context, budget))
         c = self.turn.convo
         reply = self.turn.reply[-self._tail:]
         for i, token in enumerate(draft):
             # a token the tokenizer lacks (a padded vocabulary) ends the draft too: it has no text to check
             if not 0 <= token < c.tokenizer.vocab_size or c._ending(reply, token) is not None:
-                self.index.truncate_pending(i)
+                truncate_pending(self.source, i)
                 return draft[:i]
             reply += c.tokenizer.token_bytes(token)
         return draft
 
     def observe(self, committed: Sequence[int]) -> None:
-        self.index.observe(committed)
-
-    def observe_top_k(self, rows: Sequence[TopKRow]) -> None:
-        self.index.observe_top_k(rows)
+        self.source.observe(committed)
 
     def truncate_pending(self, new_len: int) -> None:
-        self.index.truncate_pending(new_len)
+        truncate_pending(self.source, new_len)

@@ -239,7 +239,9 @@ class GrammarProcessor(StructuredProcessor):
             return 1 if len(tokens) and tokens[0] == self.stop_id else 0
         ids = []
         for token in tokens:
-            if not 0 <= token < self.vocabulary.size:  # padding rows are never valid
+            # padding rows are never valid, nor the bridge's end id under its own name (the mask moves
+            # "may end" onto stop_id)
+            if not 0 <= token < self.vocabulary.size or token == self.vocabulary.end_id != self.stop_id:
                 break
             ids.append(self._grammar_id(token))
         return int(self._matcher.validate_tokens(ids))

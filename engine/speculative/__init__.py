@@ -7,6 +7,7 @@ to a plain run's. No draft model, no extra weights.
 """
 
 from engine.speculative.cascade import AcceptanceGate, SpeculationIndex
+from engine.speculative.constrained import ConstrainedSource, grammar_aware
 from engine.speculative.decoder import SpecOptions, SpeculativeDecoder, Stats, StepResult
 from engine.speculative.gate import CostGate, measure_verify_costs, table_cost
 from engine.speculative.recycling import TokenRecycling
@@ -15,6 +16,7 @@ from engine.speculative.source import DraftSource, TopKRow
 from engine.speculative.stream import SpeculativeStream
 from engine.speculative.target import CacheTarget, VerifyTarget
 
-__all__ = ["AcceptanceGate", "CacheTarget", "CostGate", "Cursor", "DraftSource", "FrozenSource", "SamIndex",
-           "SpecOptions", "SpeculationIndex", "SpeculativeDecoder", "SpeculativeStream", "Stats", "StepResult",
-           "TokenRecycling", "TopKRow", "VerifyTarget", "measure_verify_costs", "table_cost"]
+__all__ = ["AcceptanceGate", "CacheTarget", "ConstrainedSource", "CostGate", "Cursor", "DraftSource",
+           "FrozenSource", "SamIndex", "SpecOptions", "SpeculationIndex", "SpeculativeDecoder",
+           "SpeculativeStream", "Stats", "StepResult", "TokenRecycling", "TopKRow", "VerifyTarget",
+           "grammar_aware", "measure_verify_costs", "table_cost"]

@@ -197,3 +197,69 @@ def test_qwen_coder_greedy_equal_plain(real_model):
     convos = pair(real_model("qwen2.5-coder-0.5b-instruct"), template=None, max_tokens=48)
     [stats] = turns(convos, [f"Rename `area` to `surface` in this code and return all of it:\n```python\n{code}```"])
     assert stats.accepted > 0
+
+
+# --- constrained replies (spec 13.9.6): the grammar-aware source drafts, the output stays the plain one
+
+GRAMMAR_REPLY = r"(ab |abc |hi ){1,4}(end|stop)!"
+
+
+def constrained(pattern=GRAMMAR_REPLY):
+    from engine.sampling.grammar import Grammar
+    return Grammar("regex", pattern)
+
+
+@pytest.mark.parametrize("sampler", [SamplerConfig(), SAMPLED], ids=["greedy", "sampled"])
+def test_constrained_turns_equal_plain_turns(tiny_chat, sampler, monkeypatch):
+    from engine.speculative.constrained import ConstrainedSource
+
+    # the prompts spell replies the grammar allows, so the cascade drafts past the grammar's end too
+    end = tiny_chat[1].token_id("<|im_end|>")
+    drafts = []
+    suggest = ConstrainedSource.suggest
+
+    def recorded(self, context, budget):
+        drafts.append(suggest(self, context, budget))
+        return drafts[-1]
+
+    monkeypatch.setattr(ConstrainedSource, "suggest", recorded)
+    stats = turns(pair(tiny_chat, sampler=sampler, max_tokens=40, grammar=constrained()),
+                  ["ab ab abc end! ab hi", "hi hi abc stop!", "abc abc abc abc stop! and more"])
+    assert sum(s.spec_steps for s in stats) > 0
+    # some draft ran into the grammar's end: cut after the stop marker (which the turn boundary drops)
+    assert any(len(d) > 1 and d[-1] == end for d in drafts)
+
+
+def test_a_forced_reply_drafts_itself(tiny_chat):
+    # every token is forced: the prompt holds nothing to copy, yet the reply verifies in a few steps
+    convos = pair(tiny_chat, max_tokens=40, grammar=constrained("hello world, hello world"))
+    [stats] = turns(convos, ["xyz"])
+    assert convos[1].last_turn.text == "hello world, hello world" and convos[1].last_turn.finish_reason == "stop"
+    assert stats.steps <= 3 and stats.accepted == stats.drafted > 0
+
+
+def test_a_stop_sequence_inside_a_constrained_draft_ends_the_turn_like_plain(tiny_chat):
+    convos = pair(tiny_chat, max_tokens=40, sampler=SAMPLED, grammar=constrained("hello world, hello world"),
+                  stop_sequences=("d, h",))
+    turns(convos, ["xyz", "again"])
+    assert convos[1].last_turn.finish_reason == "stop_sequence" and convos[1].last_turn.text == "hello world, "
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"])
+def test_real_constrained_replies_equal_plain_greedy_and_sampled(real_model, name):
+    import json
+    from pathlib import Path
+
+    from engine.sampling.grammar import Grammar
+
+    suite = {c["name"]: c for c in json.loads(
+        (Path(__file__).parents[2] / "data" / "grammar" / "json_schemas.json").read_text())}
+    accepted = 0
+    for case, sampler in ((suite["person"], SamplerConfig()), (suite["enum_color"], SAMPLED)):
+        grammar = Grammar("json_schema", json.dumps(case["schema"]))
+        convos = pair(real_model(name), template=None, max_tokens=40, sampler=sampler, grammar=grammar)
+        # the second reply has the first one's structure to copy: drafts the grammar cuts where they stray
+        stats = turns(convos, [case["prompt"], "Another one, please."])
+        assert convos[1].last_turn.finish_reason == "stop" and json.loads(convos[1].last_turn.text)
+        accepted += stats[1].accepted
+    assert accepted > 0

@@ -182,6 +182,19 @@ def test_structural_hooks_forced_tokens_and_valid_prefix_len(tok):
     assert processor.forced_tokens() == []  # x or y
 
 
+def test_valid_prefix_len_agrees_with_the_mask_on_the_end_of_sequence_id(tok):
+    """With a stop token other than the bridge's end id, "may end here" is the stop token: the end id under
+    its own name is masked, so a draft holding it is cut there."""
+    stop = tok.token_id("<|im_start|>")
+    processor = grammar_processor(Grammar("regex", "a+"), tok, stop_id=stop)
+    processor.commit(tok.vocab.ids["a"])
+    logits = np.zeros(tok.vocab_size, np.float32)
+    processor.process(logits, [])
+    assert not np.isfinite(logits[tok.eos_id]) and np.isfinite(logits[stop])
+    assert processor.valid_prefix_len([tok.eos_id]) == 0
+    assert processor.valid_prefix_len([tok.vocab.ids["a"], stop, tok.vocab.ids["a"]]) == 2
+
+
 def test_json_whitespace_is_bounded_per_gap_so_a_reply_cannot_loop_on_newlines(tok):
     schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 3}}, "required": ["a"]}
     processor = grammar_processor(Grammar("json_schema", json.dumps(schema)), tok)
