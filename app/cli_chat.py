@@ -3,7 +3,9 @@
 Interactive on a terminal; from a pipe it answers one message per input line until EOF. Replies (and
 /stats) go to stdout, notices to stderr, so a piped run's stdout holds only the conversation's answers.
 With --conversation the chat is stored (the history database and a KV sidecar, through engine.session)
-and a stored one reopens warm; without it, the chat lives only in this process.
+and a stored one reopens warm; without it, the chat lives only in this process. With --attach FILE the chat
+is served behind the documents' KV cartridges (app.cli_docs); a stored chat reopens warm behind the same
+attachments only.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
+from app.cli_docs import add_attach_option, attach_documents, describe
 from app.cli_eval import add_model_options, open_model
 from app.cli_sampling import add_grammar_options, add_sampler_options, grammar_from_args, sampler_config
 from app.cli_conversations import find_conversation, open_store
 from engine.chat import ChatOptions, Conversation, TurnResult
 from engine.chat.window import POLICIES
 from engine.history.store import HistoryStore
+from engine.kv.cache import KvDtype
 from engine.history.validate import SAMPLER_RANGES
 from engine.errors import ContextFull, FucinaError, StoreError
 from engine.sampling import CHAT_DEFAULTS
@@ -62,10 +66,12 @@ class _Chat:
 class _EphemeralChat(_Chat):
     """A chat that lives only in this process."""
 
-    def __init__(self, model, args, grammar):
+    def __init__(self, model, args, grammar, attachments):
         self.convo = self.target = Conversation.for_model(model, ChatOptions(
             system=args.system, capacity=args.ctx, kv_dtype=args.kv, max_tokens=args.max_tokens,
             think_off=args.no_think, sampler=sampler_config(args), speculation=args.spec, grammar=grammar))
+        if attachments:
+            self.convo.attach(attachments)
 
     def reset(self) -> str:
         self.convo.reset()
@@ -80,9 +86,10 @@ class _EphemeralChat(_Chat):
 class _StoredChat(_Chat):
     """A chat in the history store, through the session layer."""
 
-    def __init__(self, model, args, store: HistoryStore, grammar):
+    def __init__(self, model, args, store: HistoryStore, grammar, attachments):
         self.model, self.store = model, store
         self.speculation = args.spec
+        self.attachments = attachments
         if args.conversation == "new":
             self.settings = {"temperature": args.temp, "top_k": args.top_k, "top_p": args.top_p,
                              "min_p": args.min_p, "repeat_penalty": args.repeat_penalty, "seed": args.seed,
@@ -93,7 +100,7 @@ class _StoredChat(_Chat):
             self.session = self._new()
         else:
             self.session = ChatSession(store, model, find_conversation(store, args.conversation),
-                                       speculation=args.spec)
+                                       speculation=args.spec, attachments=attachments)
             self.settings, self.system = self.session.settings["sampler"], self.session.settings["system_prompt"]
         resumed = self.session.resumed_positions
         print(f"(conversation {self.session.id[:8]}: {len(self.session.messages())} messages"
@@ -110,7 +117,7 @@ class _StoredChat(_Chat):
     def _new(self) -> ChatSession:
         return ChatSession.open(self.store, self.model, system_prompt=self.system,
                                 sampler={k: v for k, v in self.settings.items() if v is not None},
-                                speculation=self.speculation)
+                                speculation=self.speculation, attachments=self.attachments)
 
     def reset(self) -> str:
         if unsaved := self.unsaved_reply():  # a new conversation would drop the reply kept for this one
@@ -142,12 +149,17 @@ class _StoredChat(_Chat):
 def run_chat(args) -> int:
     grammar = grammar_from_args(args)
     model = open_model(args)
+    # a stored chat's cache is f16 (its stored settings have no cache type)
+    attached = attach_documents(model, args.attach, KvDtype.F16 if args.conversation else args.kv)
+    for result in attached:
+        print(f"(attached {describe(result)})", file=sys.stderr)
+    attachments = [a.cartridge for a in attached]
     with contextlib.ExitStack() as stack:
         if args.conversation:
-            chat = _StoredChat(model, args, stack.enter_context(open_store()), grammar)
+            chat = _StoredChat(model, args, stack.enter_context(open_store()), grammar, attachments)
             stack.callback(lambda: chat.session.close())
         else:
-            chat = _EphemeralChat(model, args, grammar)
+            chat = _EphemeralChat(model, args, grammar, attachments)
         interactive = sys.stdin.isatty()
         if interactive:
             print(f"fucina chat · {Path(model.file.path).name} · /help for commands", file=sys.stderr)
@@ -270,6 +282,7 @@ def register(subparsers) -> None:
                         "oldest turns out of the prompt, stop refuses")
     p.add_argument("--spec", action="store_true",
                    help="speculative decoding: drafts from the conversation itself, verified; the same replies")
+    add_attach_option(p)
     add_sampler_options(p, CHAT_DEFAULTS)
     add_grammar_options(p)
     p.set_defaults(func=run_chat)

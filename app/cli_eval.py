@@ -7,11 +7,13 @@ import json
 import sys
 import time
 
+from app.cli_docs import add_attach_option, attach_documents
 from app.cli_models import ProgressBar
 from app.cli_sampling import add_grammar_options, add_sampler_options, grammar_from_args, sampler_config
 from engine import generate
 from engine.catalog import default_model_name, resolve_model
-from engine.chat import Message, template_for_model
+from engine.cartridge.cartridge import composed_rows
+from engine.chat import ChatOptions, Conversation, Message, template_for_model
 from engine.chat.model_template import stop_token_id
 from engine.errors import FucinaError
 from engine.models import load_model
@@ -109,7 +111,13 @@ def run_generate(args) -> int:
     if grammar is not None and args.no_stop:
         raise FucinaError("--no-stop cannot be combined with a reply grammar: a finished grammar ends the reply "
                           "with the stop token")
+    if args.attach and not args.chat:
+        raise FucinaError("--attach serves a chat: add --chat (the prompt is the user's question)")
+    if args.attach and args.no_stop:
+        raise FucinaError("--no-stop cannot be combined with --attach: a chat reply ends on its stop token")
     model = open_model(args)
+    if args.attach:
+        return generate_attached(args, model, grammar)
     tokenizer = load_tokenizer(model.file.metadata)
     prompt = prompt_tokens(args, model, tokenizer)
     stops = () if args.no_stop else tokenizer.eog_ids
@@ -138,6 +146,37 @@ def run_generate(args) -> int:
     else:
         if spec is not None:
             print(f"\n[{decode_tps:.1f} tok/s; speculation: {spec.summary()}]", end="", file=sys.stderr)
+    print()
+    return 0
+
+
+def generate_attached(args, model, grammar) -> int:
+    """One chat turn behind the attached documents' cartridges (app.cli_docs)."""
+    attached = attach_documents(model, args.attach, args.kv)
+    prefix = composed_rows([a.cartridge for a in attached])
+    tokenizer = load_tokenizer(model.file.metadata)
+    # room for the prefix, the question in its template and the reply
+    capacity = prefix + len(tokenizer.encode(args.prompt, add_special=False)) + 64 + args.max_tokens
+    convo = Conversation.for_model(model, ChatOptions(
+        capacity=capacity, kv_dtype=args.kv, max_tokens=args.max_tokens, sampler=sampler_config(args),
+        speculation=args.spec, grammar=grammar), tokenizer=tokenizer)
+    convo.attach([a.cartridge for a in attached])
+    for piece in convo.send(args.prompt):
+        if not args.json:
+            print(piece, end="", flush=True)
+    turn = convo.last_turn
+    if turn.finish_reason == "error":
+        raise turn.error
+    if args.json:
+        json.dump({"prompt_ids": convo.history[: len(convo.history) - len(turn.token_ids)], "ids": turn.token_ids,
+                   "text": turn.text, "decode_tps": turn.stats.decode_tps, "ttft_ms": turn.stats.ttft_ms,
+                   "spec": None if turn.stats.spec is None else spec_stats(turn.stats.spec),
+                   "attachments": [{"name": a.cartridge.name, "id": a.cartridge.id, "tokens": a.cartridge.rows,
+                                    "built": a.built, "seconds": round(a.seconds, 3),
+                                    "bytes": a.cartridge.byte_size()} for a in attached]}, sys.stdout)
+    elif turn.stats.spec is not None:
+        print(f"\n[{turn.stats.decode_tps:.1f} tok/s; speculation: {turn.stats.spec.summary()}]", end="",
+              file=sys.stderr)
     print()
     return 0
 
@@ -173,6 +212,7 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--spec", action="store_true",
                    help="speculative decoding (drafts from the prompt and the output, verified): the same ids")
+    add_attach_option(p)
     add_sampler_options(p)
     add_grammar_options(p)
     p.set_defaults(func=run_generate)

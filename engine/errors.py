@@ -166,3 +166,48 @@ class SpeculationMismatch(SpeculativeError):
 
 class BenchWorkloadError(FucinaError):
     """A benchmark workload file that cannot be read or lacks a field (which file, which field)."""
+
+
+class DocumentError(FucinaError):
+    """An attached document that cannot be read as text (which file, and why)."""
+
+
+class DocumentUnreadable(DocumentError):
+    """A document file that is missing, unreadable, or a damaged PDF or DOCX."""
+
+
+class DocumentTooLarge(DocumentError):
+    """A document file larger than the reader takes."""
+
+
+class EncryptedDocument(DocumentError):
+    """A password-protected PDF."""
+
+
+class ImageOnlyDocument(DocumentError):
+    """A PDF whose pages carry no text layer (scanned images): there is nothing to read without OCR."""
+
+
+class BinaryDocument(DocumentError):
+    """A file that is not text in any encoding (an executable, an image, an archive)."""
+
+
+class EmptyDocument(DocumentError):
+    """A document with no text in it (a zero-byte file, only whitespace)."""
+
+
+class CartridgeError(FucinaError):
+    """Base for errors of documents served as KV cartridges (spec 13.10)."""
+
+
+class CartridgeRefused(CartridgeError):
+    """A stored cartridge that is damaged, or was built for another model, cache type or geometry; the caller
+    builds it again."""
+
+
+class CartridgeCancelled(CartridgeError):
+    """Building a cartridge stopped because its cancel event was set; nothing was stored."""
+
+
+class DocumentTooLong(CartridgeError):
+    """A document whose tokens do not fit the model's (or the chat's) context."""

@@ -23,8 +23,9 @@ import secrets
 import threading
 import weakref
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
+from engine.cartridge.cartridge import Cartridge
 from engine.chat import ChatOptions, Conversation, Message, TurnResult
 from engine.chat.window import DEFAULT_POLICY, ContextWindow, check_policy, fit_context, longest_token
 from engine.errors import FucinaError
@@ -111,9 +112,12 @@ class ChatSession:
     """One open conversation. Single-threaded, like the store connection and the Conversation it holds."""
 
     def __init__(self, store: HistoryStore, model: Transformer, conversation_id: str, *, sidecar_dir=None,
-                 speculation: bool = False):
+                 speculation: bool = False, attachments: Sequence[Cartridge] = ()):
         self.store, self.model, self.id = store, model, conversation_id
         self.speculation = speculation  # a choice of this session (decoding speed), not a stored setting
+        # documents the chat is served behind (their KV rows are the cache's prefix); the sidecar resumes
+        # only behind the same ones
+        self.attachments = list(attachments)
         self.sidecar = sidecar_path(conversation_id, sidecar_dir)
         try:
             self.sidecar.parent.mkdir(parents=True, exist_ok=True)
@@ -131,12 +135,13 @@ class ChatSession:
     @classmethod
     def open(cls, store: HistoryStore, model: Transformer, conversation_id: str | None = None, *,
              sidecar_dir=None, system_prompt: str | None = None, sampler: dict | None = None,
-             speculation: bool = False) -> "ChatSession":
+             speculation: bool = False, attachments: Sequence[Cartridge] = ()) -> "ChatSession":
         """Open a stored conversation, or (conversation_id None) a new one with these settings."""
         if conversation_id is None:
             conversation_id = store.create_conversation(os.fspath(model.file.path), system_prompt=system_prompt,
                                                         sampler=sampler)
-        return cls(store, model, conversation_id, sidecar_dir=sidecar_dir, speculation=speculation)
+        return cls(store, model, conversation_id, sidecar_dir=sidecar_dir, speculation=speculation,
+                   attachments=attachments)
 
     @property
     def model_name(self) -> str:
@@ -199,14 +204,16 @@ class ChatSession:
         kept_from = next((m["meta"].get("kept_from") for m in reversed(branch) if m["role"] == "assistant"), None)
         ids = [m["id"] for m in branch]
         offset = len(messages) - len(branch)
-        window = fit_context(messages, self._encode, capacity=self.context_size,
+        window = fit_context(messages, self._encode, capacity=self.context_size - self.convo.prefix_rows,
                              max_tokens=self.convo.options.max_tokens, policy=self.context_policy,
                              longest=longest_token(self.convo.tokenizer),
                              previous_start=offset + ids.index(kept_from) if kept_from in ids else None)
         return window, branch[window.start - offset]["id"] if window.left_out else None
 
     def _encode(self, messages: list[Message]) -> list[int]:
-        return self.convo.tokenizer.encode(self.convo.template.render_messages(messages), add_special=True)
+        # a chat behind attached documents continues their prefix, which carries the BOS
+        return self.convo.tokenizer.encode(self.convo.template.render_messages(messages),
+                                           add_special=self.convo.prefix_rows == 0)
 
     # -- replies: each returns the reply's text pieces as a generator; closing it early stops the reply --
 
@@ -332,6 +339,8 @@ class ChatSession:
         try:
             options = dataclasses.replace(chat_options(sampler), speculation=self.speculation)
             self.convo = Conversation.for_model(self.model, options, tokenizer=_tokenizer(self.model))
+            if self.attachments:
+                self.convo.attach(self.attachments)
             return self.convo.enable_persistence(self.sidecar)
         except OSError as e:  # the sidecar cannot be created or reset: a full or read-only data dir
             raise storage_error(e, self.sidecar) from e

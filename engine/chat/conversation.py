@@ -13,6 +13,9 @@ With `speculation` on, a reply decodes through engine.chat.speculation, which dr
 (sample, stop check, commit, budget) over verified drafts: its output and its cache equal the plain turn's.
 The lockstep batch stays plain.
 
+A conversation may be served behind attached documents (attach): their cartridges' KV rows fill the cache
+as the preloaded prefix, and their tokens become frozen draft references for speculation.
+
 With persistence on (enable_persistence), every turn's end brings the conversation's KV sidecar up to the
 cache, so a reopened chat resumes without prefilling again. The new positions are copied out at the turn's
 end and written by a background writer (engine.kv.sidecar_writer), so the disk never stalls a reply.
@@ -20,6 +23,7 @@ end and written by a background writer (engine.kv.sidecar_writer), so the disk n
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 import time
@@ -28,6 +32,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
+from engine.cartridge.cartridge import Cartridge, composed_rows, composition_identity, write_composed
 from engine.chat.jinja_template import JinjaTemplate
 from engine.chat.model_template import stop_token_id, template_for_model
 from engine.chat.speculation import run_speculative
@@ -136,6 +141,8 @@ class Conversation:
         self._saved = 0  # leading cache positions the sidecar holds (or will, once its writes land)
         self.sidecar_error: str | None = None  # why the last sidecar write failed; the next turn rewrites it
         self._speculation: SpeculativeStream | None = None  # built at the first speculative turn (it may measure)
+        self._references: list[Sequence[int]] = []  # attached documents' tokens, drafted from when speculating
+        self._prefix_identity: bytes | None = None  # which cartridges built the prefix (attach)
 
     @classmethod
     def for_model(cls, model: Transformer, options: ChatOptions | None = None, *,
@@ -165,6 +172,24 @@ class Conversation:
                                 f"cache holds ({cache.len}); got {rows}")
         self.prefix_rows = rows
 
+    def attach(self, cartridges: Sequence[Cartridge]) -> None:
+        """Serve the chat behind documents' KV cartridges (engine.cartridge): their rows, in order, become the
+        preloaded prefix, and their tokens draft references for speculation. Once, on a fresh conversation,
+        before enable_persistence: the sidecar then resumes only behind these same cartridges (another
+        attachment set makes it foreign, and the chat is prefilled again behind the new prefix)."""
+        cache = self._live_cache()
+        if self.prefix_rows or self._history or cache.len or self._sidecar is not None:
+            raise InvalidPrefix("documents are attached once, to a conversation that has no prefix, no turn and "
+                                "no persistence yet")
+        write_composed(cartridges, cache)
+        if cache.len >= cache.capacity:
+            cache.reset()
+            raise ContextFull(f"the attached documents take {composed_rows(cartridges)} positions, the whole "
+                              f"context of {cache.capacity}: no room is left for the chat")
+        self.declare_prefix(cache.len)
+        self._prefix_identity = composition_identity(cartridges)
+        self._references = [c.draft_reference.tolist() for c in cartridges]
+
     def take_cache(self) -> WarmState:
         """Release the cache and the tokens behind it (for another Conversation's `warm`); this
         conversation cannot send afterwards."""
@@ -183,6 +208,8 @@ class Conversation:
         if self._sidecar is not None or self._history:
             raise RuntimeError("persistence is enabled once, on a conversation that has not had a turn yet")
         fingerprint = kv_persist.model_fingerprint(self.model.file)
+        if self._prefix_identity is not None:  # behind cartridges: the file is this model's AND this prefix's
+            fingerprint = hashlib.sha256(fingerprint + self._prefix_identity).digest()
         WRITER.flush()  # another conversation over this file may still be writing it
         loaded = kv_persist.load(path, cache, fingerprint)
         if loaded is None:  # a stale or foreign file must not become this conversation's
@@ -265,6 +292,8 @@ class Conversation:
             if self.options.speculation:
                 if self._speculation is None:
                     self._speculation = SpeculativeStream(self.model)
+                    for reference in self._references:
+                        self._speculation.index.add_reference(reference)
                 yield from run_speculative(turn, self._speculation, logits)
                 return
             while True:

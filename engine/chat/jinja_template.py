@@ -371,6 +371,10 @@ class JinjaTemplate:
         check_history(messages)
         return self.render(messages, think_off=think_off)
 
+    def render_reference(self, content: str) -> str:
+        """Reference material (an attached document) as a system message a chat can follow."""
+        return self.render([Message("system", content)], add_generation_prompt=False)
+
     def _run(self, context: dict | None) -> str | None:
         if self._local is None:
             time_limit_s = self._spec[2]

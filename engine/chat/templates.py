@@ -65,6 +65,9 @@ _STYLES = {
                           "<|channel>thought\n<channel|>", _CHANNEL),
 }
 
+# The model's side of a reference turn, in formats whose system prompt cannot stand on its own.
+REFERENCE_ACK = "I have read the document and will use it to answer."
+
 # Checked in this order: the first marker found in a GGUF template names its format.
 _MARKERS = [("<|im_start|>", Format.CHATML), ("<|start_header_id|>", Format.LLAMA3),
             ("<|turn>", Format.GEMMA4), ("<start_of_turn>", Format.GEMMA)]
@@ -104,6 +107,14 @@ class Template:
         if messages[0].role != "system":
             messages = self._with_system(None, list(messages))
         return self._render(_STYLES[self.format], list(messages), think_off)
+
+    def render_reference(self, content: str) -> str:
+        """Reference material (an attached document) as closed blocks that a chat can follow: a system block
+        where the format has a system role anywhere, else a user turn the model acknowledges."""
+        style = _STYLES[self.format]
+        if style.system == "block":
+            return style.block("system", content)
+        return style.block("user", content) + style.block("assistant", REFERENCE_ACK)
 
     def _with_system(self, system: str | None, messages: list[Message]) -> list[Message]:
         system = self.default_system if system is None else system
