@@ -309,14 +309,22 @@ class Conversation:
     def _feed(self, tokens: list[int], cancel: threading.Event | None,
               on_prefill: Callable[[int, int], None] | None) -> np.ndarray | None:
         """Forward `tokens` in the slices model.forward would cut, reporting progress and checking `cancel`
-        between them; the last slice's last-row logits, or None when stopped."""
+        between them; the last token's logits, or None when stopped. The last token is fed alone (a row-wise
+        step): the first logits of a reply are then bitwise the same whether the cache held the prompt but
+        its last token (a resent request, a reopened chat) or nothing, so a seeded reply reproduces."""
         total = len(tokens)
         for start in range(0, total, UBATCH):
             if on_prefill is not None:
                 on_prefill(start, total)
             if start and cancel is not None and cancel.is_set():
                 return None
-            logits = self.model.forward(tokens[start: start + UBATCH], self.cache)
+            span = tokens[start: start + UBATCH]
+            if start + UBATCH < total:
+                self.model.forward(span, self.cache)
+                continue
+            if len(span) > 1:
+                self.model.forward(span[:-1], self.cache)
+            logits = self.model.forward(span[-1:], self.cache)
         if on_prefill is not None:
             on_prefill(total, total)
         return logits
