@@ -123,14 +123,7 @@ class Conversation:
         self.cache, self.prefix_rows = warm.cache, warm.prefix_rows
         self._history = list(warm.tokens[: warm.cache.len - warm.prefix_rows])
         self.cache.truncate(self.prefix_rows + len(self._history))
-        # the template's stop marker (else EOS), every end-of-generation token, and the caller's extras
-        stop = {stop_token_id(tokenizer, template)} - {None}
-        processor = self.options.processor
-        if self.options.grammar is not None:  # built here, where the stop marker is known
-            processor = grammar_processor(self.options.grammar, tokenizer, stop_token_id(tokenizer, template))
-        self.sampler = Sampler(self.options.sampler, processor)
-        self._stop_ids = frozenset(tokenizer.eog_ids) | stop | set(self.options.extra_stop_ids)
-        self._stop_sequences = [s.encode("utf-8") for s in self.options.stop_sequences]
+        self._apply_reply_options()
         self._decoder = StreamDecoder(tokenizer)
         self._sidecar: tuple[str, bytes] | None = None  # (path, model fingerprint) once persistence is on
         self._saved = 0  # leading cache positions the sidecar holds (or will, once its writes land)
@@ -143,6 +136,25 @@ class Conversation:
         """A conversation with the model's own tokenizer and chat template (engine.chat.model_template)."""
         tokenizer = tokenizer or load_tokenizer(model.file.metadata)
         return cls(model, tokenizer, template_for_model(model.file.metadata, tokenizer), options, warm=warm)
+
+    def reconfigure(self, options: ChatOptions) -> None:
+        """Reply settings for the turns that follow (sampler and seed, stops, grammar, budget, speculation):
+        one cache serving requests that each bring their own (engine.service). The cache, its history and
+        the sidecar stay; the cache keeps its capacity and KV type."""
+        self.options = options
+        self.system = options.system
+        self._apply_reply_options()
+
+    def _apply_reply_options(self) -> None:
+        tokenizer, template, options = self.tokenizer, self.template, self.options
+        # the template's stop marker (else EOS), every end-of-generation token, and the caller's extras
+        stop = {stop_token_id(tokenizer, template)} - {None}
+        processor = options.processor
+        if options.grammar is not None:  # built here, where the stop marker is known
+            processor = grammar_processor(options.grammar, tokenizer, stop_token_id(tokenizer, template))
+        self.sampler = Sampler(options.sampler, processor)
+        self._stop_ids = frozenset(tokenizer.eog_ids) | stop | set(options.extra_stop_ids)
+        self._stop_sequences = [s.encode("utf-8") for s in options.stop_sequences]
 
     # -- state ----------------------------------------------------------------------------------------
     @property
@@ -164,6 +176,19 @@ class Conversation:
             raise InvalidPrefix(f"a prefix must be declared once, before any turn, over exactly the rows the "
                                 f"cache holds ({cache.len}); got {rows}")
         self.prefix_rows = rows
+
+    def copy_prefix(self, source: "Conversation", n: int) -> None:
+        """Start over from the first `n` cached positions of another conversation on the same model (a
+        prompt prefix it already computed, copied instead of prefilled again); the sidecar is rewritten
+        from there at the next turn's end."""
+        cache, source_cache = self._live_cache(), source._live_cache()
+        if self.prefix_rows or source.prefix_rows:
+            raise InvalidPrefix("a conversation with a preloaded prefix neither gives nor takes a copied one")
+        n = min(n, source_cache.len)
+        cache.truncate(0)
+        cache.copy_rows(source_cache, 0, n)
+        self._history = source._history[:n]
+        self._saved = 0
 
     def take_cache(self) -> WarmState:
         """Release the cache and the tokens behind it (for another Conversation's `warm`); this
@@ -285,7 +310,7 @@ class Conversation:
         cache = self._live_cache()
         cached = cache.len - self.prefix_rows
         if request.reuse:  # logits are not cached state: at least the last prompt token is fed again
-            keep = min(_common_prefix_len(request.ids, self._history[:cached]), len(request.ids) - 1)
+            keep = min(common_prefix_len(request.ids, self._history[:cached]), len(request.ids) - 1)
             history = request.ids
         else:
             keep, history = cached, self._history + request.ids
@@ -525,7 +550,7 @@ def _check_batch(convos: Sequence[Conversation], prompts: Sequence, sinks) -> No
         raise ValueError("conversations in a batch need their own logit processor (it holds one stream's state)")
 
 
-def _common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     if not n:
         return 0

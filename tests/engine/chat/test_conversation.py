@@ -10,7 +10,7 @@ import pytest
 from engine.chat import (ChatOptions, Conversation, JinjaTemplate, Message, Template, Format, WarmState,
                          send_batch, send_batch_rendered)
 from engine.errors import AllTokensMasked, ContextFull, InvalidPrefix
-from engine.sampling import LogitProcessor, Sampler, SamplerConfig
+from engine.sampling import LogitProcessor, SamplerConfig
 from tests.engine.chat.conftest import Script
 
 CHATML = Template(Format.CHATML)
@@ -298,7 +298,7 @@ def test_a_seeded_reply_is_the_same_from_a_fresh_or_a_reused_cache(varied_chat):
         convo = Conversation.for_model(varied_chat, options)
         ids = convo.tokenizer.encode(convo.template.render_messages([Message("user", "pick")]))
         fresh = "".join(convo.send_tokens(ids, reuse=True))
-        convo.sampler = Sampler(options.sampler)  # the same seed again
+        convo.reconfigure(options)  # the same seed again
         resent = "".join(convo.send_tokens(ids, reuse=True))
         assert convo.last_turn.stats.reused_tokens == len(ids) - 1
         assert resent == fresh and len(fresh) > 4, seed
