@@ -21,7 +21,7 @@ from engine.errors import FucinaError
 from engine.service import DEFAULT_SLOTS, EngineService
 
 DEFAULT_PORT = 8080
-MAX_BODY = 4 * 2**20
+GRACEFUL_SHUTDOWN_S = 5
 
 
 def is_loopback(host: str) -> bool:
@@ -40,8 +40,9 @@ def run_serve(args) -> int:
                           "(--api-key KEY or FUCINA_API_KEY), or serve on 127.0.0.1")
     if not 0 <= args.port <= 65535:
         raise FucinaError(f"--port must be between 0 and 65535, got {args.port}")
-    if args.slots < 1:
-        raise FucinaError(f"--slots must be at least 1, got {args.slots}")
+    for flag, value in (("--slots", args.slots), ("--max-body", args.max_body)):
+        if value < 1:
+            raise FucinaError(f"{flag} must be at least 1, got {value}")
     import uvicorn  # the server stack loads only for this command
 
     from app.server import create_app
@@ -59,7 +60,9 @@ def run_serve(args) -> int:
         print(f"fucina serve · {served} · http://{args.host}:{args.port}/v1 · {args.slots} slots of {args.ctx} "
               f"tokens{f' ({resumed} resumed warm)' if resumed else ''}{' · API key required' if api_key else ''}",
               file=sys.stderr, flush=True)
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+        # a stream still running when the server is stopped is cut after a few seconds, not waited for
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False,
+                    timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     finally:
         service.close()
     return 0
@@ -76,7 +79,8 @@ def register(subparsers) -> None:
     p.add_argument("--ctx", type=token_count, default=4096, help="context of each slot in tokens (default 4096)")
     p.add_argument("--slots", type=int, default=DEFAULT_SLOTS,
                    help=f"conversations kept warm and decoded in turn (default {DEFAULT_SLOTS})")
-    p.add_argument("--max-body", type=int, default=MAX_BODY, help=f"largest request body in bytes (default {MAX_BODY})")
+    p.add_argument("--max-body", type=int, default=Limits.max_body,
+                   help=f"largest request body in bytes (default {Limits.max_body})")
     p.add_argument("--no-spec", action="store_true",
                    help="decode plainly unless a request asks for speculation (default: speculative)")
     p.set_defaults(func=run_serve)

@@ -86,7 +86,7 @@ def parse_completion(body: dict, limits: Limits) -> Call:
                        code="invalid_type" if prompt is not None else "missing_required_parameter")
     if body.get("suffix") is not None or body.get("echo"):
         raise ApiError(400, "'suffix' and 'echo' are not supported", param="suffix" if body.get("suffix") else "echo")
-    return _call(body, limits, messages=None, prompt=prompt)
+    return _call(body, limits, messages=None, prompt=_text(prompt, "prompt"))
 
 
 def _call(body: dict, limits: Limits, *, messages, prompt) -> Call:
@@ -138,12 +138,22 @@ def _messages(body: dict) -> list[Message]:
 def _content(content: Any, where: str) -> str:
     """A message's text: a string, or an array of text parts (joined)."""
     if isinstance(content, str):
-        return content
+        return _text(content, where)
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
                                          and isinstance(p.get("text"), str) for p in content):
-        return "".join(p["text"] for p in content)
+        return _text("".join(p["text"] for p in content), where)
     raise ApiError(400, f"'{where}' must be a string or an array of text parts ({{type: text, text}})",
                    param=where, code="invalid_type")
+
+
+def _text(text: str, where: str) -> str:
+    """`text`, which must be encodable: JSON may spell a lone UTF-16 surrogate ("\\ud800"), UTF-8 cannot."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(400, f"'{where}' holds a lone surrogate (\\ud800-\\udfff), which is not text",
+                       param=where, code="invalid_value") from None
+    return text
 
 
 def _stop(body: dict) -> tuple[str, ...]:
@@ -155,7 +165,7 @@ def _stop(body: dict) -> tuple[str, ...]:
             or not all(isinstance(s, str) and s for s in stops)):
         raise ApiError(400, f"'stop' must be a non-empty string or an array of 1 to {MAX_STOP_SEQUENCES} of them",
                        param="stop", code="invalid_type")
-    return tuple(stops)
+    return tuple(_text(s, "stop") for s in stops)
 
 
 def _response_format(body: dict) -> Grammar | None:

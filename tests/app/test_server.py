@@ -145,6 +145,8 @@ BAD_REQUESTS = {  # name: (method, path, raw body, expected status)
     "content a number": ("POST", "/v1/chat/completions", body_of(messages=[{"role": "user", "content": 3}]), 400),
     "trailing assistant message": ("POST", "/v1/chat/completions",
                                    body_of(messages=USER + [{"role": "assistant", "content": "x"}]), 400),
+    "a lone surrogate": ("POST", "/v1/chat/completions", body_of(messages=[{"role": "user", "content": "\ud800"}]), 400),
+    "a lone surrogate in stop": ("POST", "/v1/chat/completions", body_of(stop=["\udfff"]), 400),
     "temperature a string": ("POST", "/v1/chat/completions", body_of(temperature="hot"), 400),
     "temperature NaN": ("POST", "/v1/chat/completions", body_of()[:-1] + b', "temperature": NaN}', 400),
     "top_p above 1": ("POST", "/v1/chat/completions", body_of(top_p=3), 400),
