@@ -1,10 +1,11 @@
 """The local OpenAI-compatible server: an ASGI app (Starlette) adapting HTTP to engine.service.
 
 Routes: GET /v1/models; POST /v1/chat/completions and /v1/completions, answered whole or streamed as
-server-sent events; GET /v1/fucina/status (the service's job counts: what a front end shows as the
-requests served). Replies carry OpenAI's usage, with prompt_tokens_details.cached_tokens (the prompt the
-slot's KV cache already held), and a `fucina` extension field (time to first token, decode speed, the
-speculative decoder's counts).
+server-sent events; POST /v1/embeddings (the mean of the model's final hidden states, normalised);
+GET /v1/fucina/status (the service's job counts: what a front end shows as the requests served).
+Replies carry OpenAI's usage, with prompt_tokens_details.cached_tokens (the prompt the slot's KV cache
+already held), and a `fucina` extension field (time to first token, decode speed, the speculative
+decoder's counts).
 
 Safety: with an API key set, every request needs `Authorization: Bearer KEY` (compared in constant time);
 bodies are read up to a bound; no CORS headers are sent, so a web page's scripts cannot read replies; a
@@ -14,6 +15,7 @@ client that disconnects cancels its job; every refusal is an OpenAI-shaped JSON 
 from __future__ import annotations
 
 import asyncio
+import base64
 import hmac
 import json
 import os
@@ -32,7 +34,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.concurrency import run_in_threadpool
 
-from app.server_requests import ApiError, Call, Limits, parse_chat, parse_completion, parse_json
+from app.server_requests import ApiError, Call, Limits, parse_chat, parse_completion, parse_embeddings, parse_json
 from engine.errors import ContextFull, FucinaError
 from engine.service import EngineService, Job, JobResult, ServiceClosed
 
@@ -48,6 +50,7 @@ def create_app(service: EngineService, model_ids: Sequence[str], *, api_key: str
     routes = [Route("/v1/models", server.models, methods=["GET"]),
               Route("/v1/chat/completions", server.chat_completions, methods=["POST"]),
               Route("/v1/completions", server.completions, methods=["POST"]),
+              Route("/v1/embeddings", server.embeddings, methods=["POST"]),
               Route("/v1/fucina/status", server.status, methods=["GET"])]
     middleware = [Middleware(_RequireKey, key=api_key)] if api_key else []
     return Starlette(routes=routes, middleware=middleware,
@@ -72,6 +75,29 @@ class _Server:
     async def completions(self, request: Request) -> Response:
         return await self._generate(request, parse_completion, _TEXT)
 
+    async def embeddings(self, request: Request) -> Response:
+        try:
+            model, texts, as_base64 = parse_embeddings(parse_json(await _read_body(request, self.limits.max_body)))
+            self._check_model(model)
+            prompts = await run_in_threadpool(lambda: [self.service.text_prompt(t) for t in texts])
+            futures = [self.service.embed(ids) for ids in prompts]
+        except ContextFull as e:
+            return _error(ApiError(400, str(e), param="input", code="context_length_exceeded"))
+        except ApiError as e:
+            return _error(e)
+        vectors = [await asyncio.wrap_future(f) for f in futures]
+        data = [{"object": "embedding", "index": i,
+                 "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if as_base64 else v.tolist()}
+                for i, v in enumerate(vectors)]
+        tokens = sum(map(len, prompts))
+        return JSONResponse({"object": "list", "data": data, "model": self.model_ids[0],
+                             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+    def _check_model(self, model: str) -> None:
+        if model not in self.model_ids:
+            raise ApiError(404, f"the model {model!r} does not exist; this server serves {self.model_ids[0]!r}",
+                           param="model", code="model_not_found")
+
     async def _generate(self, request: Request, parse: Callable[[dict, Limits], Call], shape: "_Shape") -> Response:
         try:
             body = parse_json(await _read_body(request, self.limits.max_body))
@@ -95,9 +121,7 @@ class _Server:
 
     def _prepare(self, body: dict, parse) -> tuple[Call, list[int]]:
         call = parse(body, self.limits)
-        if call.model not in self.model_ids:
-            raise ApiError(404, f"the model {call.model!r} does not exist; this server serves {self.model_ids[0]!r}",
-                           param="model", code="model_not_found")
+        self._check_model(call.model)
         try:
             ids = (self.service.chat_prompt(call.messages) if call.messages is not None
                    else self.service.text_prompt(call.prompt))

@@ -21,6 +21,7 @@ from engine.sampling.grammar import Grammar
 from engine.service import GenerationRequest
 
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit
+MAX_EMBEDDING_INPUTS = 64  # texts in one embeddings request (each may be a whole context long)
 MAX_SEED = 2**63 - 1
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
@@ -89,11 +90,35 @@ def parse_completion(body: dict, limits: Limits) -> Call:
     return _call(body, limits, messages=None, prompt=_text(prompt, "prompt"))
 
 
-def _call(body: dict, limits: Limits, *, messages, prompt) -> Call:
+def parse_embeddings(body: dict) -> tuple[str, list[str], bool]:
+    """(model, the texts to embed, whether the vectors go as base64 float32 rather than JSON arrays)."""
+    model = _model(body)
+    texts = body.get("input")
+    texts = [texts] if isinstance(texts, str) else texts
+    if (not isinstance(texts, list) or not 1 <= len(texts) <= MAX_EMBEDDING_INPUTS
+            or not all(isinstance(t, str) and t for t in texts)):
+        raise ApiError(400, f"'input' must be a non-empty string or an array of 1 to {MAX_EMBEDDING_INPUTS} of them "
+                       "(token arrays are not taken)", param="input",
+                       code="missing_required_parameter" if texts is None else "invalid_type")
+    encoding = body.get("encoding_format", "float")
+    if encoding not in ("float", "base64"):
+        raise ApiError(400, "'encoding_format' must be float or base64", param="encoding_format", code="invalid_value")
+    if body.get("dimensions") is not None:
+        raise ApiError(400, "'dimensions' is not supported: the vectors have the model's width",
+                       param="dimensions", code="unsupported_parameter")
+    return model, [_text(t, "input") for t in texts], encoding == "base64"
+
+
+def _model(body: dict) -> str:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise ApiError(400, "'model' must name the served model (GET /v1/models lists it)", param="model",
                        code="missing_required_parameter" if model is None else "invalid_type")
+    return model
+
+
+def _call(body: dict, limits: Limits, *, messages, prompt) -> Call:
+    model = _model(body)
     if _integer(body, "n", 1, 1 << 31, 1) != 1:
         raise ApiError(400, "only n=1 is supported", param="n", code="unsupported_value")
     for name in ("logprobs", "tools", "functions", "tool_choice"):

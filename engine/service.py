@@ -17,6 +17,7 @@ data dir (engine.kv.persist): a restarted service resumes them, so a resent long
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import os
 import queue
@@ -25,6 +26,8 @@ import threading
 import traceback
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
+
+import numpy as np
 
 from engine.chat import ChatOptions, Conversation, Message, TurnResult, template_for_model
 from engine.chat.conversation import common_prefix_len
@@ -111,6 +114,20 @@ class Job:
         return self.result
 
 
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """A function to run on the compute thread between two steps, its result going to `future`."""
+    fn: Callable[[], object]
+    future: concurrent.futures.Future
+
+    def run(self) -> None:
+        if self.future.set_running_or_notify_cancel():
+            try:
+                self.future.set_result(self.fn())
+            except Exception as e:
+                self.future.set_exception(e)
+
+
 @dataclasses.dataclass
 class _Slot:
     index: int
@@ -133,7 +150,7 @@ class EngineService:
         self.tokenizer = load_tokenizer(model.file.metadata)
         self.template = template_for_model(model.file.metadata, self.tokenizer)
         self._render_lock = threading.Lock()  # a model's own template renders in a child process, one at a time
-        self._jobs: queue.Queue[Job | None] = queue.Queue()
+        self._jobs: queue.Queue[Job | _Call | None] = queue.Queue()
         self._closed = False
         self._counts = collections.Counter()
         self._clock = 0
@@ -185,6 +202,25 @@ class EngineService:
         self._jobs.put(job)
         return job
 
+    def embed(self, ids: Sequence[int]) -> concurrent.futures.Future:
+        """An embedding of the prompt `ids`: the mean of its final hidden states, L2-normalised (float32
+        [n_embd]), computed on the compute thread between two steps of the live jobs; a Future of it."""
+        if self._closed:
+            raise ServiceClosed("the engine service is closed")
+        if not ids:
+            raise ValueError("the text to embed is empty")
+        if len(ids) > self.capacity:
+            raise ContextFull(f"the text to embed has {len(ids)} tokens but the context holds {self.capacity}")
+
+        def pooled() -> np.ndarray:
+            hidden = self.model.hidden_states(list(ids), self.model.new_cache(len(ids), self.kv_dtype))
+            mean = hidden.mean(axis=0, dtype=np.float64)
+            return (mean / max(float(np.linalg.norm(mean)), 1e-12)).astype(np.float32)
+
+        call = _Call(pooled, concurrent.futures.Future())
+        self._jobs.put(call)
+        return call.future
+
     def status(self) -> dict:
         """Counts of jobs by how they ended, and the live and waiting ones (a snapshot)."""
         counts = dict(self._counts)
@@ -210,7 +246,10 @@ class EngineService:
                     job = self._jobs.get(block=not live and not waiting)
                     if job is None:
                         return self._stop(waiting, live)
-                    waiting.append(job)
+                    if isinstance(job, _Call):
+                        job.run()
+                    else:
+                        waiting.append(job)
             except queue.Empty:
                 pass
             for job in [j for j in waiting if j.cancel_event.is_set()]:

@@ -121,6 +121,21 @@ def test_completions_continue_a_prompt(client):
     assert "".join(c["choices"][0]["text"] for c in chunks[:-1]) == body["choices"][0]["text"]
 
 
+def test_embeddings_as_floats_and_as_base64(client):
+    import base64
+
+    import numpy as np
+
+    as_floats = client.post("/v1/embeddings", json={"model": "tiny", "input": ["one text", "another text"]}).json()
+    assert as_floats["object"] == "list" and [d["index"] for d in as_floats["data"]] == [0, 1]
+    vectors = np.array([d["embedding"] for d in as_floats["data"]], dtype=np.float32)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1, rtol=1e-5)
+    packed = client.post("/v1/embeddings", json={"model": "tiny", "input": "one text", "encoding_format": "base64"})
+    decoded = np.frombuffer(base64.b64decode(packed.json()["data"][0]["embedding"]), dtype="<f4")
+    np.testing.assert_array_equal(decoded, vectors[0])
+    assert as_floats["usage"]["prompt_tokens"] > packed.json()["usage"]["prompt_tokens"] > 0
+
+
 NESTED = b"[" * 100_000 + b"]" * 100_000
 
 
@@ -161,6 +176,11 @@ BAD_REQUESTS = {  # name: (method, path, raw body, expected status)
     "prompt beyond the context": ("POST", "/v1/completions",
                                   json.dumps({"model": "tiny", "prompt": "word " * CONTEXT}).encode(), 400),
     "completion without a prompt": ("POST", "/v1/completions", json.dumps({"model": "tiny"}).encode(), 400),
+    "embeddings without input": ("POST", "/v1/embeddings", json.dumps({"model": "tiny"}).encode(), 400),
+    "65 texts to embed": ("POST", "/v1/embeddings", json.dumps({"model": "tiny", "input": ["a"] * 65}).encode(), 400),
+    "a text beyond the context to embed": ("POST", "/v1/embeddings",
+                                           json.dumps({"model": "tiny", "input": "word " * CONTEXT}).encode(), 400),
+    "embeddings of an unknown model": ("POST", "/v1/embeddings", json.dumps({"model": "x", "input": "a"}).encode(), 404),
     "unknown route": ("GET", "/v1/engines", b"", 404),
     "wrong method": ("GET", "/v1/chat/completions", b"", 405),
 }

@@ -4,6 +4,7 @@ and slots that stay warm across a restart. A tiny random model with a ChatML voc
 import json
 import threading
 
+import numpy as np
 import pytest
 
 from engine.chat import ChatOptions, Conversation, Message
@@ -156,3 +157,18 @@ def test_a_closed_service_refuses_jobs(tiny, tmp_path):
     svc.close()
     with pytest.raises(ServiceClosed):
         svc.submit(GenerationRequest((1, 2), 4))
+
+
+def test_an_embedding_is_the_normalised_mean_of_the_final_hidden_states(service, tiny):
+    ids = service.text_prompt("the quick brown fox")
+    vector = service.embed(ids).result(60)
+    hidden = tiny.hidden_states(ids, tiny.new_cache(len(ids)))
+    # the hidden states are what the output matrix turns into the logits
+    np.testing.assert_allclose(tiny.output(hidden), tiny.forward_all(ids, tiny.new_cache(len(ids))), rtol=1e-5, atol=1e-5)
+    mean = hidden.mean(axis=0)
+    np.testing.assert_allclose(vector, mean / np.linalg.norm(mean), rtol=1e-5, atol=1e-6)
+    assert vector.shape == (tiny.args.n_embd,) and abs(np.linalg.norm(vector) - 1) < 1e-5
+    other = service.embed(service.text_prompt("a lazy dog sleeps")).result(60)
+    assert not np.allclose(vector, other)
+    with pytest.raises(ContextFull):
+        service.embed([1] * 257)
