@@ -239,6 +239,14 @@ class EngineService:
 
     def _run(self) -> None:
         waiting: collections.deque[Job] = collections.deque()
+        try:
+            self._serve(waiting)
+        except BaseException as e:  # a bug here must not leave clients waiting on jobs nobody runs
+            traceback.print_exc(file=sys.stderr)
+            self._closed = True
+            self._stop(waiting, [], failure=e)
+
+    def _serve(self, waiting: collections.deque[Job]) -> None:
         while True:
             live = [s for s in self._slots if s.job is not None]
             try:
@@ -255,33 +263,44 @@ class EngineService:
             for job in [j for j in waiting if j.cancel_event.is_set()]:
                 waiting.remove(job)
                 self._end(job, JobResult("", "cancelled"))
-            while waiting and len(live) < len(self._slots):
-                live.append(self._start(waiting.popleft()))
-            for slot in live:
+            while waiting and any(s.job is None for s in self._slots):
+                self._start(waiting.popleft())
+            for slot in self._slots:
                 self._advance(slot)
 
-    def _stop(self, waiting: Sequence[Job], live: Sequence[_Slot]) -> None:
+    def _stop(self, waiting: Sequence[Job], live: Sequence[_Slot], failure: BaseException | None = None) -> None:
+        """End every job: live ones are cancelled (and run to their end), waiting ones dropped; after a
+        `failure` of the compute thread, every job fails with it."""
         for slot in live:
             slot.job.cancel()
             while slot.job is not None:
                 self._advance(slot)
-        for job in waiting:
-            self._end(job, JobResult("", "cancelled"))
+        dropped = list(waiting) + [s.job for s in self._slots if s.job is not None and failure is not None]
+        for job in dropped:
+            self._end(job, JobResult("", "error", error=failure) if failure else JobResult("", "cancelled"))
+        while failure is not None and not self._jobs.empty():
+            job = self._jobs.get()
+            if isinstance(job, Job):
+                self._end(job, JobResult("", "error", error=failure))
 
-    def _start(self, job: Job) -> _Slot:
+    def _start(self, job: Job) -> None:
+        """Give the job a slot and start its reply (a start that fails ends the job, not the service)."""
         ids = list(job.request.ids)
-        slot = self._pick_slot(ids)
-        self._clock += 1
-        slot.job, slot.last_used, slot.before = job, self._clock, slot.convo.last_turn
         r = job.request
         try:
+            slot = self._pick_slot(ids)
+            self._clock += 1
+            slot.job, slot.last_used, slot.before = job, self._clock, slot.convo.last_turn
             slot.convo.reconfigure(ChatOptions(capacity=self.capacity, kv_dtype=self.kv_dtype,
                                                max_tokens=r.max_tokens, sampler=r.sampler, stop_sequences=r.stop,
                                                grammar=r.grammar, speculation=r.speculation))
             slot.stream = slot.convo.send_tokens(ids, job.cancel_event, reuse=True)
-        except Exception as e:  # settings the request validation let through: this job fails, not the service
-            self._end_slot(slot, JobResult("", "error", error=e))
-        return slot
+        except Exception as e:
+            traceback.print_exc(file=sys.stderr)
+            for slot in self._slots:
+                if slot.job is job:
+                    slot.job = slot.stream = None
+            self._end(job, JobResult("", "error", error=e))
 
     def _pick_slot(self, ids: list[int]) -> _Slot:
         """The free slot whose cache `ids` continue (they share at least half of what it holds: a resent
@@ -299,7 +318,7 @@ class EngineService:
 
     def _advance(self, slot: _Slot) -> None:
         """One streamed piece of the slot's job, or its end."""
-        if slot.job is None:  # its start failed (and ended it)
+        if slot.job is None:
             return
         try:
             piece = next(slot.stream)

@@ -172,3 +172,30 @@ def test_an_embedding_is_the_normalised_mean_of_the_final_hidden_states(service,
     assert not np.allclose(vector, other)
     with pytest.raises(ContextFull):
         service.embed([1] * 257)
+
+
+def test_a_job_whose_start_fails_ends_with_its_error_and_the_service_goes_on(service, monkeypatch):
+    ids = service.chat_prompt([Message("user", "hi")])
+
+    def broken(ids):
+        raise MemoryError("no room for a cache")
+
+    monkeypatch.setattr(service, "_pick_slot", broken)
+    failed = ask(service, ids)
+    assert failed.finish_reason == "error" and isinstance(failed.error, MemoryError)
+    monkeypatch.undo()
+    assert ask(service, ids).finish_reason in ("stop", "length")
+
+
+def test_a_failing_compute_thread_fails_every_job_instead_of_leaving_it_waiting(tiny, tmp_path, monkeypatch):
+    svc = EngineService(tiny, slots=1, capacity=64, sidecar_dir=tmp_path)
+
+    def bug(slot):
+        raise RuntimeError("a bug in the loop")
+
+    monkeypatch.setattr(svc, "_advance", bug)
+    job = svc.submit(GenerationRequest((1, 2, 3), 4))
+    assert job.wait().finish_reason == "error" and isinstance(job.result.error, RuntimeError)
+    with pytest.raises(ServiceClosed):
+        svc.submit(GenerationRequest((1, 2, 3), 4))
+    svc.close()
