@@ -8,8 +8,10 @@ when a busy slot holds a longer shared prefix (one system prompt for many client
 into the free slot instead of being prefilled again. Each job brings its own reply settings (sampler and
 seed, stop sequences, grammar, budget, speculation).
 
-Live jobs advance in turn, one streamed piece each, so a long reply never holds a short one back; jobs
-beyond the slot count wait in order. Cancellation is cooperative: `Job.cancel()` ends the reply at its next
+Live jobs advance together, so a long reply never holds a short one back: each round takes every plain
+reply one token further, their forwards in one weight pass (model.decode_batch, row-wise: each row's bits
+are those of a lone step), and every speculative reply one verify step. Jobs beyond the slot count wait in
+order. Cancellation is cooperative: `Job.cancel()` ends the reply at its next
 token (or prefill slice), or drops it while it waits. Every slot keeps its cache in a KV sidecar under the
 data dir (engine.kv.persist): a restarted service resumes them, so a resent long conversation is warm.
 """
@@ -25,12 +27,12 @@ import sys
 import threading
 import traceback
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Generator, Iterator, Sequence
 
 import numpy as np
 
 from engine.chat import ChatOptions, Conversation, Message, TurnResult, template_for_model
-from engine.chat.conversation import common_prefix_len
+from engine.chat.conversation import DecodeStep, common_prefix_len
 from engine.errors import ContextFull, FucinaError
 from engine.kv import persist as kv_persist
 from engine.kv.cache import KvDtype
@@ -133,7 +135,8 @@ class _Slot:
     index: int
     convo: Conversation
     job: Job | None = None
-    stream: Iterator[str] | None = None
+    stream: Generator[str | DecodeStep, np.ndarray | None, None] | None = None
+    logits: np.ndarray | None = None  # the batched forward's row for the step the stream waits on
     before: TurnResult | None = None  # the conversation's last turn before this job's
     last_used: int = 0
 
@@ -265,16 +268,33 @@ class EngineService:
                 self._end(job, JobResult("", "cancelled"))
             while waiting and any(s.job is None for s in self._slots):
                 self._start(waiting.popleft())
-            for slot in self._slots:
-                self._advance(slot)
+            self._round()
+
+    def _round(self) -> None:
+        """Every live job to its next token (one speculative step), the plain ones' forwards in one batch."""
+        steps = [(slot, step) for slot in self._slots if (step := self._advance(slot)) is not None]
+        if not steps:
+            return
+        try:
+            rows = self.model.decode_batch([step.token for _, step in steps], [step.cache for _, step in steps])
+        except Exception as e:  # shared compute: every job in the batch fails with it
+            for slot, _ in steps:
+                try:
+                    slot.stream.throw(e)
+                except Exception:
+                    pass
+                self._fail(slot, e)
+            return
+        for (slot, _), row in zip(steps, rows):
+            slot.logits = row
 
     def _stop(self, waiting: Sequence[Job], live: Sequence[_Slot], failure: BaseException | None = None) -> None:
         """End every job: live ones are cancelled (and run to their end), waiting ones dropped; after a
         `failure` of the compute thread, every job fails with it."""
         for slot in live:
             slot.job.cancel()
-            while slot.job is not None:
-                self._advance(slot)
+        while any(slot.job is not None for slot in live):
+            self._round()
         dropped = list(waiting) + [s.job for s in self._slots if s.job is not None and failure is not None]
         for job in dropped:
             self._end(job, JobResult("", "error", error=failure) if failure else JobResult("", "cancelled"))
@@ -294,7 +314,7 @@ class EngineService:
             slot.convo.reconfigure(ChatOptions(capacity=self.capacity, kv_dtype=self.kv_dtype,
                                                max_tokens=r.max_tokens, sampler=r.sampler, stop_sequences=r.stop,
                                                grammar=r.grammar, speculation=r.speculation))
-            slot.stream = slot.convo.send_tokens(ids, job.cancel_event, reuse=True)
+            slot.stream = slot.convo.send_tokens(ids, job.cancel_event, reuse=True, batched=True)
         except Exception as e:
             traceback.print_exc(file=sys.stderr)
             for slot in self._slots:
@@ -316,26 +336,36 @@ class EngineService:
             slot.convo.copy_prefix(donor.convo, min(shared[donor.index], donor.convo.cache.len))
         return slot
 
-    def _advance(self, slot: _Slot) -> None:
-        """One streamed piece of the slot's job, or its end."""
-        if slot.job is None:
-            return
-        try:
-            piece = next(slot.stream)
-        except StopIteration:
-            turn = slot.convo.last_turn
-            self._end_slot(slot, JobResult.of_turn(turn) if turn is not slot.before else JobResult("", "cancelled"))
-        except Exception as e:  # a failing turn (its error is recorded) or a refused prompt
-            if not isinstance(e, FucinaError):
-                traceback.print_exc(file=sys.stderr)
-            turn = slot.convo.last_turn
-            result = JobResult.of_turn(turn) if turn is not slot.before else JobResult("", "error")
-            self._end_slot(slot, dataclasses.replace(result, finish_reason="error", error=e))
-        else:
-            self._deliver(slot.job, piece)
+    def _advance(self, slot: _Slot) -> DecodeStep | None:
+        """Run the slot's job to its next token's forward (the DecodeStep it waits on, for the batch), to the
+        end of one speculative step, or to its end; its text pieces go to the job's sink on the way."""
+        while slot.job is not None:
+            logits, slot.logits = slot.logits, None
+            try:
+                event = next(slot.stream) if logits is None else slot.stream.send(logits)
+            except StopIteration:
+                turn = slot.convo.last_turn
+                self._end_slot(slot, JobResult.of_turn(turn) if turn is not slot.before else JobResult("", "cancelled"))
+                return None
+            except Exception as e:  # a failing turn (its error is recorded) or a refused prompt
+                if not isinstance(e, FucinaError):
+                    traceback.print_exc(file=sys.stderr)
+                self._fail(slot, e)
+                return None
+            if isinstance(event, DecodeStep):
+                return event
+            self._deliver(slot.job, event)
+            if slot.job.request.speculation:  # a speculative turn forwards itself, one verify per step
+                return None
+        return None
+
+    def _fail(self, slot: _Slot, error: BaseException) -> None:
+        turn = slot.convo.last_turn
+        result = JobResult.of_turn(turn) if turn is not slot.before else JobResult("", "error")
+        self._end_slot(slot, dataclasses.replace(result, finish_reason="error", error=error))
 
     def _end_slot(self, slot: _Slot, result: JobResult) -> None:
-        job, slot.job, slot.stream = slot.job, None, None
+        job, slot.job, slot.stream, slot.logits = slot.job, None, None, None
         self._end(job, result)
 
     def _end(self, job: Job, result: JobResult) -> None:

@@ -24,7 +24,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Generator, Iterator, Sequence
 
 import numpy as np
 
@@ -95,6 +95,13 @@ class WarmState:
     cache: KvCache
     tokens: Sequence[int]
     prefix_rows: int = 0
+
+
+@dataclass(frozen=True)
+class DecodeStep:
+    """A batched turn's next token to forward into its conversation's cache (send_tokens(batched=True))."""
+    token: int
+    cache: KvCache
 
 
 @dataclass
@@ -263,11 +270,14 @@ class Conversation:
                                 on_prefill=on_prefill)
 
     def send_tokens(self, ids: Sequence[int], cancel: threading.Event | None = None, *, reuse: bool = False,
-                    on_prefill: Callable[[int, int], None] | None = None) -> Iterator[str]:
-        """send_rendered over pre-encoded ids."""
+                    on_prefill: Callable[[int, int], None] | None = None,
+                    batched: bool = False) -> Generator[str | DecodeStep, np.ndarray | None, None]:
+        """send_rendered over pre-encoded ids. With `batched`, a plain turn does not forward its tokens
+        itself: it yields a DecodeStep for each, and the caller forwards them (model.decode_batch over the
+        steps of several conversations: engine.service) and sends the step's logits row back."""
         if not len(ids):
             raise ValueError("the prompt is empty")
-        return self._stream(_Request([int(t) for t in ids], reuse, on_prefill=on_prefill), cancel)
+        return self._stream(_Request([int(t) for t in ids], reuse, on_prefill=on_prefill), cancel, batched)
 
     def _user_request(self, user: str) -> _Request:
         if isinstance(self.template, Template):
@@ -281,7 +291,8 @@ class Conversation:
                                              think_off=self.options.think_off)
         return _Request(self.tokenizer.encode(text, add_special=self.prefix_rows == 0), reuse=True, user=user)
 
-    def _stream(self, request: _Request, cancel: threading.Event | None) -> Iterator[str]:
+    def _stream(self, request: _Request, cancel: threading.Event | None,
+                batched: bool = False) -> Generator[str | DecodeStep, np.ndarray | None, None]:
         turn = _Turn(self, request, cancel)
         logits = turn.prefill()
         if turn.done:  # stopped during the prefill
@@ -298,7 +309,10 @@ class Conversation:
                     yield text
                 if turn.done:
                     return
-                logits = self.model.forward([turn.next_token], self.cache)
+                if batched:
+                    logits = yield DecodeStep(turn.next_token, self.cache)
+                else:
+                    logits = self.model.forward([turn.next_token], self.cache)
         except BaseException as e:  # the consumer closed the stream (GeneratorExit), Ctrl-C, a failing step
             if not turn.done:
                 turn.end("cancelled" if isinstance(e, (GeneratorExit, KeyboardInterrupt)) else "error", e)

@@ -199,3 +199,27 @@ def test_a_failing_compute_thread_fails_every_job_instead_of_leaving_it_waiting(
     with pytest.raises(ServiceClosed):
         svc.submit(GenerationRequest((1, 2, 3), 4))
     svc.close()
+
+
+def test_live_plain_replies_decode_together_and_unchanged(service, monkeypatch):
+    prompts = [service.chat_prompt([Message("user", f"talk {i}")]) for i in range(2)]
+    alone = [ask(service, p, max_tokens=30, sampler=SAMPLED, speculation=False).text for p in prompts]
+    sizes = []
+    batch = service.model.decode_batch
+    monkeypatch.setattr(service.model, "decode_batch", lambda tokens, caches: sizes.append(len(tokens)) or batch(tokens, caches))
+    jobs = [service.submit(GenerationRequest(tuple(p), 30, SAMPLED, speculation=False)) for p in prompts]
+    assert [j.wait().text for j in jobs] == alone
+    assert max(sizes) == 2
+
+
+def test_a_failing_batched_forward_fails_its_jobs_and_the_service_goes_on(service, monkeypatch):
+    ids = service.chat_prompt([Message("user", "hi")])
+
+    def fail(tokens, caches):
+        raise MemoryError("out of memory")
+
+    monkeypatch.setattr(service.model, "decode_batch", fail)
+    failed = ask(service, ids, max_tokens=20, speculation=False)
+    assert failed.finish_reason == "error" and isinstance(failed.error, MemoryError)
+    monkeypatch.undo()
+    assert ask(service, ids, max_tokens=20, speculation=False).finish_reason in ("stop", "length")
