@@ -6,7 +6,7 @@ import argparse
 import multiprocessing
 import sys
 
-from app import cli_bench, cli_chat, cli_conversations, cli_docs, cli_eval, cli_models, cli_tokenize
+from app import cli_bench, cli_chat, cli_conversations, cli_docs, cli_eval, cli_models, cli_serve, cli_tokenize
 from engine.errors import FucinaError
 
 # Each module's `register(subparsers)` adds its subcommands and sets `func(args) -> int | None` on them.
@@ -19,6 +19,7 @@ COMMANDS = [
     cli_chat.register,
     cli_conversations.register,
     cli_docs.register,
+    cli_serve.register,
 ]
 
 

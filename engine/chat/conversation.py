@@ -28,7 +28,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Generator, Iterator, Sequence
 
 import numpy as np
 
@@ -102,6 +102,13 @@ class WarmState:
     prefix_rows: int = 0
 
 
+@dataclass(frozen=True)
+class DecodeStep:
+    """A batched turn's next token to forward into its conversation's cache (send_tokens(batched=True))."""
+    token: int
+    cache: KvCache
+
+
 @dataclass
 class _Request:
     ids: list[int]
@@ -128,14 +135,7 @@ class Conversation:
         self.cache, self.prefix_rows = warm.cache, warm.prefix_rows
         self._history = list(warm.tokens[: warm.cache.len - warm.prefix_rows])
         self.cache.truncate(self.prefix_rows + len(self._history))
-        # the template's stop marker (else EOS), every end-of-generation token, and the caller's extras
-        stop = {stop_token_id(tokenizer, template)} - {None}
-        processor = self.options.processor
-        if self.options.grammar is not None:  # built here, where the stop marker is known
-            processor = grammar_processor(self.options.grammar, tokenizer, stop_token_id(tokenizer, template))
-        self.sampler = Sampler(self.options.sampler, processor)
-        self._stop_ids = frozenset(tokenizer.eog_ids) | stop | set(self.options.extra_stop_ids)
-        self._stop_sequences = [s.encode("utf-8") for s in self.options.stop_sequences]
+        self._apply_reply_options()
         self._decoder = StreamDecoder(tokenizer)
         self._sidecar: tuple[str, bytes] | None = None  # (path, model fingerprint) once persistence is on
         self._saved = 0  # leading cache positions the sidecar holds (or will, once its writes land)
@@ -150,6 +150,25 @@ class Conversation:
         """A conversation with the model's own tokenizer and chat template (engine.chat.model_template)."""
         tokenizer = tokenizer or load_tokenizer(model.file.metadata)
         return cls(model, tokenizer, template_for_model(model.file.metadata, tokenizer), options, warm=warm)
+
+    def reconfigure(self, options: ChatOptions) -> None:
+        """Reply settings for the turns that follow (sampler and seed, stops, grammar, budget, speculation):
+        one cache serving requests that each bring their own (engine.service). The cache, its history and
+        the sidecar stay; the cache keeps its capacity and KV type."""
+        self.options = options
+        self.system = options.system
+        self._apply_reply_options()
+
+    def _apply_reply_options(self) -> None:
+        tokenizer, template, options = self.tokenizer, self.template, self.options
+        # the template's stop marker (else EOS), every end-of-generation token, and the caller's extras
+        stop = {stop_token_id(tokenizer, template)} - {None}
+        processor = options.processor
+        if options.grammar is not None:  # built here, where the stop marker is known
+            processor = grammar_processor(options.grammar, tokenizer, stop_token_id(tokenizer, template))
+        self.sampler = Sampler(options.sampler, processor)
+        self._stop_ids = frozenset(tokenizer.eog_ids) | stop | set(options.extra_stop_ids)
+        self._stop_sequences = [s.encode("utf-8") for s in options.stop_sequences]
 
     # -- state ----------------------------------------------------------------------------------------
     @property
@@ -189,6 +208,19 @@ class Conversation:
         self.declare_prefix(cache.len)
         self._prefix_identity = composition_identity(cartridges)
         self._references = [c.draft_reference.tolist() for c in cartridges]
+
+    def copy_prefix(self, source: "Conversation", n: int) -> None:
+        """Start over from the first `n` cached positions of another conversation on the same model (a
+        prompt prefix it already computed, copied instead of prefilled again); the sidecar is rewritten
+        from there at the next turn's end."""
+        cache, source_cache = self._live_cache(), source._live_cache()
+        if self.prefix_rows or source.prefix_rows:
+            raise InvalidPrefix("a conversation with a preloaded prefix neither gives nor takes a copied one")
+        n = min(n, source_cache.len)
+        cache.truncate(0)
+        cache.copy_rows(source_cache, 0, n)
+        self._history = source._history[:n]
+        self._saved = 0
 
     def take_cache(self) -> WarmState:
         """Release the cache and the tokens behind it (for another Conversation's `warm`); this
@@ -265,11 +297,14 @@ class Conversation:
                                 on_prefill=on_prefill)
 
     def send_tokens(self, ids: Sequence[int], cancel: threading.Event | None = None, *, reuse: bool = False,
-                    on_prefill: Callable[[int, int], None] | None = None) -> Iterator[str]:
-        """send_rendered over pre-encoded ids."""
+                    on_prefill: Callable[[int, int], None] | None = None,
+                    batched: bool = False) -> Generator[str | DecodeStep, np.ndarray | None, None]:
+        """send_rendered over pre-encoded ids. With `batched`, a plain turn does not forward its tokens
+        itself: it yields a DecodeStep for each, and the caller forwards them (model.decode_batch over the
+        steps of several conversations: engine.service) and sends the step's logits row back."""
         if not len(ids):
             raise ValueError("the prompt is empty")
-        return self._stream(_Request([int(t) for t in ids], reuse, on_prefill=on_prefill), cancel)
+        return self._stream(_Request([int(t) for t in ids], reuse, on_prefill=on_prefill), cancel, batched)
 
     def _user_request(self, user: str) -> _Request:
         if isinstance(self.template, Template):
@@ -283,7 +318,8 @@ class Conversation:
                                              think_off=self.options.think_off)
         return _Request(self.tokenizer.encode(text, add_special=self.prefix_rows == 0), reuse=True, user=user)
 
-    def _stream(self, request: _Request, cancel: threading.Event | None) -> Iterator[str]:
+    def _stream(self, request: _Request, cancel: threading.Event | None,
+                batched: bool = False) -> Generator[str | DecodeStep, np.ndarray | None, None]:
         turn = _Turn(self, request, cancel)
         logits = turn.prefill()
         if turn.done:  # stopped during the prefill
@@ -302,7 +338,10 @@ class Conversation:
                     yield text
                 if turn.done:
                     return
-                logits = self.model.forward([turn.next_token], self.cache)
+                if batched:
+                    logits = yield DecodeStep(turn.next_token, self.cache)
+                else:
+                    logits = self.model.forward([turn.next_token], self.cache)
         except BaseException as e:  # the consumer closed the stream (GeneratorExit), Ctrl-C, a failing step
             if not turn.done:
                 turn.end("cancelled" if isinstance(e, (GeneratorExit, KeyboardInterrupt)) else "error", e)
@@ -314,7 +353,7 @@ class Conversation:
         cache = self._live_cache()
         cached = cache.len - self.prefix_rows
         if request.reuse:  # logits are not cached state: at least the last prompt token is fed again
-            keep = min(_common_prefix_len(request.ids, self._history[:cached]), len(request.ids) - 1)
+            keep = min(common_prefix_len(request.ids, self._history[:cached]), len(request.ids) - 1)
             history = request.ids
         else:
             keep, history = cached, self._history + request.ids
@@ -338,14 +377,22 @@ class Conversation:
     def _feed(self, tokens: list[int], cancel: threading.Event | None,
               on_prefill: Callable[[int, int], None] | None) -> np.ndarray | None:
         """Forward `tokens` in the slices model.forward would cut, reporting progress and checking `cancel`
-        between them; the last slice's last-row logits, or None when stopped."""
+        between them; the last token's logits, or None when stopped. The last token is fed alone (a row-wise
+        step): the first logits of a reply are then bitwise the same whether the cache held the prompt but
+        its last token (a resent request, a reopened chat) or nothing, so a seeded reply reproduces."""
         total = len(tokens)
         for start in range(0, total, UBATCH):
             if on_prefill is not None:
                 on_prefill(start, total)
             if start and cancel is not None and cancel.is_set():
                 return None
-            logits = self.model.forward(tokens[start: start + UBATCH], self.cache)
+            span = tokens[start: start + UBATCH]
+            if start + UBATCH < total:
+                self.model.forward(span, self.cache)
+                continue
+            if len(span) > 1:
+                self.model.forward(span[:-1], self.cache)
+            logits = self.model.forward(span[-1:], self.cache)
         if on_prefill is not None:
             on_prefill(total, total)
         return logits
@@ -546,7 +593,7 @@ def _check_batch(convos: Sequence[Conversation], prompts: Sequence, sinks) -> No
         raise ValueError("conversations in a batch need their own logit processor (it holds one stream's state)")
 
 
-def _common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     if not n:
         return 0

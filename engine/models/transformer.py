@@ -259,6 +259,13 @@ class Transformer:
         return np.concatenate([self._forward([tokens[s : s + ROWS_MAX]], [cache], all_rows=True, row_wise=True)
                                for s in range(0, max(len(tokens), 1), ROWS_MAX)])
 
+    def hidden_states(self, tokens: Sequence[int], cache: KvCache) -> np.ndarray:
+        """Feed tokens at position cache.len through the prefill path; return every row's final hidden
+        state, after the output norm and before the output matrix [n, n_embd] (what embeddings pool)."""
+        self._check_room(len(tokens), cache)
+        return np.concatenate([self._forward([tokens[s : s + UBATCH]], [cache], all_rows=True, head=False)
+                               for s in range(0, max(len(tokens), 1), UBATCH)])
+
     def decode_batch(self, tokens: Sequence[int], caches: Sequence[KvCache]) -> np.ndarray:
         """One decode step for several conversations, one weight pass, row-wise: logits [len(caches), vocab]."""
         return self._forward([[t] for t in tokens], caches, all_rows=False, row_wise=True)
@@ -266,9 +273,10 @@ class Transformer:
     # -- the two paths ----------------------------------------------------------------------------------
 
     def _forward(self, token_spans: Sequence[Sequence[int]], caches: Sequence[KvCache], *, all_rows: bool,
-                 row_wise: bool | None = None) -> np.ndarray:
-        """Feed each span to its cache; the logits of every row (all_rows) or of each span's last row.
-        row_wise None: a single row is a decode step (row-wise), more are a prefill."""
+                 row_wise: bool | None = None, head: bool = True) -> np.ndarray:
+        """Feed each span to its cache; the logits of every row (all_rows) or of each span's last row (the
+        normed hidden states instead, without `head`). row_wise None: a single row is a decode step
+        (row-wise), more are a prefill."""
         segments = self._segments(token_spans, caches)
         n = segments[-1][1]
         if row_wise is None:
@@ -288,6 +296,8 @@ class Transformer:
         if not all_rows:
             x = x[[r1 - 1 for _, r1, _ in segments]]
         h = ops.rmsnorm(x, self.norm, self.args.norm_eps)
+        if not head:
+            return h
         return self.output.row_wise(h) if row_wise else self.output(h)
 
     def _one_row(self, row: np.ndarray, cache: KvCache) -> np.ndarray:

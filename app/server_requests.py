@@ -1,0 +1,262 @@
+"""OpenAI request bodies -> engine service requests, validated: the server's one place that reads input.
+
+A body is refused as OpenAI refuses it: an ApiError with the HTTP status and the error fields (message,
+type, param, code) that the server sends as `{"error": {...}}`. Fields the engine cannot honour (n > 1,
+logprobs, tools) are refused rather than ignored; fields that only describe the caller (user, metadata)
+are ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import secrets
+from typing import Any
+
+from engine.chat import Message
+from engine.errors import InvalidGrammar
+from engine.sampling import CHAT_DEFAULTS, SamplerConfig
+from engine.sampling.grammar import Grammar
+from engine.service import GenerationRequest
+
+MAX_STOP_SEQUENCES = 4  # OpenAI's limit
+MAX_EMBEDDING_INPUTS = 64  # texts in one embeddings request (each may be a whole context long)
+MAX_SEED = 2**63 - 1
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+class ApiError(Exception):
+    """A request refused with an OpenAI-shaped error."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    max_body: int = 4 * 2**20   # bytes of one request body
+    max_tokens: int = 4096      # the longest reply a request may ask for
+    speculation: bool = True    # the default of the `speculation` extension field
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """A parsed generation request: what to answer (messages or prompt) and how."""
+    model: str
+    stream: bool
+    include_usage: bool
+    messages: list[Message] | None  # chat completions
+    prompt: str | None              # completions
+    max_tokens: int
+    sampler: SamplerConfig
+    stop: tuple[str, ...]
+    grammar: Grammar | None
+    speculation: bool
+
+    def request(self, ids: list[int]) -> GenerationRequest:
+        return GenerationRequest(tuple(ids), self.max_tokens, self.sampler, self.stop, self.grammar,
+                                 self.speculation)
+
+
+def parse_json(body: bytes) -> dict:
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser's depth
+        raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
+    if not isinstance(value, dict):
+        raise ApiError(400, f"the request body must be a JSON object, got {_json_type(value)}", code="invalid_json")
+    return value
+
+
+def parse_chat(body: dict, limits: Limits) -> Call:
+    return _call(body, limits, messages=_messages(body), prompt=None)
+
+
+def parse_completion(body: dict, limits: Limits) -> Call:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str) or not prompt:
+        raise ApiError(400, "'prompt' must be a non-empty string (one prompt per request)", param="prompt",
+                       code="invalid_type" if prompt is not None else "missing_required_parameter")
+    if body.get("suffix") is not None or body.get("echo"):
+        raise ApiError(400, "'suffix' and 'echo' are not supported", param="suffix" if body.get("suffix") else "echo")
+    return _call(body, limits, messages=None, prompt=_text(prompt, "prompt"))
+
+
+def parse_embeddings(body: dict) -> tuple[str, list[str], bool]:
+    """(model, the texts to embed, whether the vectors go as base64 float32 rather than JSON arrays)."""
+    model = _model(body)
+    texts = body.get("input")
+    texts = [texts] if isinstance(texts, str) else texts
+    if (not isinstance(texts, list) or not 1 <= len(texts) <= MAX_EMBEDDING_INPUTS
+            or not all(isinstance(t, str) and t for t in texts)):
+        raise ApiError(400, f"'input' must be a non-empty string or an array of 1 to {MAX_EMBEDDING_INPUTS} of them "
+                       "(token arrays are not taken)", param="input",
+                       code="missing_required_parameter" if texts is None else "invalid_type")
+    encoding = body.get("encoding_format", "float")
+    if encoding not in ("float", "base64"):
+        raise ApiError(400, "'encoding_format' must be float or base64", param="encoding_format", code="invalid_value")
+    if body.get("dimensions") is not None:
+        raise ApiError(400, "'dimensions' is not supported: the vectors have the model's width",
+                       param="dimensions", code="unsupported_parameter")
+    return model, [_text(t, "input") for t in texts], encoding == "base64"
+
+
+def _model(body: dict) -> str:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise ApiError(400, "'model' must name the served model (GET /v1/models lists it)", param="model",
+                       code="missing_required_parameter" if model is None else "invalid_type")
+    return model
+
+
+def _call(body: dict, limits: Limits, *, messages, prompt) -> Call:
+    model = _model(body)
+    if _integer(body, "n", 1, 1 << 31, 1) != 1:
+        raise ApiError(400, "only n=1 is supported", param="n", code="unsupported_value")
+    for name in ("logprobs", "tools", "functions", "tool_choice"):
+        if body.get(name):
+            raise ApiError(400, f"'{name}' is not supported by this server", param=name, code="unsupported_parameter")
+    stream = _boolean(body, "stream", False)
+    options = _object(body, "stream_options") or {}
+    include_usage = _boolean(options, "include_usage", False, label="stream_options.include_usage")
+    max_tokens = _integer(body, "max_completion_tokens", 1, limits.max_tokens, None)
+    if max_tokens is None:
+        max_tokens = _integer(body, "max_tokens", 1, limits.max_tokens, limits.max_tokens)
+    seed = _integer(body, "seed", 0, MAX_SEED, None)
+    sampler = dataclasses.replace(
+        CHAT_DEFAULTS,
+        temperature=_number(body, "temperature", 0.0, 2.0, CHAT_DEFAULTS.temperature),
+        top_p=_number(body, "top_p", 0.0, 1.0, CHAT_DEFAULTS.top_p),
+        presence_penalty=_number(body, "presence_penalty", -2.0, 2.0, 0.0),
+        freq_penalty=_number(body, "frequency_penalty", -2.0, 2.0, 0.0),
+        seed=secrets.randbits(63) if seed is None else seed)
+    return Call(model, stream, include_usage, messages, prompt, max_tokens, sampler, _stop(body),
+                _response_format(body), _boolean(body, "speculation", limits.speculation))
+
+
+def _messages(body: dict) -> list[Message]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "'messages' must be a non-empty array of {role, content} objects", param="messages",
+                       code="missing_required_parameter" if messages is None else "invalid_type")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise ApiError(400, f"'{where}' must be an object", param=where, code="invalid_type")
+        role = m.get("role")
+        if role not in ROLES:
+            raise ApiError(400, f"'{where}.role' must be one of {', '.join(ROLES)}, got {role!r}",
+                           param=f"{where}.role", code="invalid_value")
+        out.append(Message(ROLES[role], _content(m.get("content"), f"{where}.content")))
+    return out
+
+
+def _content(content: Any, where: str) -> str:
+    """A message's text: a string, or an array of text parts (joined)."""
+    if isinstance(content, str):
+        return _text(content, where)
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return _text("".join(p["text"] for p in content), where)
+    raise ApiError(400, f"'{where}' must be a string or an array of text parts ({{type: text, text}})",
+                   param=where, code="invalid_type")
+
+
+def _text(text: str, where: str) -> str:
+    """`text`, which must be encodable: JSON may spell a lone UTF-16 surrogate ("\\ud800"), UTF-8 cannot."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(400, f"'{where}' holds a lone surrogate (\\ud800-\\udfff), which is not text",
+                       param=where, code="invalid_value") from None
+    return text
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if (not isinstance(stops, list) or not 1 <= len(stops) <= MAX_STOP_SEQUENCES
+            or not all(isinstance(s, str) and s for s in stops)):
+        raise ApiError(400, f"'stop' must be a non-empty string or an array of 1 to {MAX_STOP_SEQUENCES} of them",
+                       param="stop", code="invalid_type")
+    return tuple(_text(s, "stop") for s in stops)
+
+
+def _response_format(body: dict) -> Grammar | None:
+    rf = _object(body, "response_format")
+    if rf is None or rf.get("type") == "text":
+        return None
+    try:
+        if rf.get("type") == "json_object":
+            return Grammar.json_object()
+        if rf.get("type") == "json_schema":
+            spec = rf.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+                raise ApiError(400, "'response_format.json_schema' must be an object whose 'schema' is a JSON "
+                               "schema object", param="response_format.json_schema", code="invalid_type")
+            return Grammar("json_schema", json.dumps(spec.get("schema", {})))
+    except InvalidGrammar as e:
+        raise ApiError(400, f"'response_format': {e}", param="response_format", code="invalid_value") from None
+    raise ApiError(400, "'response_format.type' must be text, json_object or json_schema",
+                   param="response_format.type", code="invalid_value")
+
+
+# -- typed fields: a wrong type or a value out of range names the field --
+
+def _object(body: dict, name: str) -> dict | None:
+    value = body.get(name)
+    if value is not None and not isinstance(value, dict):
+        raise ApiError(400, f"'{name}' must be an object, got {_json_type(value)}", param=name, code="invalid_type")
+    return value
+
+
+def _boolean(body: dict, name: str, default: bool, *, label: str | None = None) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        label = label or name
+        raise ApiError(400, f"'{label}' must be a boolean, got {_json_type(value)}", param=label,
+                       code="invalid_type")
+    return value
+
+
+def _integer(body: dict, name: str, lo: int, hi: int, default):
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ApiError(400, f"'{name}' must be an integer, got {_json_type(value)}", param=name, code="invalid_type")
+    if not lo <= value <= hi:
+        raise ApiError(400, f"'{name}' must be between {lo} and {hi}, got {value}", param=name, code="invalid_value")
+    return value
+
+
+def _number(body: dict, name: str, lo: float, hi: float, default: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ApiError(400, f"'{name}' must be a number, got {_json_type(value)}", param=name, code="invalid_type")
+    if not (math.isfinite(value) and lo <= value <= hi):
+        raise ApiError(400, f"'{name}' must be between {lo:g} and {hi:g}, got {value}", param=name,
+                       code="invalid_value")
+    return float(value)
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), "a number")
