@@ -8,8 +8,9 @@ and masks; the dot is AVX2's `pmaddubsw` + `pmaddwd` where the host has them
 (Numba cannot reach them from scalar code: it widens integer arithmetic to
 int64), else the same sums written as plain IR for any target.
 
-`row_dot_<format>` runs a whole row of a 32-weight block format in LLVM IR
-(block products kept in float vectors, reduced once per row); the K-quant
+`rows_dot_<format>` runs a whole weight row of a 32-weight block format in
+LLVM IR against every input row, unpacking each weight block once for a tile of
+input rows (block products kept in float vectors, reduced once per row); the K-quant
 helpers return block dots to the Numba kernels, which apply the sub-block
 scales. Weights enter the dot unsigned (at most 7 bits, so `pmaddubsw` never
 saturates): signed ones as |w| with w's sign moved onto x, offsets such as
@@ -118,58 +119,107 @@ def _f16(builder, ptr):
     return builder.fpext(half, ir.FloatType())
 
 
-def _row_dot(block_bytes, weights, offset=None):
-    """An intrinsic row_dot(row, xq, xd, xsum) -> float32 for a 32-weight block format:
-    sum_b f16(row block b at 0) * xd[b] * (weights . xq block b), plus, with offset = (byte, factor),
-    factor * f16(block b at byte) * xd[b] * xsum[b] (Q4_0's -8 * d, Q4_1's min).
-    `weights(builder, block_ptr, x)` -> (unsigned weights, x as multiplied) as <32 x i8>.
-    The block products accumulate in a float vector, reduced once per row."""
+# input rows that share each unpacked weight block: with two accumulator chains each, a tile of four
+# keeps its accumulators, the weights and the inputs in the 16 vector registers of AVX2
+TILE = 4
+
+
+def _rows_dot(block_bytes, weights, offset=None):
+    """An intrinsic rows_dot(w, r, xq, xd, xsum, out) for a 32-weight block format: for every input row
+    n of xq [m, cols] (xd, xsum [m, blocks], as `quantize` gives them per row), out[n, r] =
+    sum_b f16(w[r] block b at 0) * xd[n, b] * (weights . xq[n] block b), plus, with offset = (byte, factor),
+    factor * f16(block b at byte) * xd[n, b] * xsum[n, b] (Q4_0's -8 * d, Q4_1's min).
+    `weights(builder, block_ptr)` -> (unsigned weights <32 x i8>, None or the lanes whose weight is
+    negative, whose x enters the dot negated). Input rows go in tiles of up to TILE that unpack each
+    weight block once; every row runs the same sequence of operations whatever m and its place in a tile
+    (its own accumulators, the blocks in order), so its result is the bits of a one-row call.
+    The block products accumulate in float vectors, reduced once per row."""
 
     @intrinsic
-    def row_dot(typingctx, row, xq, xd, xsum):
+    def rows_dot(typingctx, w, r, xq, xd, xsum, out):
+        # the weight comes whole with a row index: a row view per call would cost a reference count each
         def codegen(context, builder, sig, args):
-            row_a, xq_a, xd_a, xsum_a = (context.make_array(t)(context, builder, a) for t, a in zip(sig.args, args))
+            w_a, xq_a, xd_a, xsum_a, out_a = (context.make_array(sig.args[i])(context, builder, args[i])
+                                              for i in (0, 2, 3, 4, 5))
+            r_v = args[1]
             lanes = 8 if _AVX2 else 32
             fvec = _vec(ir.FloatType(), lanes)
-
-            def add_block(b, acc, acc_offset):
-                block = builder.gep(row_a.data, [builder.mul(b, ir.Constant(b.type, block_bytes))])
-                _prefetch(builder, block, PREFETCH_BYTES)
-                x_ptr = builder.gep(xq_a.data, [builder.mul(b, ir.Constant(b.type, 32))])
-                x = builder.load(builder.bitcast(x_ptr, _vec(_I8, 32).as_pointer()), align=1)
-                w, x = weights(builder, block, x)
-                xd_b = builder.load(builder.gep(xd_a.data, [b]))
-                scale = _splat_float(builder, builder.fmul(_f16(builder, block), xd_b), lanes)
-                prods = builder.sitofp(_madd(builder, w, x), fvec)
-                builder.store(multiply_add(builder, prods, scale, builder.load(acc)), acc)
-                if offset is not None:
-                    byte, factor = offset
-                    xs_b = builder.sitofp(builder.load(builder.gep(xsum_a.data, [b])), ir.FloatType())
-                    t = builder.fmul(_f16(builder, _at(builder, block, byte)), xd_b)
-                    t = builder.fmul(builder.fmul(t, xs_b), ir.Constant(ir.FloatType(), factor))
-                    builder.store(builder.fadd(builder.load(acc_offset), t), acc_offset)
-
-            # two independent accumulator chains (even and odd blocks) hide the add latency
-            accs = [cgutils.alloca_once_value(builder, ir.Constant(fvec, None)) for _ in range(2)]
-            offs = [cgutils.alloca_once_value(builder, ir.Constant(ir.FloatType(), 0)) for _ in range(2)]
-            (nbytes,) = cgutils.unpack_tuple(builder, row_a.shape, 1)
+            nbytes = cgutils.unpack_tuple(builder, w_a.shape, 2)[1]
+            row = _item_ptr(context, builder, w_a, sig.args[0], r_v, ir.Constant(r_v.type, 0))
             nblocks = builder.udiv(nbytes, ir.Constant(nbytes.type, block_bytes))
-            one = ir.Constant(nblocks.type, 1)
-            with cgutils.for_range(builder, builder.lshr(nblocks, one)) as loop:
-                b = builder.shl(loop.index, one)
-                add_block(b, accs[0], offs[0])
-                add_block(builder.add(b, one), accs[1], offs[1])
-            with builder.if_then(builder.trunc(nblocks, ir.IntType(1))):
-                add_block(builder.sub(nblocks, one), accs[0], offs[0])
-            acc = builder.fadd(builder.load(accs[0]), builder.load(accs[1]))
-            total = _call(builder, f"llvm.vector.reduce.fadd.v{lanes}f32", ir.FloatType(),
-                          [ir.Constant(ir.FloatType(), 0), acc])
-            offsets = builder.fadd(builder.load(offs[0]), builder.load(offs[1]))
-            return builder.fadd(total, offsets)
+            m = cgutils.unpack_tuple(builder, xq_a.shape, 2)[0]
 
-        return types.float32(row, xq, xd, xsum), codegen
+            def at_row(ary, aryty, n):
+                return _item_ptr(context, builder, ary, aryty, n, ir.Constant(n.type, 0))
 
-    return row_dot
+            def tile(n0, count):
+                """Rows n0 .. n0 + count of the inputs times the weight row, into out[n0 + t, r]."""
+                ns = [builder.add(n0, ir.Constant(n0.type, t)) for t in range(count)]
+                xq_rows = [at_row(xq_a, sig.args[2], n) for n in ns]
+                xd_rows = [at_row(xd_a, sig.args[3], n) for n in ns]
+                xsum_rows = [at_row(xsum_a, sig.args[4], n) for n in ns]
+                # two independent accumulator chains per row (even and odd blocks) hide the add latency
+                accs = [[cgutils.alloca_once_value(builder, ir.Constant(fvec, None)) for _ in range(2)]
+                        for _ in range(count)]
+                offs = [[cgutils.alloca_once_value(builder, ir.Constant(ir.FloatType(), 0)) for _ in range(2)]
+                        for _ in range(count)]
+
+                def add_block(b, chain):
+                    block = builder.gep(row, [builder.mul(b, ir.Constant(b.type, block_bytes))])
+                    _prefetch(builder, block, PREFETCH_BYTES)
+                    w, negative = weights(builder, block)
+                    d = _f16(builder, block)
+                    d_offset = None if offset is None else _f16(builder, _at(builder, block, offset[0]))
+                    for t in range(count):
+                        x_ptr = builder.gep(xq_rows[t], [builder.mul(b, ir.Constant(b.type, 32))])
+                        x = builder.load(builder.bitcast(x_ptr, _vec(_I8, 32).as_pointer()), align=1)
+                        if negative is not None:
+                            x = builder.select(negative, builder.sub(ir.Constant(x.type, None), x), x)
+                        xd_b = builder.load(builder.gep(xd_rows[t], [b]))
+                        scale = _splat_float(builder, builder.fmul(d, xd_b), lanes)
+                        prods = builder.sitofp(_madd(builder, w, x), fvec)
+                        acc = accs[t][chain]
+                        builder.store(multiply_add(builder, prods, scale, builder.load(acc)), acc)
+                        if offset is not None:
+                            xs_b = builder.sitofp(builder.load(builder.gep(xsum_rows[t], [b])), ir.FloatType())
+                            term = builder.fmul(d_offset, xd_b)
+                            term = builder.fmul(builder.fmul(term, xs_b), ir.Constant(ir.FloatType(), offset[1]))
+                            off = offs[t][chain]
+                            builder.store(builder.fadd(builder.load(off), term), off)
+
+                one = ir.Constant(nblocks.type, 1)
+                with cgutils.for_range(builder, builder.lshr(nblocks, one)) as loop:
+                    b = builder.shl(loop.index, one)
+                    add_block(b, 0)
+                    add_block(builder.add(b, one), 1)
+                with builder.if_then(builder.trunc(nblocks, ir.IntType(1))):
+                    add_block(builder.sub(nblocks, one), 0)
+                for t in range(count):
+                    acc = builder.fadd(builder.load(accs[t][0]), builder.load(accs[t][1]))
+                    total = _call(builder, f"llvm.vector.reduce.fadd.v{lanes}f32", ir.FloatType(),
+                                  [ir.Constant(ir.FloatType(), 0), acc])
+                    offsets = builder.fadd(builder.load(offs[t][0]), builder.load(offs[t][1]))
+                    builder.store(builder.fadd(total, offsets), _item_ptr(context, builder, out_a, sig.args[5],
+                                                                          ns[t], r_v))
+
+            tile_c = ir.Constant(m.type, TILE)
+            with cgutils.for_range(builder, builder.udiv(m, tile_c)) as loop:
+                tile(builder.mul(loop.index, tile_c), TILE)
+            rest = builder.urem(m, tile_c)
+            for count in range(1, TILE):
+                with builder.if_then(builder.icmp_unsigned("==", rest, ir.Constant(m.type, count))):
+                    tile(builder.sub(m, rest), count)
+            return context.get_dummy_value()
+
+        return types.none(w, r, xq, xd, xsum, out), codegen
+
+    return rows_dot
+
+
+def _item_ptr(context, builder, ary, aryty, i, j):
+    """The address of element [i, j] of a 2-d array argument."""
+    return cgutils.get_item_pointer2(context, builder, ary.data, cgutils.unpack_tuple(builder, ary.shape, 2),
+                                     cgutils.unpack_tuple(builder, ary.strides, 2), aryty.layout, [i, j])
 
 
 def _splat_float(builder, v, n):
@@ -182,27 +232,27 @@ def _at(builder, ptr, offset):
 
 
 def _q4(q_at):
-    return lambda builder, block, x: (_low_high(builder, _at(builder, block, q_at)), x)
+    return lambda builder, block: (_low_high(builder, _at(builder, block, q_at)), None)
 
 
 def _q5(qh_at, q_at):
-    def weights(builder, block, x):
+    def weights(builder, block):
         low = _low_high(builder, _at(builder, block, q_at))
-        return builder.or_(low, _fifth_bits(builder, _at(builder, block, qh_at))), x
+        return builder.or_(low, _fifth_bits(builder, _at(builder, block, qh_at))), None
 
     return weights
 
 
-def _q8(builder, block, x):
+def _q8(builder, block):
     w = builder.load(builder.bitcast(_at(builder, block, 2), _vec(_I8, 32).as_pointer()), align=1)
-    return _signed(builder, w, x)
+    return _magnitude(builder, w)
 
 
-row_dot_q4_0 = _row_dot(18, _q4(2), offset=(0, -8.0))
-row_dot_q4_1 = _row_dot(20, _q4(4), offset=(2, 1.0))
-row_dot_q5_0 = _row_dot(22, _q5(2, 6), offset=(0, -16.0))
-row_dot_q5_1 = _row_dot(24, _q5(4, 8), offset=(2, 1.0))
-row_dot_q8_0 = _row_dot(34, _q8)
+rows_dot_q4_0 = _rows_dot(18, _q4(2), offset=(0, -8.0))
+rows_dot_q4_1 = _rows_dot(20, _q4(4), offset=(2, 1.0))
+rows_dot_q5_0 = _rows_dot(22, _q5(2, 6), offset=(0, -16.0))
+rows_dot_q5_1 = _rows_dot(24, _q5(4, 8), offset=(2, 1.0))
+rows_dot_q8_0 = _rows_dot(34, _q8)
 
 
 @intrinsic
@@ -218,11 +268,17 @@ def dot_nibbles32(typingctx, row, o, shift, xq, e):
     return types.int32(row, o, shift, xq, e), codegen
 
 
-def _signed(builder, w, x):
-    """(|w|, x with w's sign) for signed <32 x i8> w: their unsigned-by-signed dot is w . x."""
+def _magnitude(builder, w):
+    """(|w|, the lanes where w < 0) for signed <32 x i8> w: |w| . (x negated in those lanes) is w . x."""
     zero = ir.Constant(_vec(_I8, 32), None)
     negative = builder.icmp_signed("<", w, zero)
-    return builder.select(negative, builder.sub(zero, w), w), builder.select(negative, builder.sub(zero, x), x)
+    return builder.select(negative, builder.sub(zero, w), w), negative
+
+
+def _signed(builder, w, x):
+    """(|w|, x with w's sign) for signed <32 x i8> w: their unsigned-by-signed dot is w . x."""
+    magnitude, negative = _magnitude(builder, w)
+    return magnitude, builder.select(negative, builder.sub(ir.Constant(x.type, None), x), x)
 
 
 @intrinsic

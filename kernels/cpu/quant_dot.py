@@ -1,14 +1,18 @@
-"""Fused block-reading dot products: out[r] = sum_c W[r, c] * x[c] for every row of w.
+"""Fused block-reading dot products: out[n, r] = sum_c W[r, c] * X[n, c] for every row r of w and n of X.
 
-`dot_<format>(w, x, act, out, n16)` writes nothing but `out`; `act` is what
-`activations(x)` derives from the input once per matvec. Q4_0/Q4_1/Q5_0/Q5_1/
-Q8_0/Q4_K/Q6_K multiply their quants with x quantized to int8 blocks of 32 (as
+`activations(X)` derives what the kernels read besides the weights from the input rows once per product.
+Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q6_K multiply their quants with x quantized to int8 blocks of 32 (as
 llama.cpp does), one integer dot per block (int8_dot); the other formats widen
 each block's quants to float and multiply with x in registers. Either way the
 block sum is scaled once and offsets (Q4_0's -8, the mins, Q6_K's -32, ...) are
 folded in through block sums of x, so the inner loops stay plain multiply-adds.
 Layouts and the vectorization idioms (`n16`, `idx`, `bits`, `join`) are
 described in quant_blocks.
+
+The 32-weight block formats take all input rows at once (`dot_<format>(w, xq, xd, xsum, out)`: each
+weight block is unpacked once for a tile of input rows, see int8_dot.rows_dot); the others
+(`dot_<format>(w, x, ..., out)`) take one input row per call. Either way row n's outputs are the bits
+of a one-row product.
 
 `products` multiplies one or several stacked weights by one or more input rows,
 reading each weight tile once for all rows and splitting the rows over threads. Entry points live next to the kernels
@@ -23,7 +27,7 @@ from numba import njit, prange
 from kernels.cpu import int8_dot
 from kernels.cpu.f16 import f16_bits_to_f32
 from kernels.cpu.int8_dot import (
-    dot_nibbles32, dot_q6_k32, row_dot_q4_0, row_dot_q4_1, row_dot_q5_0, row_dot_q5_1, row_dot_q8_0,
+    dot_nibbles32, dot_q6_k32, rows_dot_q4_0, rows_dot_q4_1, rows_dot_q5_0, rows_dot_q5_1, rows_dot_q8_0,
 )
 from kernels.cpu.quant_blocks import (
     BF16, F16, F32, KERNEL, KERNEL_ONCE, N16, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
@@ -47,7 +51,7 @@ def _sum32(xs, e):
 
 
 @njit(**KERNEL_ONCE)
-def dot_f32(w, x, act, out, n16):
+def dot_f32(w, x, xs, out, n16):
     for r in range(w.shape[0]):
         row = w[r].view(np.float32)
         acc = np.float32(0)
@@ -57,7 +61,7 @@ def dot_f32(w, x, act, out, n16):
 
 
 @njit(**KERNEL_ONCE)
-def dot_f16(w, x, act, out, n16):
+def dot_f16(w, x, xs, out, n16):
     for r in range(w.shape[0]):
         row = w[r].view(np.uint16)
         acc = np.float32(0)
@@ -67,7 +71,7 @@ def dot_f16(w, x, act, out, n16):
 
 
 @njit(**KERNEL_ONCE)
-def dot_bf16(w, x, act, out, n16):
+def dot_bf16(w, x, xs, out, n16):
     for r in range(w.shape[0]):
         row = w[r].view(np.uint16)
         acc = np.float32(0)
@@ -81,38 +85,33 @@ def dot_bf16(w, x, act, out, n16):
 
 
 @njit(**KERNEL_ONCE)
-def dot_q4_0(w, x, act, out, n16):
-    _, xq, xd, xsum = act
+def dot_q4_0(w, xq, xd, xsum, out):
     for r in range(w.shape[0]):
-        out[r] = row_dot_q4_0(w[r], xq, xd, xsum)
+        rows_dot_q4_0(w, r, xq, xd, xsum, out)
 
 
 @njit(**KERNEL_ONCE)
-def dot_q4_1(w, x, act, out, n16):
-    _, xq, xd, xsum = act
+def dot_q4_1(w, xq, xd, xsum, out):
     for r in range(w.shape[0]):
-        out[r] = row_dot_q4_1(w[r], xq, xd, xsum)
+        rows_dot_q4_1(w, r, xq, xd, xsum, out)
 
 
 @njit(**KERNEL_ONCE)
-def dot_q5_0(w, x, act, out, n16):
-    _, xq, xd, xsum = act
+def dot_q5_0(w, xq, xd, xsum, out):
     for r in range(w.shape[0]):
-        out[r] = row_dot_q5_0(w[r], xq, xd, xsum)
+        rows_dot_q5_0(w, r, xq, xd, xsum, out)
 
 
 @njit(**KERNEL_ONCE)
-def dot_q5_1(w, x, act, out, n16):
-    _, xq, xd, xsum = act
+def dot_q5_1(w, xq, xd, xsum, out):
     for r in range(w.shape[0]):
-        out[r] = row_dot_q5_1(w[r], xq, xd, xsum)
+        rows_dot_q5_1(w, r, xq, xd, xsum, out)
 
 
 @njit(**KERNEL_ONCE)
-def dot_q8_0(w, x, act, out, n16):
-    _, xq, xd, xsum = act
+def dot_q8_0(w, xq, xd, xsum, out):
     for r in range(w.shape[0]):
-        out[r] = row_dot_q8_0(w[r], xq, xd, xsum)
+        rows_dot_q8_0(w, r, xq, xd, xsum, out)
 
 
 # --- K-quants ---------------------------------------------------------------
@@ -121,8 +120,7 @@ def dot_q8_0(w, x, act, out, n16):
 
 
 @njit(**KERNEL_ONCE)
-def dot_q2_k(w, x, act, out, n16):
-    xs = act[0]
+def dot_q2_k(w, x, xs, out, n16):
     for r in range(w.shape[0]):
         row = w[r]
         acc = np.float32(0)
@@ -156,8 +154,7 @@ def dot_q2_k(w, x, act, out, n16):
 
 
 @njit(**KERNEL_ONCE)
-def dot_q3_k(w, x, act, out, n16):
-    xs = act[0]
+def dot_q3_k(w, x, xs, out, n16):
     for r in range(w.shape[0]):
         row = w[r]
         acc = np.float32(0)
@@ -199,10 +196,9 @@ def _q4_k_pair(row, o, c, d, dmin, xq, xd, xsum, e):
 
 
 @njit(**KERNEL_ONCE)
-def dot_q4_k(w, x, act, out, n16):
+def dot_q4_k(w, xq, xd, xsum, out):
     # four accumulators (one per sub-block pair), added in a fixed order at the end: without fast-math a
     # single one would chain every add of the row on the previous one
-    _, xq, xd, xsum = act
     for r in range(w.shape[0]):
         row = w[r]
         a0 = a1 = a2 = a3 = np.float32(0)
@@ -217,8 +213,7 @@ def dot_q4_k(w, x, act, out, n16):
 
 
 @njit(**KERNEL_ONCE)
-def dot_q5_k(w, x, act, out, n16):
-    xs = act[0]
+def dot_q5_k(w, x, xs, out, n16):
     for r in range(w.shape[0]):
         row = w[r]
         acc = np.float32(0)
@@ -249,9 +244,8 @@ def _q6_k_run(row, o, e, h, p, d, xq, xd):
 
 
 @njit(**KERNEL_ONCE)
-def dot_q6_k(w, x, act, out, n16):
+def dot_q6_k(w, xq, xd, xsum, out):
     # four accumulators (one per run index), added in a fixed order at the end (see dot_q4_k)
-    _, xq, xd, xsum = act
     for r in range(w.shape[0]):
         row = w[r]
         a0 = a1 = a2 = a3 = np.float32(0)
@@ -270,44 +264,60 @@ def dot_q6_k(w, x, act, out, n16):
 
 
 @njit(**KERNEL)
-def _dispatch(qtype, w, x, act, out, n16):
-    if qtype == Q4_K:
-        dot_q4_k(w, x, act, out, n16)
-    elif qtype == Q6_K:
-        dot_q6_k(w, x, act, out, n16)
-    elif qtype == Q8_0:
-        dot_q8_0(w, x, act, out, n16)
+def _dispatch(qtype, w, X, act, Y, n16):
+    """Y[n] = w times X[n] for every input row n, given act = activations(X)."""
+    xs, xq, xd, xsum = act
+    # the 32-weight block formats take all input rows at once (each weight block unpacked once for several)
+    if qtype == Q8_0:
+        dot_q8_0(w, xq, xd, xsum, Y)
     elif qtype == Q5_0:
-        dot_q5_0(w, x, act, out, n16)
+        dot_q5_0(w, xq, xd, xsum, Y)
     elif qtype == Q4_0:
-        dot_q4_0(w, x, act, out, n16)
+        dot_q4_0(w, xq, xd, xsum, Y)
     elif qtype == Q4_1:
-        dot_q4_1(w, x, act, out, n16)
+        dot_q4_1(w, xq, xd, xsum, Y)
     elif qtype == Q5_1:
-        dot_q5_1(w, x, act, out, n16)
-    elif qtype == Q5_K:
-        dot_q5_k(w, x, act, out, n16)
-    elif qtype == Q3_K:
-        dot_q3_k(w, x, act, out, n16)
-    elif qtype == Q2_K:
-        dot_q2_k(w, x, act, out, n16)
-    elif qtype == F32:
-        dot_f32(w, x, act, out, n16)
-    elif qtype == F16:
-        dot_f16(w, x, act, out, n16)
-    elif qtype == BF16:
-        dot_bf16(w, x, act, out, n16)
+        dot_q5_1(w, xq, xd, xsum, Y)
+    else:
+        for n in range(X.shape[0]):
+            _dispatch_row(qtype, w, X[n], xs[n], xq[n], xd[n], xsum[n], Y[n], n16)
 
 
 @njit(**KERNEL)
-def activations(x):
-    """What the kernels read besides the weights: the sums of x over runs of 16 (the
-    offset terms of the float kernels and the mins), and x quantized to int8 blocks
-    of 32 as (values, scales, value sums) for the integer kernels."""
-    xs = np.zeros(x.shape[0] // 16, np.float32)
-    for c in range(xs.shape[0] * 16):
-        xs[c >> 4] += x[c]
-    xq, xd, xsum = int8_dot.quantize(x)
+def _dispatch_row(qtype, w, x, xs, xq, xd, xsum, out, n16):
+    """out = w times one input row x, for the formats whose kernels take one input row."""
+    if qtype == Q4_K:
+        dot_q4_k(w, xq, xd, xsum, out)
+    elif qtype == Q6_K:
+        dot_q6_k(w, xq, xd, xsum, out)
+    elif qtype == Q5_K:
+        dot_q5_k(w, x, xs, out, n16)
+    elif qtype == Q3_K:
+        dot_q3_k(w, x, xs, out, n16)
+    elif qtype == Q2_K:
+        dot_q2_k(w, x, xs, out, n16)
+    elif qtype == F32:
+        dot_f32(w, x, xs, out, n16)
+    elif qtype == F16:
+        dot_f16(w, x, xs, out, n16)
+    elif qtype == BF16:
+        dot_bf16(w, x, xs, out, n16)
+
+
+@njit(**KERNEL)
+def activations(X):
+    """What the kernels read besides the weights, per input row n: the sums of X[n] over runs of 16 (the
+    offset terms of the float kernels and the mins), and X[n] quantized to int8 blocks of 32 as
+    (values, scales, value sums) for the integer kernels."""
+    m, cols = X.shape
+    xs = np.zeros((m, cols // 16), np.float32)
+    xq = np.empty((m, cols // 32 * 32), np.int8)
+    xd = np.empty((m, cols // 32), np.float32)
+    xsum = np.empty((m, cols // 32), np.int32)
+    for n in range(m):
+        for c in range(xs.shape[1] * 16):
+            xs[n, c >> 4] += X[n, c]
+        xq[n], xd[n], xsum[n] = int8_dot.quantize(X[n])
     return xs, xq, xd, xsum
 
 
@@ -316,9 +326,9 @@ _ROW_TILE_BYTES = 64 << 10
 
 
 @njit(**KERNEL)
-def _products_range(qtypes, ws, starts, X, acts, Y, lo, hi):
+def _products_range(qtypes, ws, starts, X, act, Y, lo, hi):
     """Stacked rows [lo, hi) of the weights in ws (weight i, of GGML type qtypes[i], owns columns
-    starts[i]:starts[i+1] of Y) times every row of X, given acts[n] = activations(X[n]): each tile of
+    starts[i]:starts[i+1] of Y) times every row of X, given act = activations(X): each tile of
     weight rows is read once and multiplied by every input row while it stays in L2."""
     for i in range(len(ws)):
         a, b = max(lo, starts[i]), min(hi, starts[i + 1])
@@ -329,16 +339,15 @@ def _products_range(qtypes, ws, starts, X, acts, Y, lo, hi):
         tile = b - a if X.shape[0] == 1 else max(1, _ROW_TILE_BYTES // w.shape[1])
         for r0 in range(a, b, tile):
             r1 = min(b, r0 + tile)
-            for n in range(X.shape[0]):
-                _dispatch(qtypes[i], w[r0 - starts[i] : r1 - starts[i]], X[n], acts[n], Y[n, r0:r1], N16)
+            _dispatch(qtypes[i], w[r0 - starts[i] : r1 - starts[i]], X, act, Y[:, r0:r1], N16)
 
 
 @njit(parallel=True, **KERNEL)
-def _products_parallel(qtypes, ws, starts, X, acts, Y, chunks):
+def _products_parallel(qtypes, ws, starts, X, act, Y, chunks):
     """_products_range over all the stacked rows, split into `chunks` equal row ranges."""
     total = starts[-1]
     for c in prange(chunks):
-        _products_range(qtypes, ws, starts, X, acts, Y, c * total // chunks, (c + 1) * total // chunks)
+        _products_range(qtypes, ws, starts, X, act, Y, c * total // chunks, (c + 1) * total // chunks)
 
 
 @njit(**KERNEL)
@@ -359,8 +368,8 @@ def products(qtypes, ws, X, Y, chunks):
     starts = np.zeros(len(ws) + 1, np.int64)
     for i in range(len(ws)):
         starts[i + 1] = starts[i] + ws[i].shape[0]
-    acts = [activations(X[n]) for n in range(X.shape[0])]
+    act = activations(X)
     if chunks > 1:
-        _products_parallel(qtypes, ws, starts, X, acts, Y, chunks)
+        _products_parallel(qtypes, ws, starts, X, act, Y, chunks)
     else:
-        _products_range(qtypes, ws, starts, X, acts, Y, 0, starts[-1])
+        _products_range(qtypes, ws, starts, X, act, Y, 0, starts[-1])
