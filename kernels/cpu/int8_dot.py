@@ -29,6 +29,9 @@ from kernels.cpu.f16 import f16_bits_to_f32, f32_to_f16_bits
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 _AVX2 = bool(llvm.get_host_cpu_features().get("avx2"))
 _FMA = bool(llvm.get_host_cpu_features().get("fma"))
+# 512-bit integer dots: two 32-weight blocks per instruction, and with VNNI one instruction for the dot
+_AVX512 = _AVX2 and bool(llvm.get_host_cpu_features().get("avx512bw"))
+_VNNI = _AVX512 and bool(llvm.get_host_cpu_features().get("avx512vnni"))
 
 
 def multiply_add(builder, a, b, acc):
@@ -92,6 +95,22 @@ def _madd(builder, w, x):
     return builder.sext(prod, _vec(_I32, 32))
 
 
+def _madd_pair(builder, w, x):
+    """_madd of two blocks at once (AVX-512): <64 x i8> w and x -> <16 x i32>, the same sums as _madd
+    gives for each block, the first block's in lanes 0-7."""
+    i32x16 = _vec(_I32, 16)
+    if _VNNI:
+        return _call(builder, "llvm.x86.avx512.vpdpbusd.512", i32x16,
+                     [ir.Constant(i32x16, None), builder.bitcast(w, i32x16), builder.bitcast(x, i32x16)])
+    pairs = _call(builder, "llvm.x86.avx512.pmaddubs.w.512", _vec(_I16, 32), [w, x])
+    return _call(builder, "llvm.x86.avx512.pmaddw.d.512", i32x16, [pairs, _const(_I16, [1] * 32)])
+
+
+def _concat(builder, a, b):
+    """Vectors a and b of the same type, end to end."""
+    return builder.shuffle_vector(a, b, _const(_I32, range(2 * a.type.count)))
+
+
 def _nibbles(builder, packed, shifts):
     """(packed >> shifts) & 15 per byte, shifts a <32 x i8> constant or splat."""
     return builder.and_(builder.lshr(packed, shifts), _const(_I8, [15] * 32))
@@ -124,16 +143,14 @@ def _f16(builder, ptr):
 TILE = 4
 
 
-def _rows_dot(block_bytes, weights, offset=None):
-    """An intrinsic rows_dot(w, r, xq, xd, xsum, out) for a 32-weight block format: for every input row
-    n of xq [m, cols] (xd, xsum [m, blocks], as `quantize` gives them per row), out[n, r] =
-    sum_b f16(w[r] block b at 0) * xd[n, b] * (weights . xq[n] block b), plus, with offset = (byte, factor),
-    factor * f16(block b at byte) * xd[n, b] * xsum[n, b] (Q4_0's -8 * d, Q4_1's min).
-    `weights(builder, block_ptr)` -> (unsigned weights <32 x i8>, None or the lanes whose weight is
-    negative, whose x enters the dot negated). Input rows go in tiles of up to TILE that unpack each
-    weight block once; every row runs the same sequence of operations whatever m and its place in a tile
-    (its own accumulators, the blocks in order), so its result is the bits of a one-row call.
-    The block products accumulate in float vectors, reduced once per row."""
+def _tiled(dots):
+    """An intrinsic rows_dot(w, r, xq, xd, xsum, out): out[n, r] = the dot of weight row w[r] with input
+    row n, for every row n of xq [m, cols] (xd, xsum [m, blocks of 32], as `quantize` gives them per row).
+    `dots(builder, row, nbytes, inputs)` emits the dots of the weight row at `row` (nbytes long) with a
+    tile of input rows, inputs [(xq, xd, xsum row pointers)], and returns their float values. Input rows
+    go in tiles of up to TILE that unpack each weight block once; `dots` runs the same sequence of
+    operations for every row whatever the tile's size and the row's place in it (its own accumulators,
+    the blocks in order), so each row's result is the bits of a one-row call."""
 
     @intrinsic
     def rows_dot(typingctx, w, r, xq, xd, xsum, out):
@@ -142,65 +159,17 @@ def _rows_dot(block_bytes, weights, offset=None):
             w_a, xq_a, xd_a, xsum_a, out_a = (context.make_array(sig.args[i])(context, builder, args[i])
                                               for i in (0, 2, 3, 4, 5))
             r_v = args[1]
-            lanes = 8 if _AVX2 else 32
-            fvec = _vec(ir.FloatType(), lanes)
             nbytes = cgutils.unpack_tuple(builder, w_a.shape, 2)[1]
             row = _item_ptr(context, builder, w_a, sig.args[0], r_v, ir.Constant(r_v.type, 0))
-            nblocks = builder.udiv(nbytes, ir.Constant(nbytes.type, block_bytes))
             m = cgutils.unpack_tuple(builder, xq_a.shape, 2)[0]
 
-            def at_row(ary, aryty, n):
-                return _item_ptr(context, builder, ary, aryty, n, ir.Constant(n.type, 0))
-
             def tile(n0, count):
-                """Rows n0 .. n0 + count of the inputs times the weight row, into out[n0 + t, r]."""
                 ns = [builder.add(n0, ir.Constant(n0.type, t)) for t in range(count)]
-                xq_rows = [at_row(xq_a, sig.args[2], n) for n in ns]
-                xd_rows = [at_row(xd_a, sig.args[3], n) for n in ns]
-                xsum_rows = [at_row(xsum_a, sig.args[4], n) for n in ns]
-                # two independent accumulator chains per row (even and odd blocks) hide the add latency
-                accs = [[cgutils.alloca_once_value(builder, ir.Constant(fvec, None)) for _ in range(2)]
-                        for _ in range(count)]
-                offs = [[cgutils.alloca_once_value(builder, ir.Constant(ir.FloatType(), 0)) for _ in range(2)]
-                        for _ in range(count)]
-
-                def add_block(b, chain):
-                    block = builder.gep(row, [builder.mul(b, ir.Constant(b.type, block_bytes))])
-                    _prefetch(builder, block, PREFETCH_BYTES)
-                    w, negative = weights(builder, block)
-                    d = _f16(builder, block)
-                    d_offset = None if offset is None else _f16(builder, _at(builder, block, offset[0]))
-                    for t in range(count):
-                        x_ptr = builder.gep(xq_rows[t], [builder.mul(b, ir.Constant(b.type, 32))])
-                        x = builder.load(builder.bitcast(x_ptr, _vec(_I8, 32).as_pointer()), align=1)
-                        if negative is not None:
-                            x = builder.select(negative, builder.sub(ir.Constant(x.type, None), x), x)
-                        xd_b = builder.load(builder.gep(xd_rows[t], [b]))
-                        scale = _splat_float(builder, builder.fmul(d, xd_b), lanes)
-                        prods = builder.sitofp(_madd(builder, w, x), fvec)
-                        acc = accs[t][chain]
-                        builder.store(multiply_add(builder, prods, scale, builder.load(acc)), acc)
-                        if offset is not None:
-                            xs_b = builder.sitofp(builder.load(builder.gep(xsum_rows[t], [b])), ir.FloatType())
-                            term = builder.fmul(d_offset, xd_b)
-                            term = builder.fmul(builder.fmul(term, xs_b), ir.Constant(ir.FloatType(), offset[1]))
-                            off = offs[t][chain]
-                            builder.store(builder.fadd(builder.load(off), term), off)
-
-                one = ir.Constant(nblocks.type, 1)
-                with cgutils.for_range(builder, builder.lshr(nblocks, one)) as loop:
-                    b = builder.shl(loop.index, one)
-                    add_block(b, 0)
-                    add_block(builder.add(b, one), 1)
-                with builder.if_then(builder.trunc(nblocks, ir.IntType(1))):
-                    add_block(builder.sub(nblocks, one), 0)
-                for t in range(count):
-                    acc = builder.fadd(builder.load(accs[t][0]), builder.load(accs[t][1]))
-                    total = _call(builder, f"llvm.vector.reduce.fadd.v{lanes}f32", ir.FloatType(),
-                                  [ir.Constant(ir.FloatType(), 0), acc])
-                    offsets = builder.fadd(builder.load(offs[t][0]), builder.load(offs[t][1]))
-                    builder.store(builder.fadd(total, offsets), _item_ptr(context, builder, out_a, sig.args[5],
-                                                                          ns[t], r_v))
+                zero = ir.Constant(n0.type, 0)
+                inputs = [tuple(_item_ptr(context, builder, a, sig.args[i], n, zero)
+                                for a, i in ((xq_a, 2), (xd_a, 3), (xsum_a, 4))) for n in ns]
+                for n, value in zip(ns, dots(builder, row, nbytes, inputs)):
+                    builder.store(value, _item_ptr(context, builder, out_a, sig.args[5], n, r_v))
 
             tile_c = ir.Constant(m.type, TILE)
             with cgutils.for_range(builder, builder.udiv(m, tile_c)) as loop:
@@ -216,10 +185,127 @@ def _rows_dot(block_bytes, weights, offset=None):
     return rows_dot
 
 
+def _rows_dot(block_bytes, weights, offset=None):
+    """rows_dot (see _tiled) for a 32-weight block format: the dot of a weight row with an input row
+    (xq, xd, xsum) is sum_b f16(block b at 0) * xd[b] * (weights . xq block b), plus, with
+    offset = (byte, factor), factor * f16(block b at byte) * xd[b] * xsum[b] (Q4_0's -8 * d, Q4_1's min).
+    `weights(builder, block_ptr)` -> (unsigned weights <32 x i8>, None or the lanes whose weight is
+    negative, whose x enters the dot negated). The block products accumulate in float vectors, reduced
+    once per row."""
+    lanes = 8 if _AVX2 else 32
+    fvec = _vec(ir.FloatType(), lanes)
+
+    def dots(builder, row, nbytes, inputs):
+        count = len(inputs)
+        xq_rows, xd_rows, xsum_rows = zip(*inputs)
+        nblocks = builder.udiv(nbytes, ir.Constant(nbytes.type, block_bytes))
+        # two independent accumulator chains per row (even and odd blocks) hide the add latency
+        accs = [[cgutils.alloca_once_value(builder, ir.Constant(fvec, None)) for _ in range(2)]
+                for _ in range(count)]
+        offs = [[cgutils.alloca_once_value(builder, ir.Constant(ir.FloatType(), 0)) for _ in range(2)]
+                for _ in range(count)]
+
+        def add_block(b, chain):
+            block = builder.gep(row, [builder.mul(b, ir.Constant(b.type, block_bytes))])
+            _prefetch(builder, block, PREFETCH_BYTES)
+            w, negative = weights(builder, block)
+            d = _f16(builder, block)
+            d_offset = None if offset is None else _f16(builder, _at(builder, block, offset[0]))
+            for t in range(count):
+                x_ptr = builder.gep(xq_rows[t], [builder.mul(b, ir.Constant(b.type, 32))])
+                x = builder.load(builder.bitcast(x_ptr, _vec(_I8, 32).as_pointer()), align=1)
+                if negative is not None:
+                    x = builder.select(negative, builder.sub(ir.Constant(x.type, None), x), x)
+                xd_b = builder.load(builder.gep(xd_rows[t], [b]))
+                scale = _splat_float(builder, builder.fmul(d, xd_b), lanes)
+                prods = builder.sitofp(_madd(builder, w, x), fvec)
+                acc = accs[t][chain]
+                builder.store(multiply_add(builder, prods, scale, builder.load(acc)), acc)
+                if offset is not None:
+                    xs_b = builder.sitofp(builder.load(builder.gep(xsum_rows[t], [b])), ir.FloatType())
+                    term = builder.fmul(d_offset, xd_b)
+                    term = builder.fmul(builder.fmul(term, xs_b), ir.Constant(ir.FloatType(), offset[1]))
+                    off = offs[t][chain]
+                    builder.store(builder.fadd(builder.load(off), term), off)
+
+        def pairs_of_blocks(b):
+            """Blocks b and b + 1 in one 512-bit vector: the two chains of add_block side by side,
+            block b's in the low 8 lanes (the same operations, lane for lane)."""
+            blocks = [builder.gep(row, [builder.mul(builder.add(b, ir.Constant(b.type, i)),
+                                                    ir.Constant(b.type, block_bytes))]) for i in (0, 1)]
+            for block in blocks:
+                _prefetch(builder, block, PREFETCH_BYTES)
+            (w0, neg0), (w1, neg1) = (weights(builder, block) for block in blocks)
+            w = _concat(builder, w0, w1)
+            negative = None if neg0 is None else _concat(builder, neg0, neg1)
+            d = _pair(builder, *(_f16(builder, block) for block in blocks))
+            if offset is not None:
+                d_offset = _pair(builder, *(_f16(builder, _at(builder, block, offset[0])) for block in blocks))
+                factor = ir.Constant(_vec(ir.FloatType(), 2), [offset[1]] * 2)
+            for t in range(count):
+                x_ptr = builder.gep(xq_rows[t], [builder.mul(b, ir.Constant(b.type, 32))])
+                x = builder.load(builder.bitcast(x_ptr, _vec(_I8, 64).as_pointer()), align=1)
+                if negative is not None:
+                    x = builder.select(negative, builder.sub(ir.Constant(x.type, None), x), x)
+                xd_b = _load_pair(builder, builder.gep(xd_rows[t], [b]))
+                scale = builder.shuffle_vector(builder.fmul(d, xd_b), d, _const(_I32, [0] * 8 + [1] * 8))
+                prods = builder.sitofp(_madd_pair(builder, w, x), _vec(ir.FloatType(), 16))
+                acc = pair_accs[t]
+                builder.store(multiply_add(builder, prods, scale, builder.load(acc)), acc)
+                if offset is not None:
+                    xs_b = builder.sitofp(_load_pair(builder, builder.gep(xsum_rows[t], [b])), d.type)
+                    term = builder.fmul(builder.fmul(builder.fmul(d_offset, xd_b), xs_b), factor)
+                    builder.store(builder.fadd(builder.load(pair_offs[t]), term), pair_offs[t])
+
+        one = ir.Constant(nblocks.type, 1)
+        if _AVX512:
+            pair_accs = [cgutils.alloca_once_value(builder, ir.Constant(_vec(ir.FloatType(), 16), None))
+                         for _ in range(count)]
+            pair_offs = [cgutils.alloca_once_value(builder, ir.Constant(_vec(ir.FloatType(), 2), None))
+                         for _ in range(count)]
+            with cgutils.for_range(builder, builder.lshr(nblocks, one)) as loop:
+                pairs_of_blocks(builder.shl(loop.index, one))
+            for t in range(count):  # back to the two chains, for the odd block and the sums
+                acc, off = builder.load(pair_accs[t]), builder.load(pair_offs[t])
+                for chain in (0, 1):
+                    half = builder.shuffle_vector(acc, acc, _const(_I32, range(8 * chain, 8 * chain + 8)))
+                    builder.store(half, accs[t][chain])
+                    builder.store(builder.extract_element(off, ir.Constant(_I32, chain)), offs[t][chain])
+        else:
+            with cgutils.for_range(builder, builder.lshr(nblocks, one)) as loop:
+                b = builder.shl(loop.index, one)
+                add_block(b, 0)
+                add_block(builder.add(b, one), 1)
+        with builder.if_then(builder.trunc(nblocks, ir.IntType(1))):
+            add_block(builder.sub(nblocks, one), 0)
+        values = []
+        for t in range(count):
+            acc = builder.fadd(builder.load(accs[t][0]), builder.load(accs[t][1]))
+            total = _call(builder, f"llvm.vector.reduce.fadd.v{lanes}f32", ir.FloatType(),
+                          [ir.Constant(ir.FloatType(), 0), acc])
+            offsets = builder.fadd(builder.load(offs[t][0]), builder.load(offs[t][1]))
+            values.append(builder.fadd(total, offsets))
+        return values
+
+
+    return _tiled(dots)
+
+
 def _item_ptr(context, builder, ary, aryty, i, j):
     """The address of element [i, j] of a 2-d array argument."""
     return cgutils.get_item_pointer2(context, builder, ary.data, cgutils.unpack_tuple(builder, ary.shape, 2),
                                      cgutils.unpack_tuple(builder, ary.strides, 2), aryty.layout, [i, j])
+
+
+def _pair(builder, a, b):
+    """Two floats as <2 x float>."""
+    v = builder.insert_element(ir.Constant(_vec(ir.FloatType(), 2), None), a, ir.Constant(_I32, 0))
+    return builder.insert_element(v, b, ir.Constant(_I32, 1))
+
+
+def _load_pair(builder, ptr):
+    """The two 4-byte elements at ptr (float or int32) as a 2-vector."""
+    return builder.load(builder.bitcast(ptr, _vec(ptr.type.pointee, 2).as_pointer()), align=4)
 
 
 def _splat_float(builder, v, n):
