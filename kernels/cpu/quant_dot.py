@@ -27,7 +27,7 @@ from numba import njit, prange
 from kernels.cpu import int8_dot
 from kernels.cpu.f16 import f16_bits_to_f32
 from kernels.cpu.int8_dot import (
-    dot_nibbles32, dot_q6_k32, rows_dot_q4_0, rows_dot_q4_1, rows_dot_q5_0, rows_dot_q5_1, rows_dot_q8_0,
+    rows_dot_q4_0, rows_dot_q4_1, rows_dot_q4_k, rows_dot_q5_0, rows_dot_q5_1, rows_dot_q6_k, rows_dot_q8_0,
 )
 from kernels.cpu.quant_blocks import (
     BF16, F16, F32, KERNEL, KERNEL_ONCE, N16, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
@@ -182,34 +182,10 @@ def dot_q3_k(w, x, xs, out, n16):
         out[r] = acc
 
 
-@njit(**KERNEL, inline="always")
-def _q4_k_pair(row, o, c, d, dmin, xq, xd, xsum, e):
-    """Q4_K: the contribution of sub-blocks 2c and 2c + 1 of the super-block at byte o (weights from e)."""
-    qo, eo = o + 16 + 32 * c, e + 64 * c
-    g = eo >> 5
-    lo = xd[g] * np.float32(dot_nibbles32(row, qo, 0, xq, eo))
-    hi = xd[g + 1] * np.float32(dot_nibbles32(row, qo, 4, xq, eo + 32))
-    sc1, m1 = k_scale_min(row, o + 4, 2 * c)
-    sc2, m2 = k_scale_min(row, o + 4, 2 * c + 1)
-    mins = m1 * xd[g] * np.float32(xsum[g]) + m2 * xd[g + 1] * np.float32(xsum[g + 1])
-    return d * (sc1 * lo + sc2 * hi) - dmin * mins
-
-
 @njit(**KERNEL_ONCE)
 def dot_q4_k(w, xq, xd, xsum, out):
-    # four accumulators (one per sub-block pair), added in a fixed order at the end: without fast-math a
-    # single one would chain every add of the row on the previous one
     for r in range(w.shape[0]):
-        row = w[r]
-        a0 = a1 = a2 = a3 = np.float32(0)
-        for b in range(row.shape[0] // 144):
-            o, e = b * 144, b * 256
-            d, dmin = load_f16(row, o), load_f16(row, o + 2)
-            a0 += _q4_k_pair(row, o, 0, d, dmin, xq, xd, xsum, e)
-            a1 += _q4_k_pair(row, o, 1, d, dmin, xq, xd, xsum, e)
-            a2 += _q4_k_pair(row, o, 2, d, dmin, xq, xd, xsum, e)
-            a3 += _q4_k_pair(row, o, 3, d, dmin, xq, xd, xsum, e)
-        out[r] = (a0 + a1) + (a2 + a3)
+        rows_dot_q4_k(w, r, xq, xd, xsum, out)
 
 
 @njit(**KERNEL_ONCE)
@@ -233,31 +209,10 @@ def dot_q5_k(w, x, xs, out, n16):
         out[r] = acc
 
 
-@njit(**KERNEL, inline="always")
-def _q6_k_run(row, o, e, h, p, d, xq, xd):
-    """Q6_K: run p of half h of the super-block at byte o: low nibbles (p < 2) or high nibbles of the 32
-    bytes at 64h + 32(p & 1), bits 2p of the high bits, a scale per 16."""
-    eo, so = e + 128 * h + 32 * p, o + 192 + 8 * h + 2 * p
-    s0, s1 = dot_q6_k32(row, o + 64 * h + 32 * (p & 1), 4 * (p >> 1), o + 128 + 32 * h, 2 * p, xq, eo)
-    sc0, sc1 = np.float32(np.int8(row[so])), np.float32(np.int8(row[so + 1]))
-    return d * xd[eo >> 5] * (sc0 * np.float32(s0) + sc1 * np.float32(s1))
-
-
 @njit(**KERNEL_ONCE)
 def dot_q6_k(w, xq, xd, xsum, out):
-    # four accumulators (one per run index), added in a fixed order at the end (see dot_q4_k)
     for r in range(w.shape[0]):
-        row = w[r]
-        a0 = a1 = a2 = a3 = np.float32(0)
-        for b in range(row.shape[0] // 210):
-            o, e = b * 210, b * 256
-            d = load_f16(row, o + 208)
-            for h in range(2):
-                a0 += _q6_k_run(row, o, e, h, 0, d, xq, xd)
-                a1 += _q6_k_run(row, o, e, h, 1, d, xq, xd)
-                a2 += _q6_k_run(row, o, e, h, 2, d, xq, xd)
-                a3 += _q6_k_run(row, o, e, h, 3, d, xq, xd)
-        out[r] = (a0 + a1) + (a2 + a3)
+        rows_dot_q6_k(w, r, xq, xd, xsum, out)
 
 
 # --- entry points -----------------------------------------------------------
@@ -267,8 +222,12 @@ def dot_q6_k(w, xq, xd, xsum, out):
 def _dispatch(qtype, w, X, act, Y, n16):
     """Y[n] = w times X[n] for every input row n, given act = activations(X)."""
     xs, xq, xd, xsum = act
-    # the 32-weight block formats take all input rows at once (each weight block unpacked once for several)
-    if qtype == Q8_0:
+    # the int8 formats take all input rows at once (each weight block unpacked once for several)
+    if qtype == Q4_K:
+        dot_q4_k(w, xq, xd, xsum, Y)
+    elif qtype == Q6_K:
+        dot_q6_k(w, xq, xd, xsum, Y)
+    elif qtype == Q8_0:
         dot_q8_0(w, xq, xd, xsum, Y)
     elif qtype == Q5_0:
         dot_q5_0(w, xq, xd, xsum, Y)
@@ -280,17 +239,13 @@ def _dispatch(qtype, w, X, act, Y, n16):
         dot_q5_1(w, xq, xd, xsum, Y)
     else:
         for n in range(X.shape[0]):
-            _dispatch_row(qtype, w, X[n], xs[n], xq[n], xd[n], xsum[n], Y[n], n16)
+            _dispatch_row(qtype, w, X[n], xs[n], Y[n], n16)
 
 
 @njit(**KERNEL)
-def _dispatch_row(qtype, w, x, xs, xq, xd, xsum, out, n16):
-    """out = w times one input row x, for the formats whose kernels take one input row."""
-    if qtype == Q4_K:
-        dot_q4_k(w, xq, xd, xsum, out)
-    elif qtype == Q6_K:
-        dot_q6_k(w, xq, xd, xsum, out)
-    elif qtype == Q5_K:
+def _dispatch_row(qtype, w, x, xs, out, n16):
+    """out = w times one input row x, for the float kernels, which take one input row."""
+    if qtype == Q5_K:
         dot_q5_k(w, x, xs, out, n16)
     elif qtype == Q3_K:
         dot_q3_k(w, x, xs, out, n16)
