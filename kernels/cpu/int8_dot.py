@@ -16,8 +16,8 @@ four independent chains side by side in one vector. Weights enter the dot
 unsigned (at most 7 bits, so `pmaddubsw` never saturates): signed ones as |w|
 with w's sign moved onto x, offsets such as Q4_0's -8 through the int sums of
 each activation block. Every row's arithmetic is the same whatever the number
-of rows and the host's vector width (AVX-512 only packs the same lanes
-differently), so the row-wise forward's bits do not depend on m.
+of rows, so the row-wise forward's bits do not depend on m (and an AVX-512 host
+gets an AVX2 host's bits: it only packs the same lanes differently).
 """
 
 import llvmlite.binding as llvm

@@ -9,10 +9,10 @@ folded in through block sums of x, so the inner loops stay plain multiply-adds.
 Layouts and the vectorization idioms (`n16`, `idx`, `bits`, `join`) are
 described in quant_blocks.
 
-The 32-weight block formats take all input rows at once (`dot_<format>(w, xq, xd, xsum, out)`: each
-weight block is unpacked once for a tile of input rows, see int8_dot.rows_dot); the others
-(`dot_<format>(w, x, ..., out)`) take one input row per call. Either way row n's outputs are the bits
-of a one-row product.
+The int8 formats take all input rows at once (`dot_<format>(w, xq, xd, xsum, out)`: each weight
+block is unpacked once for a tile of input rows, see int8_dot._tiled); the float ones
+(`dot_<format>(w, x, xs, out, n16)`) take one input row per call. Either way row n's outputs are the
+bits of a one-row product.
 
 `products` multiplies one or several stacked weights by one or more input rows,
 reading each weight tile once for all rows and splitting the rows over threads. Entry points live next to the kernels
