@@ -8,12 +8,16 @@ and masks; the dot is AVX2's `pmaddubsw` + `pmaddwd` where the host has them
 (Numba cannot reach them from scalar code: it widens integer arithmetic to
 int64), else the same sums written as plain IR for any target.
 
-`row_dot_<format>` runs a whole row of a 32-weight block format in LLVM IR
-(block products kept in float vectors, reduced once per row); the K-quant
-helpers return block dots to the Numba kernels, which apply the sub-block
-scales. Weights enter the dot unsigned (at most 7 bits, so `pmaddubsw` never
-saturates): signed ones as |w| with w's sign moved onto x, offsets such as
-Q4_0's -8 through the int sums of each activation block.
+`rows_dot_<format>` runs a whole weight row in LLVM IR against every input
+row, unpacking each weight block once for a tile of input rows (`_tiled`).
+The 32-weight formats keep their block products in float vectors, reduced once
+per row; Q4_K and Q6_K apply their sub-block scales per 32 weights in float,
+four independent chains side by side in one vector. Weights enter the dot
+unsigned (at most 7 bits, so `pmaddubsw` never saturates): signed ones as |w|
+with w's sign moved onto x, offsets such as Q4_0's -8 through the int sums of
+each activation block. Every row's arithmetic is the same whatever the number
+of rows, so the row-wise forward's bits do not depend on m (and an AVX-512 host
+gets an AVX2 host's bits: it only packs the same lanes differently).
 """
 
 import llvmlite.binding as llvm
@@ -28,6 +32,9 @@ from kernels.cpu.f16 import f16_bits_to_f32, f32_to_f16_bits
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 _AVX2 = bool(llvm.get_host_cpu_features().get("avx2"))
 _FMA = bool(llvm.get_host_cpu_features().get("fma"))
+# 512-bit integer dots: two 32-weight blocks per instruction, and with VNNI one instruction for the dot
+_AVX512 = _AVX2 and bool(llvm.get_host_cpu_features().get("avx512bw"))
+_VNNI = _AVX512 and bool(llvm.get_host_cpu_features().get("avx512vnni"))
 
 
 def multiply_add(builder, a, b, acc):
@@ -45,13 +52,6 @@ def _vec(t, n):
 
 def _const(t, values):
     return ir.Constant(_vec(t, len(values)), list(values))
-
-
-def _splat(builder, v, t, n):
-    """Scalar integer v broadcast to <n x t>."""
-    v = builder.trunc(v, t) if v.type.width > t.width else builder.zext(v, t)
-    one = builder.insert_element(ir.Constant(_vec(t, n), None), v, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(one, one, _const(_I32, [0] * n))
 
 
 def _call(builder, name, ret, args):
@@ -72,16 +72,6 @@ def _prefetch(builder, ptr, ahead):
                                                           ir.Constant(_I32, 1)])
 
 
-def _load(context, builder, arrty, arr, offset, n, prefetch=False):
-    """n bytes of a uint8/int8 array starting at element `offset`, as <n x i8> (unaligned);
-    with prefetch, the bytes PREFETCH_BYTES further are requested too (streamed weights)."""
-    data = context.make_array(arrty)(context, builder, arr).data
-    ptr = builder.gep(data, [offset])
-    if prefetch:
-        _prefetch(builder, ptr, PREFETCH_BYTES)
-    return builder.load(builder.bitcast(ptr, _vec(_I8, n).as_pointer()), align=1)
-
-
 def _madd(builder, w, x):
     """Partial sums of zext(w) * sext(x) for <32 x i8> w (values <= 128) and x, as an i32 vector."""
     if _AVX2:
@@ -89,6 +79,22 @@ def _madd(builder, w, x):
         return _call(builder, "llvm.x86.avx2.pmadd.wd", _vec(_I32, 8), [pairs, _const(_I16, [1] * 16)])
     prod = builder.mul(builder.zext(w, _vec(_I16, 32)), builder.sext(x, _vec(_I16, 32)))
     return builder.sext(prod, _vec(_I32, 32))
+
+
+def _madd_pair(builder, w, x):
+    """_madd of two blocks at once (AVX-512): <64 x i8> w and x -> <16 x i32>, the same sums as _madd
+    gives for each block, the first block's in lanes 0-7."""
+    i32x16 = _vec(_I32, 16)
+    if _VNNI:
+        return _call(builder, "llvm.x86.avx512.vpdpbusd.512", i32x16,
+                     [ir.Constant(i32x16, None), builder.bitcast(w, i32x16), builder.bitcast(x, i32x16)])
+    pairs = _call(builder, "llvm.x86.avx512.pmaddubs.w.512", _vec(_I16, 32), [w, x])
+    return _call(builder, "llvm.x86.avx512.pmaddw.d.512", i32x16, [pairs, _const(_I16, [1] * 32)])
+
+
+def _concat(builder, a, b):
+    """Vectors a and b of the same type, end to end."""
+    return builder.shuffle_vector(a, b, _const(_I32, range(2 * a.type.count)))
 
 
 def _nibbles(builder, packed, shifts):
@@ -118,58 +124,169 @@ def _f16(builder, ptr):
     return builder.fpext(half, ir.FloatType())
 
 
-def _row_dot(block_bytes, weights, offset=None):
-    """An intrinsic row_dot(row, xq, xd, xsum) -> float32 for a 32-weight block format:
-    sum_b f16(row block b at 0) * xd[b] * (weights . xq block b), plus, with offset = (byte, factor),
-    factor * f16(block b at byte) * xd[b] * xsum[b] (Q4_0's -8 * d, Q4_1's min).
-    `weights(builder, block_ptr, x)` -> (unsigned weights, x as multiplied) as <32 x i8>.
-    The block products accumulate in a float vector, reduced once per row."""
+# input rows that share each unpacked weight block: a tile of four keeps its accumulators, the weights
+# and the inputs in the 16 vector registers of AVX2
+TILE = 4
+
+
+def _tiled(dots):
+    """An intrinsic rows_dot(w, r, xq, xd, xsum, out): out[n, r] = the dot of weight row w[r] with input
+    row n, for every row n of xq [m, cols] (xd, xsum [m, blocks of 32], as `quantize` gives them per row).
+    `dots(builder, row, nbytes, inputs)` emits the dots of the weight row at `row` (nbytes long) with a
+    tile of input rows, inputs [(xq, xd, xsum row pointers)], and returns their float values. Input rows
+    go in tiles of up to TILE that unpack each weight block once; `dots` runs the same sequence of
+    operations for every row whatever the tile's size and the row's place in it (its own accumulators,
+    the blocks in order), so each row's result is the bits of a one-row call."""
 
     @intrinsic
-    def row_dot(typingctx, row, xq, xd, xsum):
+    def rows_dot(typingctx, w, r, xq, xd, xsum, out):
+        # the weight comes whole with a row index: a row view per call would cost a reference count each
         def codegen(context, builder, sig, args):
-            row_a, xq_a, xd_a, xsum_a = (context.make_array(t)(context, builder, a) for t, a in zip(sig.args, args))
-            lanes = 8 if _AVX2 else 32
-            fvec = _vec(ir.FloatType(), lanes)
+            w_a, xq_a, xd_a, xsum_a, out_a = (context.make_array(sig.args[i])(context, builder, args[i])
+                                              for i in (0, 2, 3, 4, 5))
+            r_v = args[1]
+            nbytes = cgutils.unpack_tuple(builder, w_a.shape, 2)[1]
+            row = _item_ptr(context, builder, w_a, sig.args[0], r_v, ir.Constant(r_v.type, 0))
+            m = cgutils.unpack_tuple(builder, xq_a.shape, 2)[0]
 
-            def add_block(b, acc, acc_offset):
-                block = builder.gep(row_a.data, [builder.mul(b, ir.Constant(b.type, block_bytes))])
-                _prefetch(builder, block, PREFETCH_BYTES)
-                x_ptr = builder.gep(xq_a.data, [builder.mul(b, ir.Constant(b.type, 32))])
+            def tile(n0, count):
+                ns = [builder.add(n0, ir.Constant(n0.type, t)) for t in range(count)]
+                zero = ir.Constant(n0.type, 0)
+                inputs = [tuple(_item_ptr(context, builder, a, sig.args[i], n, zero)
+                                for a, i in ((xq_a, 2), (xd_a, 3), (xsum_a, 4))) for n in ns]
+                for n, value in zip(ns, dots(builder, row, nbytes, inputs)):
+                    builder.store(value, _item_ptr(context, builder, out_a, sig.args[5], n, r_v))
+
+            tile_c = ir.Constant(m.type, TILE)
+            with cgutils.for_range(builder, builder.udiv(m, tile_c)) as loop:
+                tile(builder.mul(loop.index, tile_c), TILE)
+            rest = builder.urem(m, tile_c)
+            for count in range(1, TILE):
+                with builder.if_then(builder.icmp_unsigned("==", rest, ir.Constant(m.type, count))):
+                    tile(builder.sub(m, rest), count)
+            return context.get_dummy_value()
+
+        return types.none(w, r, xq, xd, xsum, out), codegen
+
+    return rows_dot
+
+
+def _rows_dot(block_bytes, weights, offset=None):
+    """rows_dot (see _tiled) for a 32-weight block format: the dot of a weight row with an input row
+    (xq, xd, xsum) is sum_b f16(block b at 0) * xd[b] * (weights . xq block b), plus, with
+    offset = (byte, factor), factor * f16(block b at byte) * xd[b] * xsum[b] (Q4_0's -8 * d, Q4_1's min).
+    `weights(builder, block_ptr)` -> (unsigned weights <32 x i8>, None or the lanes whose weight is
+    negative, whose x enters the dot negated). The block products accumulate in float vectors, reduced
+    once per row."""
+    lanes = 8 if _AVX2 else 32
+    fvec = _vec(ir.FloatType(), lanes)
+
+    def dots(builder, row, nbytes, inputs):
+        count = len(inputs)
+        xq_rows, xd_rows, xsum_rows = zip(*inputs)
+        nblocks = builder.udiv(nbytes, ir.Constant(nbytes.type, block_bytes))
+        # two independent accumulator chains per row (even and odd blocks) hide the add latency
+        accs = [[cgutils.alloca_once_value(builder, ir.Constant(fvec, None)) for _ in range(2)]
+                for _ in range(count)]
+        offs = [[cgutils.alloca_once_value(builder, ir.Constant(ir.FloatType(), 0)) for _ in range(2)]
+                for _ in range(count)]
+
+        def add_block(b, chain):
+            block = builder.gep(row, [builder.mul(b, ir.Constant(b.type, block_bytes))])
+            _prefetch(builder, block, PREFETCH_BYTES)
+            w, negative = weights(builder, block)
+            d = _f16(builder, block)
+            d_offset = None if offset is None else _f16(builder, _at(builder, block, offset[0]))
+            for t in range(count):
+                x_ptr = builder.gep(xq_rows[t], [builder.mul(b, ir.Constant(b.type, 32))])
                 x = builder.load(builder.bitcast(x_ptr, _vec(_I8, 32).as_pointer()), align=1)
-                w, x = weights(builder, block, x)
-                xd_b = builder.load(builder.gep(xd_a.data, [b]))
-                scale = _splat_float(builder, builder.fmul(_f16(builder, block), xd_b), lanes)
+                if negative is not None:
+                    x = builder.select(negative, builder.sub(ir.Constant(x.type, None), x), x)
+                xd_b = builder.load(builder.gep(xd_rows[t], [b]))
+                scale = _splat_float(builder, builder.fmul(d, xd_b), lanes)
                 prods = builder.sitofp(_madd(builder, w, x), fvec)
+                acc = accs[t][chain]
                 builder.store(multiply_add(builder, prods, scale, builder.load(acc)), acc)
                 if offset is not None:
-                    byte, factor = offset
-                    xs_b = builder.sitofp(builder.load(builder.gep(xsum_a.data, [b])), ir.FloatType())
-                    t = builder.fmul(_f16(builder, _at(builder, block, byte)), xd_b)
-                    t = builder.fmul(builder.fmul(t, xs_b), ir.Constant(ir.FloatType(), factor))
-                    builder.store(builder.fadd(builder.load(acc_offset), t), acc_offset)
+                    xs_b = builder.sitofp(builder.load(builder.gep(xsum_rows[t], [b])), ir.FloatType())
+                    term = builder.fmul(d_offset, xd_b)
+                    term = builder.fmul(builder.fmul(term, xs_b), ir.Constant(ir.FloatType(), offset[1]))
+                    off = offs[t][chain]
+                    builder.store(builder.fadd(builder.load(off), term), off)
 
-            # two independent accumulator chains (even and odd blocks) hide the add latency
-            accs = [cgutils.alloca_once_value(builder, ir.Constant(fvec, None)) for _ in range(2)]
-            offs = [cgutils.alloca_once_value(builder, ir.Constant(ir.FloatType(), 0)) for _ in range(2)]
-            (nbytes,) = cgutils.unpack_tuple(builder, row_a.shape, 1)
-            nblocks = builder.udiv(nbytes, ir.Constant(nbytes.type, block_bytes))
-            one = ir.Constant(nblocks.type, 1)
+        def pairs_of_blocks(b):
+            """Blocks b and b + 1 in one 512-bit vector: the two chains of add_block side by side,
+            block b's in the low 8 lanes (the same operations, lane for lane)."""
+            blocks = [builder.gep(row, [builder.mul(builder.add(b, ir.Constant(b.type, i)),
+                                                    ir.Constant(b.type, block_bytes))]) for i in (0, 1)]
+            for block in blocks:
+                _prefetch(builder, block, PREFETCH_BYTES)
+            (w0, neg0), (w1, neg1) = (weights(builder, block) for block in blocks)
+            w = _concat(builder, w0, w1)
+            negative = None if neg0 is None else _concat(builder, neg0, neg1)
+            d = _pair(builder, *(_f16(builder, block) for block in blocks))
+            if offset is not None:
+                d_offset = _pair(builder, *(_f16(builder, _at(builder, block, offset[0])) for block in blocks))
+                factor = ir.Constant(_vec(ir.FloatType(), 2), [offset[1]] * 2)
+            for t in range(count):
+                x_ptr = builder.gep(xq_rows[t], [builder.mul(b, ir.Constant(b.type, 32))])
+                x = builder.load(builder.bitcast(x_ptr, _vec(_I8, 64).as_pointer()), align=1)
+                if negative is not None:
+                    x = builder.select(negative, builder.sub(ir.Constant(x.type, None), x), x)
+                xd_b = _load_vec(builder, builder.gep(xd_rows[t], [b]), 2)
+                scale = builder.shuffle_vector(builder.fmul(d, xd_b), d, _const(_I32, [0] * 8 + [1] * 8))
+                prods = builder.sitofp(_madd_pair(builder, w, x), _vec(ir.FloatType(), 16))
+                acc = pair_accs[t]
+                builder.store(multiply_add(builder, prods, scale, builder.load(acc)), acc)
+                if offset is not None:
+                    xs_b = builder.sitofp(_load_vec(builder, builder.gep(xsum_rows[t], [b]), 2), d.type)
+                    term = builder.fmul(builder.fmul(builder.fmul(d_offset, xd_b), xs_b), factor)
+                    builder.store(builder.fadd(builder.load(pair_offs[t]), term), pair_offs[t])
+
+        one = ir.Constant(nblocks.type, 1)
+        if _AVX512:
+            pair_accs = [cgutils.alloca_once_value(builder, ir.Constant(_vec(ir.FloatType(), 16), None))
+                         for _ in range(count)]
+            pair_offs = [cgutils.alloca_once_value(builder, ir.Constant(_vec(ir.FloatType(), 2), None))
+                         for _ in range(count)]
+            with cgutils.for_range(builder, builder.lshr(nblocks, one)) as loop:
+                pairs_of_blocks(builder.shl(loop.index, one))
+            for t in range(count):  # back to the two chains, for the odd block and the sums
+                acc, off = builder.load(pair_accs[t]), builder.load(pair_offs[t])
+                for chain in (0, 1):
+                    half = builder.shuffle_vector(acc, acc, _const(_I32, range(8 * chain, 8 * chain + 8)))
+                    builder.store(half, accs[t][chain])
+                    builder.store(builder.extract_element(off, ir.Constant(_I32, chain)), offs[t][chain])
+        else:
             with cgutils.for_range(builder, builder.lshr(nblocks, one)) as loop:
                 b = builder.shl(loop.index, one)
-                add_block(b, accs[0], offs[0])
-                add_block(builder.add(b, one), accs[1], offs[1])
-            with builder.if_then(builder.trunc(nblocks, ir.IntType(1))):
-                add_block(builder.sub(nblocks, one), accs[0], offs[0])
-            acc = builder.fadd(builder.load(accs[0]), builder.load(accs[1]))
+                add_block(b, 0)
+                add_block(builder.add(b, one), 1)
+        with builder.if_then(builder.trunc(nblocks, ir.IntType(1))):
+            add_block(builder.sub(nblocks, one), 0)
+        values = []
+        for t in range(count):
+            acc = builder.fadd(builder.load(accs[t][0]), builder.load(accs[t][1]))
             total = _call(builder, f"llvm.vector.reduce.fadd.v{lanes}f32", ir.FloatType(),
                           [ir.Constant(ir.FloatType(), 0), acc])
-            offsets = builder.fadd(builder.load(offs[0]), builder.load(offs[1]))
-            return builder.fadd(total, offsets)
+            offsets = builder.fadd(builder.load(offs[t][0]), builder.load(offs[t][1]))
+            values.append(builder.fadd(total, offsets))
+        return values
 
-        return types.float32(row, xq, xd, xsum), codegen
 
-    return row_dot
+    return _tiled(dots)
+
+
+def _item_ptr(context, builder, ary, aryty, i, j):
+    """The address of element [i, j] of a 2-d array argument."""
+    return cgutils.get_item_pointer2(context, builder, ary.data, cgutils.unpack_tuple(builder, ary.shape, 2),
+                                     cgutils.unpack_tuple(builder, ary.strides, 2), aryty.layout, [i, j])
+
+
+def _pair(builder, a, b):
+    """Two floats as <2 x float>."""
+    v = builder.insert_element(ir.Constant(_vec(ir.FloatType(), 2), None), a, ir.Constant(_I32, 0))
+    return builder.insert_element(v, b, ir.Constant(_I32, 1))
 
 
 def _splat_float(builder, v, n):
@@ -182,68 +299,205 @@ def _at(builder, ptr, offset):
 
 
 def _q4(q_at):
-    return lambda builder, block, x: (_low_high(builder, _at(builder, block, q_at)), x)
+    return lambda builder, block: (_low_high(builder, _at(builder, block, q_at)), None)
 
 
 def _q5(qh_at, q_at):
-    def weights(builder, block, x):
+    def weights(builder, block):
         low = _low_high(builder, _at(builder, block, q_at))
-        return builder.or_(low, _fifth_bits(builder, _at(builder, block, qh_at))), x
+        return builder.or_(low, _fifth_bits(builder, _at(builder, block, qh_at))), None
 
     return weights
 
 
-def _q8(builder, block, x):
+def _q8(builder, block):
     w = builder.load(builder.bitcast(_at(builder, block, 2), _vec(_I8, 32).as_pointer()), align=1)
-    return _signed(builder, w, x)
+    return _magnitude(builder, w)
 
 
-row_dot_q4_0 = _row_dot(18, _q4(2), offset=(0, -8.0))
-row_dot_q4_1 = _row_dot(20, _q4(4), offset=(2, 1.0))
-row_dot_q5_0 = _row_dot(22, _q5(2, 6), offset=(0, -16.0))
-row_dot_q5_1 = _row_dot(24, _q5(4, 8), offset=(2, 1.0))
-row_dot_q8_0 = _row_dot(34, _q8)
+rows_dot_q4_0 = _rows_dot(18, _q4(2), offset=(0, -8.0))
+rows_dot_q4_1 = _rows_dot(20, _q4(4), offset=(2, 1.0))
+rows_dot_q5_0 = _rows_dot(22, _q5(2, 6), offset=(0, -16.0))
+rows_dot_q5_1 = _rows_dot(24, _q5(4, 8), offset=(2, 1.0))
+rows_dot_q8_0 = _rows_dot(34, _q8)
 
 
-@intrinsic
-def dot_nibbles32(typingctx, row, o, shift, xq, e):
-    """sum_j ((row[o + j] >> shift) & 15) * xq[e + j] for j < 32 (Q4_K's sub-blocks)."""
-
-    def codegen(context, builder, sig, args):
-        packed = _load(context, builder, sig.args[0], args[0], args[1], 32, prefetch=True)
-        q = _nibbles(builder, packed, _splat(builder, args[2], _I8, 32))
-        quads = _madd(builder, q, _load(context, builder, sig.args[3], args[3], args[4], 32))
-        return _call(builder, f"llvm.vector.reduce.add.v{quads.type.count}i32", _I32, [quads])
-
-    return types.int32(row, o, shift, xq, e), codegen
+def _byte(builder, ptr, offset):
+    """The unsigned byte at ptr + offset, as i32."""
+    return builder.zext(builder.load(_at(builder, ptr, offset)), _I32)
 
 
-def _signed(builder, w, x):
-    """(|w|, x with w's sign) for signed <32 x i8> w: their unsigned-by-signed dot is w . x."""
+def _float(builder, v, signed=False):
+    return (builder.sitofp if signed else builder.uitofp)(v, ir.FloatType())
+
+
+def _k_scale_min(builder, q, j):
+    """Q4_K/Q5_K: the 6-bit (scale, min) of sub-block j from the 12 packed bytes at q, as floats
+    (quant_blocks.k_scale_min)."""
+    def field(v, shift, mask):
+        return builder.and_(builder.lshr(v, ir.Constant(_I32, shift)), ir.Constant(_I32, mask))
+
+    if j < 4:
+        return _float(builder, field(_byte(builder, q, j), 0, 63)), _float(builder, field(_byte(builder, q, j + 4), 0, 63))
+    high = _byte(builder, q, j + 4)
+    sc = builder.or_(field(high, 0, 15), builder.shl(field(_byte(builder, q, j - 4), 6, 3), ir.Constant(_I32, 4)))
+    mn = builder.or_(field(high, 4, 15), builder.shl(field(_byte(builder, q, j), 6, 3), ir.Constant(_I32, 4)))
+    return _float(builder, sc), _float(builder, mn)
+
+
+_F4 = _vec(ir.FloatType(), 4)
+
+
+def _super_blocks(builder, row, nbytes, block_bytes, count, add):
+    """The float dots of a K-quant row with `count` input rows, each in four chains (lanes of a <4 x float>,
+    so one instruction serves the four): `add(b, sb, accs)` adds super-block b (at sb) to accs[t]; the
+    chains of a row are summed at the end as (0 + 1) + (2 + 3)."""
+    accs = [cgutils.alloca_once_value(builder, ir.Constant(_F4, None)) for _ in range(count)]
+    with cgutils.for_range(builder, builder.udiv(nbytes, ir.Constant(nbytes.type, block_bytes))) as loop:
+        b = loop.index
+        add(b, builder.gep(row, [builder.mul(b, ir.Constant(b.type, block_bytes))]), accs)
+    values = []
+    for acc in accs:
+        a = [builder.extract_element(builder.load(acc), ir.Constant(_I32, i)) for i in range(4)]
+        values.append(builder.fadd(builder.fadd(a[0], a[1]), builder.fadd(a[2], a[3])))
+    return values
+
+
+def _accumulate(builder, acc, term):
+    builder.store(builder.fadd(builder.load(acc), term), acc)
+
+
+def _x32(builder, xq, e):
+    """The 32 int8 activations at xq + e (an element offset)."""
+    return builder.load(builder.bitcast(builder.gep(xq, [e]), _vec(_I8, 32).as_pointer()), align=1)
+
+
+def _load_vec(builder, ptr, n):
+    """n consecutive 4-byte elements (float or int32) at ptr as a vector."""
+    return builder.load(builder.bitcast(ptr, _vec(ptr.type.pointee, n).as_pointer()), align=4)
+
+
+def _sums4(builder, vs):
+    """<4 x i32> of the lane sums of four i32 vectors, in steps that add neighbouring lanes (integer sums:
+    exact in any order)."""
+    def pair_sums(a, b):  # [a's neighbour sums | b's]
+        n = a.type.count + b.type.count
+        return builder.add(*(builder.shuffle_vector(a, b, _const(_I32, range(k, n, 2))) for k in (0, 1)))
+
+    v = pair_sums(pair_sums(vs[0], vs[1]), pair_sums(vs[2], vs[3]))
+    while v.type.count > 4:  # each input's sums stay in a run of lanes, halved each step
+        half = ir.Constant(v.type, None)
+        v = builder.add(*(builder.shuffle_vector(v, half, _const(_I32, range(k, v.type.count, 2))) for k in (0, 1)))
+    return v
+
+
+def _vector4(builder, values):
+    v = ir.Constant(_F4, None)
+    for i, x in enumerate(values):
+        v = builder.insert_element(v, x, ir.Constant(_I32, i))
+    return v
+
+
+def _splat4(builder, x):
+    return _vector4(builder, [x] * 4)
+
+
+def _even_odd(builder, v):
+    return tuple(builder.shuffle_vector(v, v, _const(_I32, range(k, v.type.count, 2))) for k in (0, 1))
+
+
+def _q4_k_dots(builder, row, nbytes, inputs):
+    """Q4_K (what quant_dot.dot_q4_k computed per row, chain c in lane c): per pair c of 32-weight
+    sub-blocks, d * (sc1 * xd[g] * (w1 . x) + sc2 * xd[g + 1] * (w2 . x)) - dmin * (m1 * xd[g] * xsum[g]
+    + m2 * xd[g + 1] * xsum[g + 1]), g = 2c in the super-block's activation blocks."""
+
+    def add(b, sb, accs):
+        d, dmin = _splat4(builder, _f16(builder, sb)), _splat4(builder, _f16(builder, _at(builder, sb, 2)))
+        scales = [_k_scale_min(builder, _at(builder, sb, 4), j) for j in range(8)]
+        sc1, m1, sc2, m2 = (_vector4(builder, [scales[2 * c + k][i] for c in range(4)]) for k, i in
+                            ((0, 0), (0, 1), (1, 0), (1, 1)))
+        w_lo, w_hi = [], []
+        for c in range(4):
+            q = _at(builder, sb, 16 + 32 * c)
+            _prefetch(builder, q, PREFETCH_BYTES)
+            packed = builder.load(builder.bitcast(q, _vec(_I8, 32).as_pointer()), align=1)
+            w_lo.append(_nibbles(builder, packed, _const(_I8, [0] * 32)))
+            w_hi.append(_nibbles(builder, packed, _const(_I8, [4] * 32)))
+        e = builder.mul(b, ir.Constant(b.type, 256))
+        g = builder.mul(b, ir.Constant(b.type, 8))
+        for t, (xq, xd, xsum) in enumerate(inputs):
+            x = [_x32(builder, xq, builder.add(e, ir.Constant(e.type, 32 * k))) for k in range(8)]
+            i_lo = _sums4(builder, [_madd(builder, w_lo[c], x[2 * c]) for c in range(4)])
+            i_hi = _sums4(builder, [_madd(builder, w_hi[c], x[2 * c + 1]) for c in range(4)])
+            xd_g, xd_g1 = _even_odd(builder, _load_vec(builder, builder.gep(xd, [g]), 8))
+            xs_g, xs_g1 = _even_odd(builder, builder.sitofp(_load_vec(builder, builder.gep(xsum, [g]), 8), _vec(ir.FloatType(), 8)))
+            lo = builder.fmul(xd_g, builder.sitofp(i_lo, _F4))
+            hi = builder.fmul(xd_g1, builder.sitofp(i_hi, _F4))
+            mins = builder.fadd(builder.fmul(builder.fmul(m1, xd_g), xs_g), builder.fmul(builder.fmul(m2, xd_g1), xs_g1))
+            scaled = builder.fmul(d, builder.fadd(builder.fmul(sc1, lo), builder.fmul(sc2, hi)))
+            _accumulate(builder, accs[t], builder.fsub(scaled, builder.fmul(dmin, mins)))
+
+    return _super_blocks(builder, row, nbytes, 144, len(inputs), add)
+
+
+def _madd_scaled(builder, w, x, scales):
+    """sum_j scales[j // 16] * w[j] * x[j] over <32 x i8> w (unsigned, < 128) and x, as i32 vector lanes to
+    add up (`scales` a pair of i32): exact, as every partial sum stays far inside int32."""
+    if _AVX2:
+        pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", _vec(_I16, 16), [w, x])
+        sc16 = builder.shuffle_vector(builder.trunc(scales, _vec(_I16, 2)), ir.Constant(_vec(_I16, 2), None),
+                                      _const(_I32, [0] * 8 + [1] * 8))
+        return _call(builder, "llvm.x86.avx2.pmadd.wd", _vec(_I32, 8), [pairs, sc16])
+    sc32 = builder.shuffle_vector(scales, ir.Constant(scales.type, None), _const(_I32, [0] * 16 + [1] * 16))
+    return builder.mul(_madd(builder, w, x), sc32)
+
+
+def _q6_k_dots(builder, row, nbytes, inputs):
+    """Q6_K (what quant_dot.dot_q6_k computed per row, chain p in lane p): per run p of 32 weights in half
+    h, d * xd[g] * (sc0 * s0 + sc1 * s1), s0 and s1 the dots of its two 16-weight groups. That sum is
+    taken in int32 here: |s| <= 16 * 32 * 127 and |sc| <= 128 keep each product and their sum below 2**24,
+    so the float arithmetic of one-row code is exact on these integers and gives the same value."""
+
+    def add(b, sb, accs):
+        d = _splat4(builder, _f16(builder, _at(builder, sb, 208)))
+        e = builder.mul(b, ir.Constant(b.type, 256))
+        for h in range(2):
+            qh = builder.load(builder.bitcast(_at(builder, sb, 128 + 32 * h), _vec(_I8, 32).as_pointer()), align=1)
+            runs = []
+            for p in range(4):
+                q = _at(builder, sb, 64 * h + 32 * (p & 1))
+                if p < 2:
+                    _prefetch(builder, q, PREFETCH_BYTES)
+                low = _nibbles(builder, builder.load(builder.bitcast(q, _vec(_I8, 32).as_pointer()), align=1),
+                               _const(_I8, [4 * (p >> 1)] * 32))
+                high = builder.and_(builder.lshr(qh, _const(_I8, [2 * p] * 32)), _const(_I8, [3] * 32))
+                w = builder.sub(builder.or_(low, builder.shl(high, _const(_I8, [4] * 32))), _const(_I8, [32] * 32))
+                scales = builder.sext(builder.load(builder.bitcast(_at(builder, sb, 192 + 8 * h + 2 * p),
+                                                                   _vec(_I8, 2).as_pointer()), align=1), _vec(_I32, 2))
+                runs.append((*_magnitude(builder, w), scales))
+            eo = builder.add(e, ir.Constant(e.type, 128 * h))
+            g = builder.lshr(eo, ir.Constant(e.type, 5))
+            for t, (xq, xd, _) in enumerate(inputs):
+                dots = []
+                for p, (magnitude, negative, scales) in enumerate(runs):
+                    x = _x32(builder, xq, builder.add(eo, ir.Constant(e.type, 32 * p)))
+                    x = builder.select(negative, builder.sub(ir.Constant(x.type, None), x), x)
+                    dots.append(_madd_scaled(builder, magnitude, x, scales))
+                scale = builder.fmul(d, _load_vec(builder, builder.gep(xd, [g]), 4))
+                _accumulate(builder, accs[t], builder.fmul(scale, builder.sitofp(_sums4(builder, dots), _F4)))
+
+    return _super_blocks(builder, row, nbytes, 210, len(inputs), add)
+
+
+rows_dot_q4_k = _tiled(_q4_k_dots)
+rows_dot_q6_k = _tiled(_q6_k_dots)
+
+
+def _magnitude(builder, w):
+    """(|w|, the lanes where w < 0) for signed <32 x i8> w: |w| . (x negated in those lanes) is w . x."""
     zero = ir.Constant(_vec(_I8, 32), None)
     negative = builder.icmp_signed("<", w, zero)
-    return builder.select(negative, builder.sub(zero, w), w), builder.select(negative, builder.sub(zero, x), x)
-
-
-@intrinsic
-def dot_q6_k32(typingctx, row, q_at, shift, qh_at, h_shift, xq, e):
-    """Q6_K: the dots of 32 weights with xq[e:e + 32], as (first 16, last 16): weight j is
-    ((row[q_at + j] >> shift) & 15) | ((row[qh_at + j] >> h_shift) & 3) << 4, minus 32."""
-
-    def codegen(context, builder, sig, args):
-        row_v, q_v, shift_v, qh_v, hshift_v, xq_v, e_v = args
-        low = _load(context, builder, sig.args[0], row_v, q_v, 32, prefetch=True)
-        low = _nibbles(builder, low, _splat(builder, shift_v, _I8, 32))
-        high = builder.lshr(_load(context, builder, sig.args[0], row_v, qh_v, 32), _splat(builder, hshift_v, _I8, 32))
-        high = builder.shl(builder.and_(high, _const(_I8, [3] * 32)), _const(_I8, [4] * 32))
-        w = builder.sub(builder.or_(low, high), _const(_I8, [32] * 32))
-        quads = _madd(builder, *_signed(builder, w, _load(context, builder, sig.args[5], xq_v, e_v, 32)))
-        n = quads.type.count // 2
-        halves = [builder.shuffle_vector(quads, quads, _const(_I32, range(i * n, (i + 1) * n))) for i in (0, 1)]
-        sums = [_call(builder, f"llvm.vector.reduce.add.v{n}i32", _I32, [h]) for h in halves]
-        return context.make_tuple(builder, sig.return_type, sums)
-
-    return types.UniTuple(types.int32, 2)(row, q_at, shift, qh_at, h_shift, xq, e), codegen
+    return builder.select(negative, builder.sub(zero, w), w), negative
 
 
 @njit(cache=True, nogil=True)

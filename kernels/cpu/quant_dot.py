@@ -1,14 +1,18 @@
-"""Fused block-reading dot products: out[r] = sum_c W[r, c] * x[c] for every row of w.
+"""Fused block-reading dot products: out[n, r] = sum_c W[r, c] * X[n, c] for every row r of w and n of X.
 
-`dot_<format>(w, x, act, out, n16)` writes nothing but `out`; `act` is what
-`activations(x)` derives from the input once per matvec. Q4_0/Q4_1/Q5_0/Q5_1/
-Q8_0/Q4_K/Q6_K multiply their quants with x quantized to int8 blocks of 32 (as
+`activations(X)` derives what the kernels read besides the weights from the input rows once per product.
+Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q6_K multiply their quants with x quantized to int8 blocks of 32 (as
 llama.cpp does), one integer dot per block (int8_dot); the other formats widen
 each block's quants to float and multiply with x in registers. Either way the
 block sum is scaled once and offsets (Q4_0's -8, the mins, Q6_K's -32, ...) are
 folded in through block sums of x, so the inner loops stay plain multiply-adds.
 Layouts and the vectorization idioms (`n16`, `idx`, `bits`, `join`) are
 described in quant_blocks.
+
+The int8 formats take all input rows at once (`dot_<format>(w, xq, xd, xsum, out)`: each weight
+block is unpacked once for a tile of input rows, see int8_dot._tiled); the float ones
+(`dot_<format>(w, x, xs, out, n16)`) take one input row per call. Either way row n's outputs are the
+bits of a one-row product.
 
 `products` multiplies one or several stacked weights by one or more input rows,
 reading each weight tile once for all rows and splitting the rows over threads. Entry points live next to the kernels
@@ -23,7 +27,7 @@ from numba import njit, prange
 from kernels.cpu import int8_dot
 from kernels.cpu.f16 import f16_bits_to_f32
 from kernels.cpu.int8_dot import (
-    dot_nibbles32, dot_q6_k32, row_dot_q4_0, row_dot_q4_1, row_dot_q5_0, row_dot_q5_1, row_dot_q8_0,
+    rows_dot_q4_0, rows_dot_q4_1, rows_dot_q4_k, rows_dot_q5_0, rows_dot_q5_1, rows_dot_q6_k, rows_dot_q8_0,
 )
 from kernels.cpu.quant_blocks import (
     BF16, F16, F32, KERNEL, KERNEL_ONCE, N16, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
@@ -47,7 +51,7 @@ def _sum32(xs, e):
 
 
 @njit(**KERNEL_ONCE)
-def dot_f32(w, x, act, out, n16):
+def dot_f32(w, x, xs, out, n16):
     for r in range(w.shape[0]):
         row = w[r].view(np.float32)
         acc = np.float32(0)
@@ -57,7 +61,7 @@ def dot_f32(w, x, act, out, n16):
 
 
 @njit(**KERNEL_ONCE)
-def dot_f16(w, x, act, out, n16):
+def dot_f16(w, x, xs, out, n16):
     for r in range(w.shape[0]):
         row = w[r].view(np.uint16)
         acc = np.float32(0)
@@ -67,7 +71,7 @@ def dot_f16(w, x, act, out, n16):
 
 
 @njit(**KERNEL_ONCE)
-def dot_bf16(w, x, act, out, n16):
+def dot_bf16(w, x, xs, out, n16):
     for r in range(w.shape[0]):
         row = w[r].view(np.uint16)
         acc = np.float32(0)
@@ -81,38 +85,33 @@ def dot_bf16(w, x, act, out, n16):
 
 
 @njit(**KERNEL_ONCE)
-def dot_q4_0(w, x, act, out, n16):
-    _, xq, xd, xsum = act
+def dot_q4_0(w, xq, xd, xsum, out):
     for r in range(w.shape[0]):
-        out[r] = row_dot_q4_0(w[r], xq, xd, xsum)
+        rows_dot_q4_0(w, r, xq, xd, xsum, out)
 
 
 @njit(**KERNEL_ONCE)
-def dot_q4_1(w, x, act, out, n16):
-    _, xq, xd, xsum = act
+def dot_q4_1(w, xq, xd, xsum, out):
     for r in range(w.shape[0]):
-        out[r] = row_dot_q4_1(w[r], xq, xd, xsum)
+        rows_dot_q4_1(w, r, xq, xd, xsum, out)
 
 
 @njit(**KERNEL_ONCE)
-def dot_q5_0(w, x, act, out, n16):
-    _, xq, xd, xsum = act
+def dot_q5_0(w, xq, xd, xsum, out):
     for r in range(w.shape[0]):
-        out[r] = row_dot_q5_0(w[r], xq, xd, xsum)
+        rows_dot_q5_0(w, r, xq, xd, xsum, out)
 
 
 @njit(**KERNEL_ONCE)
-def dot_q5_1(w, x, act, out, n16):
-    _, xq, xd, xsum = act
+def dot_q5_1(w, xq, xd, xsum, out):
     for r in range(w.shape[0]):
-        out[r] = row_dot_q5_1(w[r], xq, xd, xsum)
+        rows_dot_q5_1(w, r, xq, xd, xsum, out)
 
 
 @njit(**KERNEL_ONCE)
-def dot_q8_0(w, x, act, out, n16):
-    _, xq, xd, xsum = act
+def dot_q8_0(w, xq, xd, xsum, out):
     for r in range(w.shape[0]):
-        out[r] = row_dot_q8_0(w[r], xq, xd, xsum)
+        rows_dot_q8_0(w, r, xq, xd, xsum, out)
 
 
 # --- K-quants ---------------------------------------------------------------
@@ -121,8 +120,7 @@ def dot_q8_0(w, x, act, out, n16):
 
 
 @njit(**KERNEL_ONCE)
-def dot_q2_k(w, x, act, out, n16):
-    xs = act[0]
+def dot_q2_k(w, x, xs, out, n16):
     for r in range(w.shape[0]):
         row = w[r]
         acc = np.float32(0)
@@ -156,8 +154,7 @@ def dot_q2_k(w, x, act, out, n16):
 
 
 @njit(**KERNEL_ONCE)
-def dot_q3_k(w, x, act, out, n16):
-    xs = act[0]
+def dot_q3_k(w, x, xs, out, n16):
     for r in range(w.shape[0]):
         row = w[r]
         acc = np.float32(0)
@@ -185,40 +182,14 @@ def dot_q3_k(w, x, act, out, n16):
         out[r] = acc
 
 
-@njit(**KERNEL, inline="always")
-def _q4_k_pair(row, o, c, d, dmin, xq, xd, xsum, e):
-    """Q4_K: the contribution of sub-blocks 2c and 2c + 1 of the super-block at byte o (weights from e)."""
-    qo, eo = o + 16 + 32 * c, e + 64 * c
-    g = eo >> 5
-    lo = xd[g] * np.float32(dot_nibbles32(row, qo, 0, xq, eo))
-    hi = xd[g + 1] * np.float32(dot_nibbles32(row, qo, 4, xq, eo + 32))
-    sc1, m1 = k_scale_min(row, o + 4, 2 * c)
-    sc2, m2 = k_scale_min(row, o + 4, 2 * c + 1)
-    mins = m1 * xd[g] * np.float32(xsum[g]) + m2 * xd[g + 1] * np.float32(xsum[g + 1])
-    return d * (sc1 * lo + sc2 * hi) - dmin * mins
-
-
 @njit(**KERNEL_ONCE)
-def dot_q4_k(w, x, act, out, n16):
-    # four accumulators (one per sub-block pair), added in a fixed order at the end: without fast-math a
-    # single one would chain every add of the row on the previous one
-    _, xq, xd, xsum = act
+def dot_q4_k(w, xq, xd, xsum, out):
     for r in range(w.shape[0]):
-        row = w[r]
-        a0 = a1 = a2 = a3 = np.float32(0)
-        for b in range(row.shape[0] // 144):
-            o, e = b * 144, b * 256
-            d, dmin = load_f16(row, o), load_f16(row, o + 2)
-            a0 += _q4_k_pair(row, o, 0, d, dmin, xq, xd, xsum, e)
-            a1 += _q4_k_pair(row, o, 1, d, dmin, xq, xd, xsum, e)
-            a2 += _q4_k_pair(row, o, 2, d, dmin, xq, xd, xsum, e)
-            a3 += _q4_k_pair(row, o, 3, d, dmin, xq, xd, xsum, e)
-        out[r] = (a0 + a1) + (a2 + a3)
+        rows_dot_q4_k(w, r, xq, xd, xsum, out)
 
 
 @njit(**KERNEL_ONCE)
-def dot_q5_k(w, x, act, out, n16):
-    xs = act[0]
+def dot_q5_k(w, x, xs, out, n16):
     for r in range(w.shape[0]):
         row = w[r]
         acc = np.float32(0)
@@ -238,76 +209,70 @@ def dot_q5_k(w, x, act, out, n16):
         out[r] = acc
 
 
-@njit(**KERNEL, inline="always")
-def _q6_k_run(row, o, e, h, p, d, xq, xd):
-    """Q6_K: run p of half h of the super-block at byte o: low nibbles (p < 2) or high nibbles of the 32
-    bytes at 64h + 32(p & 1), bits 2p of the high bits, a scale per 16."""
-    eo, so = e + 128 * h + 32 * p, o + 192 + 8 * h + 2 * p
-    s0, s1 = dot_q6_k32(row, o + 64 * h + 32 * (p & 1), 4 * (p >> 1), o + 128 + 32 * h, 2 * p, xq, eo)
-    sc0, sc1 = np.float32(np.int8(row[so])), np.float32(np.int8(row[so + 1]))
-    return d * xd[eo >> 5] * (sc0 * np.float32(s0) + sc1 * np.float32(s1))
-
-
 @njit(**KERNEL_ONCE)
-def dot_q6_k(w, x, act, out, n16):
-    # four accumulators (one per run index), added in a fixed order at the end (see dot_q4_k)
-    _, xq, xd, xsum = act
+def dot_q6_k(w, xq, xd, xsum, out):
     for r in range(w.shape[0]):
-        row = w[r]
-        a0 = a1 = a2 = a3 = np.float32(0)
-        for b in range(row.shape[0] // 210):
-            o, e = b * 210, b * 256
-            d = load_f16(row, o + 208)
-            for h in range(2):
-                a0 += _q6_k_run(row, o, e, h, 0, d, xq, xd)
-                a1 += _q6_k_run(row, o, e, h, 1, d, xq, xd)
-                a2 += _q6_k_run(row, o, e, h, 2, d, xq, xd)
-                a3 += _q6_k_run(row, o, e, h, 3, d, xq, xd)
-        out[r] = (a0 + a1) + (a2 + a3)
+        rows_dot_q6_k(w, r, xq, xd, xsum, out)
 
 
 # --- entry points -----------------------------------------------------------
 
 
 @njit(**KERNEL)
-def _dispatch(qtype, w, x, act, out, n16):
+def _dispatch(qtype, w, X, act, Y, n16):
+    """Y[n] = w times X[n] for every input row n, given act = activations(X)."""
+    xs, xq, xd, xsum = act
+    # the int8 formats take all input rows at once (each weight block unpacked once for several)
     if qtype == Q4_K:
-        dot_q4_k(w, x, act, out, n16)
+        dot_q4_k(w, xq, xd, xsum, Y)
     elif qtype == Q6_K:
-        dot_q6_k(w, x, act, out, n16)
+        dot_q6_k(w, xq, xd, xsum, Y)
     elif qtype == Q8_0:
-        dot_q8_0(w, x, act, out, n16)
+        dot_q8_0(w, xq, xd, xsum, Y)
     elif qtype == Q5_0:
-        dot_q5_0(w, x, act, out, n16)
+        dot_q5_0(w, xq, xd, xsum, Y)
     elif qtype == Q4_0:
-        dot_q4_0(w, x, act, out, n16)
+        dot_q4_0(w, xq, xd, xsum, Y)
     elif qtype == Q4_1:
-        dot_q4_1(w, x, act, out, n16)
+        dot_q4_1(w, xq, xd, xsum, Y)
     elif qtype == Q5_1:
-        dot_q5_1(w, x, act, out, n16)
-    elif qtype == Q5_K:
-        dot_q5_k(w, x, act, out, n16)
-    elif qtype == Q3_K:
-        dot_q3_k(w, x, act, out, n16)
-    elif qtype == Q2_K:
-        dot_q2_k(w, x, act, out, n16)
-    elif qtype == F32:
-        dot_f32(w, x, act, out, n16)
-    elif qtype == F16:
-        dot_f16(w, x, act, out, n16)
-    elif qtype == BF16:
-        dot_bf16(w, x, act, out, n16)
+        dot_q5_1(w, xq, xd, xsum, Y)
+    else:
+        for n in range(X.shape[0]):
+            _dispatch_row(qtype, w, X[n], xs[n], Y[n], n16)
 
 
 @njit(**KERNEL)
-def activations(x):
-    """What the kernels read besides the weights: the sums of x over runs of 16 (the
-    offset terms of the float kernels and the mins), and x quantized to int8 blocks
-    of 32 as (values, scales, value sums) for the integer kernels."""
-    xs = np.zeros(x.shape[0] // 16, np.float32)
-    for c in range(xs.shape[0] * 16):
-        xs[c >> 4] += x[c]
-    xq, xd, xsum = int8_dot.quantize(x)
+def _dispatch_row(qtype, w, x, xs, out, n16):
+    """out = w times one input row x, for the float kernels, which take one input row."""
+    if qtype == Q5_K:
+        dot_q5_k(w, x, xs, out, n16)
+    elif qtype == Q3_K:
+        dot_q3_k(w, x, xs, out, n16)
+    elif qtype == Q2_K:
+        dot_q2_k(w, x, xs, out, n16)
+    elif qtype == F32:
+        dot_f32(w, x, xs, out, n16)
+    elif qtype == F16:
+        dot_f16(w, x, xs, out, n16)
+    elif qtype == BF16:
+        dot_bf16(w, x, xs, out, n16)
+
+
+@njit(**KERNEL)
+def activations(X):
+    """What the kernels read besides the weights, per input row n: the sums of X[n] over runs of 16 (the
+    offset terms of the float kernels and the mins), and X[n] quantized to int8 blocks of 32 as
+    (values, scales, value sums) for the integer kernels."""
+    m, cols = X.shape
+    xs = np.zeros((m, cols // 16), np.float32)
+    xq = np.empty((m, cols // 32 * 32), np.int8)
+    xd = np.empty((m, cols // 32), np.float32)
+    xsum = np.empty((m, cols // 32), np.int32)
+    for n in range(m):
+        for c in range(xs.shape[1] * 16):
+            xs[n, c >> 4] += X[n, c]
+        xq[n], xd[n], xsum[n] = int8_dot.quantize(X[n])
     return xs, xq, xd, xsum
 
 
@@ -316,9 +281,9 @@ _ROW_TILE_BYTES = 64 << 10
 
 
 @njit(**KERNEL)
-def _products_range(qtypes, ws, starts, X, acts, Y, lo, hi):
+def _products_range(qtypes, ws, starts, X, act, Y, lo, hi):
     """Stacked rows [lo, hi) of the weights in ws (weight i, of GGML type qtypes[i], owns columns
-    starts[i]:starts[i+1] of Y) times every row of X, given acts[n] = activations(X[n]): each tile of
+    starts[i]:starts[i+1] of Y) times every row of X, given act = activations(X): each tile of
     weight rows is read once and multiplied by every input row while it stays in L2."""
     for i in range(len(ws)):
         a, b = max(lo, starts[i]), min(hi, starts[i + 1])
@@ -329,16 +294,15 @@ def _products_range(qtypes, ws, starts, X, acts, Y, lo, hi):
         tile = b - a if X.shape[0] == 1 else max(1, _ROW_TILE_BYTES // w.shape[1])
         for r0 in range(a, b, tile):
             r1 = min(b, r0 + tile)
-            for n in range(X.shape[0]):
-                _dispatch(qtypes[i], w[r0 - starts[i] : r1 - starts[i]], X[n], acts[n], Y[n, r0:r1], N16)
+            _dispatch(qtypes[i], w[r0 - starts[i] : r1 - starts[i]], X, act, Y[:, r0:r1], N16)
 
 
 @njit(parallel=True, **KERNEL)
-def _products_parallel(qtypes, ws, starts, X, acts, Y, chunks):
+def _products_parallel(qtypes, ws, starts, X, act, Y, chunks):
     """_products_range over all the stacked rows, split into `chunks` equal row ranges."""
     total = starts[-1]
     for c in prange(chunks):
-        _products_range(qtypes, ws, starts, X, acts, Y, c * total // chunks, (c + 1) * total // chunks)
+        _products_range(qtypes, ws, starts, X, act, Y, c * total // chunks, (c + 1) * total // chunks)
 
 
 @njit(**KERNEL)
@@ -359,8 +323,8 @@ def products(qtypes, ws, X, Y, chunks):
     starts = np.zeros(len(ws) + 1, np.int64)
     for i in range(len(ws)):
         starts[i + 1] = starts[i] + ws[i].shape[0]
-    acts = [activations(X[n]) for n in range(X.shape[0])]
+    act = activations(X)
     if chunks > 1:
-        _products_parallel(qtypes, ws, starts, X, acts, Y, chunks)
+        _products_parallel(qtypes, ws, starts, X, act, Y, chunks)
     else:
-        _products_range(qtypes, ws, starts, X, acts, Y, 0, starts[-1])
+        _products_range(qtypes, ws, starts, X, act, Y, 0, starts[-1])

@@ -109,6 +109,19 @@ def test_row_wise_rows_equal_matvecs_bitwise(qtype, mode):
         np.testing.assert_array_equal(y, quant.matvec(qtype, w, x))
 
 
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_row_tiles_give_every_row_its_one_row_bits(qtype, mode):
+    """The m-row kernels unpack each weight block once for a tile of input rows: whatever m, and whatever
+    tile and place in it a row lands in, its outputs are the bits of a one-row call."""
+    rng = np.random.default_rng(2)
+    cols = 768 if qtype in (T.Q4_K, T.Q6_K) else 224  # an odd number of blocks: the kernels pair them
+    w = random_weight(qtype, 37, cols, rng)
+    X = rng.standard_normal((33, cols), dtype=np.float32)
+    one_row = np.stack([quant.rows(qtype, w, x[None])[0] for x in X])
+    for m in (1, 2, 3, 4, 5, 8, 17, 33):
+        np.testing.assert_array_equal(quant.rows(qtype, w, X[:m]), one_row[:m], err_msg=f"{m} rows")
+
+
 def test_int8_inputs_are_quantized_as_llama_cpp_does():
     """quantize_row_q8_0's semantics: d = amax / 127, values round(x / d) half away from zero, and the scale
     the dots use rounded to f16 (kept exact where f16 would overflow or flush it to zero)."""
