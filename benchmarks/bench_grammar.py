@@ -50,6 +50,7 @@ MASK_SHARE_BAR = 0.05  # mask work over the per-token time, plain constrained de
 FOLLOW_UP = "Another one, please."
 MODES = ("free", "constrained", "constrained_spec")
 CAPACITY = 512  # KV positions per chat: a prompt and a few replies
+SPEC_COUNTS = ("steps", "drafted", "accepted", "committed")  # the decoder's Stats summed over replies
 
 
 class Timed(StructuredProcessor):
@@ -114,20 +115,22 @@ class Mode:
             self.lookahead_ns += processor.lookahead_ns - before[1]
             self.forced += processor.forced - before[2]
         if turn.stats.spec is not None:
-            for name in ("steps", "drafted", "accepted", "committed"):
-                setattr(self.spec, name, getattr(self.spec, name) + getattr(turn.stats.spec, name))
+            _add(self.spec, turn.stats.spec, SPEC_COUNTS)
 
     def merge(self, other: "Mode") -> None:
-        for name in ("sampled", "timed", "decode_s", "mask_ns", "lookahead_ns", "forced"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        for name in ("steps", "drafted", "accepted", "committed"):
-            setattr(self.spec, name, getattr(self.spec, name) + getattr(other.spec, name))
+        _add(self, other, ("sampled", "timed", "decode_s", "mask_ns", "lookahead_ns", "forced"))
+        _add(self.spec, other.spec, SPEC_COUNTS)
 
     def tok_s(self) -> float:
         return self.timed / self.decode_s if self.decode_s else 0.0
 
     def us_per_token(self, ns: int) -> float:
         return ns / 1e3 / max(self.sampled, 1)
+
+
+def _add(total, part, names: tuple[str, ...]) -> None:
+    for name in names:
+        setattr(total, name, getattr(total, name) + getattr(part, name))
 
 
 def counters(processor: Timed) -> tuple[int, int, int]:
@@ -204,7 +207,8 @@ def main() -> None:
     ap.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=80)
-    ap.add_argument("--turns", type=int, default=2, help="replies per schema's chat (the later ones: " + repr(FOLLOW_UP) + ")")
+    ap.add_argument("--turns", type=int, default=2,
+                    help=f"replies per schema's chat (the later ones answer {FOLLOW_UP!r})")
     ap.add_argument("--limit", type=int, default=None, help="only the first N schemas")
     args = ap.parse_args()
     if args.turns < 1:
@@ -226,7 +230,8 @@ def main() -> None:
     result = {"model": args.model, "threads": threads, "schemas": len(cases),
               "outputs_equal": True,  # else SpeculationMismatch stopped the run
               "all_turns": summary(overall), "per_turn": [summary(modes) for modes in totals]}
-    for label, r in [("all turns", result["all_turns"])] + [(f"turn {i + 1}", r) for i, r in enumerate(result["per_turn"])]:
+    labelled = [("all turns", result["all_turns"])] + [(f"turn {i + 1}", r) for i, r in enumerate(result["per_turn"])]
+    for label, r in labelled:
         c, s = r["constrained"], r["constrained_spec"]
         print(f"{label}: free {r['free']['tok_s']:.1f} tok/s, constrained {c['tok_s']:.1f}, constrained+spec "
               f"{s['tok_s']:.1f} ({r['bars']['spec_vs_free'] or 0:.2f}x free); mask {c['mask_us_per_token']:.1f} "
