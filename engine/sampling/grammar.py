@@ -35,10 +35,12 @@ log = logging.getLogger(__name__)
 
 # What a stored or typed response format may name; "gbnf" is converted to Lark when it is read.
 GRAMMAR_KINDS = ("json_object", "json_schema", "regex", "lark", "gbnf")
-# JSON whitespace as llama.cpp's schema grammars allow it: per gap, a space or a newline with some
-# indentation. llguidance's default (any run) lets a small model that wants to go on with a string
-# cut at its maxLength loop on newlines until max_tokens. A schema's own "x-guidance" still overrides it.
-JSON_OPTIONS = {"whitespace_pattern": r"(?: |\n[ \t]{0,20})?"}
+# JSON replies are one line with fixed separators (", " and ": ", as Python's json.dumps): every key with
+# its quotes and separators is then a span the grammar forces, which drafts itself when decoding
+# speculatively (the app pretty-prints JSON replies anyway). Free whitespace made each gap a choice: spans of
+# one token, and a small model that wants to go on with a string cut at its maxLength could loop on
+# newlines until max_tokens. A schema's own "x-guidance" still overrides it.
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 @dataclass(frozen=True)

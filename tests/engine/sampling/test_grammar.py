@@ -195,13 +195,17 @@ def test_valid_prefix_len_agrees_with_the_mask_on_the_end_of_sequence_id(tok):
     assert processor.valid_prefix_len([tok.vocab.ids["a"], stop, tok.vocab.ids["a"]]) == 2
 
 
-def test_json_whitespace_is_bounded_per_gap_so_a_reply_cannot_loop_on_newlines(tok):
-    schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 3}}, "required": ["a"]}
+def test_json_replies_are_one_line_with_fixed_separators_so_structure_is_forced(tok):
+    schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 3}, "b": {"type": "integer"}},
+              "required": ["a", "b"]}
     processor = grammar_processor(Grammar("json_schema", json.dumps(schema)), tok)
-    pretty = tok.encode_plain('{\n  "a": "xyz"\n}')
-    assert processor.valid_prefix_len(pretty) == len(pretty)
-    looping = tok.encode_plain('{"a": "xyz"\n\n\n\n')
-    assert processor.valid_prefix_len(looping) == len(tok.encode_plain('{"a": "xyz"\n'))
+    compact = tok.encode_plain('{"a": "xyz", "b": 1}')
+    assert processor.valid_prefix_len(compact) == len(compact)
+    pretty = tok.encode_plain('{\n  "a": "xyz"')
+    assert processor.valid_prefix_len(pretty) == len(tok.encode_plain('{'))  # no newline: no loop on them
+    assert processor.valid_prefix_len(tok.encode_plain('{"a" : ')) == len(tok.encode_plain('{"a"'))
+    processor.commit(tok.encode_plain('{')[0])
+    assert tok.decode(processor.forced_tokens()) == '"a": "'  # the key and its separators draft themselves
 
 
 def test_the_shared_bridge_does_not_keep_its_tokenizer_alive():
