@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import numpy as np
 
 from engine.speculative.constrained import grammar_aware
-from engine.speculative.source import DraftSource, truncate_pending, wants_top_k
+from engine.speculative.source import DraftSource, last_forced, truncate_pending, wants_top_k
 from engine.speculative.stream import SpeculativeStream
 
 if TYPE_CHECKING:
@@ -98,6 +98,10 @@ class _TurnBoundary:
                 return draft[:i]
             reply += c.tokenizer.token_bytes(token)
         return draft
+
+    @property
+    def last_forced(self) -> bool:  # a cut forced span is still forced
+        return last_forced(self.source)
 
     def observe(self, committed: Sequence[int]) -> None:
         self.source.observe(committed)

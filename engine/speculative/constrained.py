@@ -10,6 +10,9 @@ stream's sampler, and reads only the processor's two lookaheads, which never cha
   token's verify row would mask it, so verifying it and what follows is wasted work, and counting it would
   drag the inner source's acceptance gates down. The cut goes to the inner source's `truncate_pending`.
 
+A forced span is marked `last_forced`, so the decoder verifies it even when it is a single token: JSON
+structure is mostly one-token spans (`"`, `": "`, `, "`), each a near-certain extra token per verify.
+
 Lossless: drafts never decide what is committed (the decoder samples every row through the processor).
 Deterministic: both lookaheads are functions of the committed tokens.
 """
@@ -26,11 +29,12 @@ class ConstrainedSource:
     def __init__(self, processor: StructuredProcessor, inner: DraftSource):
         self.processor, self.inner = processor, inner
         self._from_inner = False  # the last suggestion is the inner source's (its truncations go there)
+        self.last_forced = False  # the last suggestion is the grammar's forced span
         if wants_top_k(inner):  # only then: the decoder computes top-K for sources that take it
             self.observe_top_k = inner.observe_top_k
 
     def suggest(self, context: Sequence[int], budget: int) -> list[int]:
-        self._from_inner = False
+        self._from_inner = self.last_forced = False
         if budget <= 0:
             return []
         forced = list(self.processor.forced_tokens())[:budget]
@@ -43,6 +47,7 @@ class ConstrainedSource:
             return draft[:valid]
         if draft:
             truncate_pending(self.inner, 0)  # not verified: not the inner source's miss
+        self.last_forced = bool(forced)
         return forced
 
     def truncate_pending(self, new_len: int) -> None:
@@ -50,7 +55,7 @@ class ConstrainedSource:
             truncate_pending(self.inner, new_len)
 
     def observe(self, committed: Sequence[int]) -> None:
-        self._from_inner = False
+        self._from_inner = self.last_forced = False
         self.inner.observe(committed)
 
 

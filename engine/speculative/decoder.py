@@ -29,14 +29,14 @@ import numpy as np
 from engine.errors import InvalidDecodeState, InvalidSpeculationConfig, SpeculativeError
 from engine.sampling.sampler import Sampler, top_ids
 from engine.speculative.gate import CostGate
-from engine.speculative.source import DraftSource, TopKRow, truncate_pending, wants_top_k
+from engine.speculative.source import DraftSource, TopKRow, last_forced, truncate_pending, wants_top_k
 from engine.speculative.target import VerifyTarget
 
 
 @dataclass(frozen=True)
 class SpecOptions:
     max_draft: int = 16
-    min_draft: int = 2          # shorter drafts are not verified: the step is a plain one
+    min_draft: int = 2          # shorter drafts are not verified (the step is a plain one), unless forced
     topk_feedback: int = 8      # candidates per verified position for sources that consume them
     stop_tokens: frozenset[int] = frozenset()
 
@@ -197,7 +197,9 @@ class SpeculativeDecoder:
             if not 0 <= t < self.vocab_size:
                 break
             draft.append(t)
-        if len(draft) < self.options.min_draft:
+        # A forced token (the grammar allows no other) is all but sure to be accepted: a two-row verify of it
+        # commits two tokens for little more than one step's cost, so it is worth a verify on its own.
+        if len(draft) < (1 if last_forced(self.source) else self.options.min_draft):
             if raw:
                 truncate_pending(self.source, 0)
             self.stats.fallback_steps += 1

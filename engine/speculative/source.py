@@ -5,7 +5,9 @@ committed (the decoder samples every verified row itself), so a wrong, short, ov
 suggestion costs only verify work: the decoder clamps it to its budget and to the vocabulary. A source that
 also defines `observe_top_k` receives per-position top-K candidates from the verify logits (the decoder
 computes them only for such sources); one that defines `truncate_pending` is told when its last suggestion
-was shortened before verification, so its acceptance accounting covers only what was verified.
+was shortened before verification, so its acceptance accounting covers only what was verified. One with a
+`last_forced` attribute that is true says its last suggestion is forced (a grammar leaves the model no other
+tokens there): the decoder verifies it even when it is shorter than the minimum draft.
 """
 
 from __future__ import annotations
@@ -28,11 +30,17 @@ class DraftSource(Protocol):
     def observe(self, committed: Sequence[int]) -> None:
         """Tokens just committed to the stream, in order (every one, drafted or not)."""
 
-    # Optional: observe_top_k(rows: Sequence[TopKRow]) -> None and truncate_pending(new_len: int) -> None.
+    # Optional: observe_top_k(rows: Sequence[TopKRow]) -> None, truncate_pending(new_len: int) -> None and a
+    # `last_forced: bool` attribute.
 
 
 def wants_top_k(source: DraftSource) -> bool:
     return callable(getattr(source, "observe_top_k", None))
+
+
+def last_forced(source: DraftSource) -> bool:
+    """Whether `source` marked its last suggestion as forced."""
+    return bool(getattr(source, "last_forced", False))
 
 
 def truncate_pending(source: DraftSource, new_len: int) -> None:

@@ -120,3 +120,14 @@ def test_over_a_real_grammar_the_lookaheads_leave_the_matcher_as_they_found_it()
         sample_row(token)
     assert processor.failure is None and processor.finished
     assert inner.truncations.count(len(ids(tok, "ab!")) + 1) >= 1  # the cut reached the inner accounting
+
+
+def test_a_forced_span_is_marked_forced_and_an_inner_draft_is_not():
+    processor, inner = Fixed(), Inner([1, 5])
+    source = ConstrainedSource(processor, inner)
+    source.suggest([0], 1)
+    assert source.last_forced  # the decoder verifies it though it is shorter than the minimum draft
+    processor.forcing = False
+    inner.draft = [1, 2]
+    source.suggest([0], 8)
+    assert not source.last_forced

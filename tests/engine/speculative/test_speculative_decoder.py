@@ -373,3 +373,26 @@ def test_a_topk_source_needs_topk_feedback():
     with pytest.raises(InvalidSpeculationConfig, match="top-K"):
         SpeculativeDecoder(FakeTarget(MODEL), Sampler(), SpeculationIndex(MODEL.vocab), vocab_size=MODEL.vocab,
                            options=SpecOptions(topk_feedback=0))
+
+
+class ForcedOne(Oracle):
+    """Oracle drafts of one token, marked forced (a grammar's single-token span)."""
+    last_forced = True
+
+    def suggest(self, context, budget):
+        return super().suggest(context, budget)[:1]
+
+
+@pytest.mark.parametrize("forced", [True, False])
+def test_a_forced_one_token_draft_is_verified_and_an_unforced_one_is_not(forced):
+    plain = plain_run(MODEL, Sampler(CONFIGS["sampled"]), PROMPTS)
+    source = ForcedOne(plain.sampled)
+    source.last_forced = forced
+    spec, decoder = spec_run(MODEL, Sampler(CONFIGS["sampled"]), PROMPTS, source_decoder(source),
+                             on_turn=source.start_turn)
+    assert_same(plain, spec)
+    s = decoder.stats
+    if forced:
+        assert s.accepted > 0 and s.spec_steps > 10 * s.fallback_steps  # fallbacks: a budget under 2 at a turn's end
+    else:
+        assert s.spec_steps == 0 and s.drafted == 0 and s.fallback_steps > 0
