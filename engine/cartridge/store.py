@@ -9,7 +9,9 @@ the document's hash and name, and a CRC-32 of the tensor bytes.
 Loading refuses (CartridgeRefused) a file that does not parse, fails its CRC, or was built for another
 model, cache type or geometry; the caller builds the cartridge again and the save replaces the file.
 Saves write a temporary file and rename it over the old one, so a crash never leaves half a cartridge
-under a cartridge's name.
+under a cartridge's name. The folder is kept within a disk budget by deleting the least recently used
+cartridges (a file's modification time is its last use: attach touches it); a deleted one is simply read
+again when its document is attached next.
 """
 
 from __future__ import annotations
@@ -129,6 +131,26 @@ def stored(directory: str | os.PathLike | None = None) -> list[StoredCartridge]:
         out.append(StoredCartridge(path.name[: -len(SUFFIX)], path, meta.get("name", ""), int(meta.get("rows", 0)),
                                    meta.get("kv_dtype", ""), meta.get("fingerprint", ""), st.st_size, st.st_mtime))
     return sorted(out, key=lambda c: -c.used_at)
+
+
+def evict(budget_bytes: int, directory: str | os.PathLike | None = None, *, keep: Path | None = None) -> list[Path]:
+    """Delete the least recently used cartridges until the folder holds at most `budget_bytes` (never
+    `keep`, the one just attached); the deleted files."""
+    held = stored(directory)
+    total = sum(c.bytes for c in held)
+    removed = []
+    for c in reversed(held):  # least recently used first
+        if total <= budget_bytes:
+            break
+        if keep is not None and c.path == Path(keep):
+            continue
+        try:
+            c.path.unlink()
+        except FileNotFoundError:  # another process evicted it
+            pass
+        total -= c.bytes
+        removed.append(c.path)
+    return removed
 
 
 def _tensor(dtype: KvDtype, rows: np.ndarray) -> np.ndarray:

@@ -142,3 +142,18 @@ def test_the_library_lists_stored_cartridges(tiny, cartridges):
     [listed] = store.stored()
     assert (listed.path, listed.name, listed.kv_dtype) == (path, "facts.md", "f16")
     assert listed.rows == len(prefix_ids(tok, CHATML, DOC)) and listed.bytes == path.stat().st_size
+
+
+def test_the_folder_keeps_to_its_disk_budget_evicting_the_least_recently_used(tiny, cartridges):
+    import os
+
+    model, tok = tiny
+    docs = [Document(f"d{i}.txt", "text", f"Document number {i}.") for i in range(3)]
+    paths = [attach(model, tok, CHATML, d).path for d in docs]
+    for age, path in enumerate(paths):  # d0 used most recently, d2 longest ago
+        os.utime(path, (1000 - age, 1000 - age))
+    attach(model, tok, CHATML, docs[2])  # a load makes d2 the most recent
+    size = paths[0].stat().st_size
+    fourth = attach(model, tok, CHATML, Document("d3.txt", "text", "Document number 3."), disk_budget=3 * size)
+    assert sorted(p.name for p in cartridges.glob("*.safetensors")) == sorted(
+        p.name for p in [paths[0], paths[2], fourth.path])  # d1, the least recently used, went

@@ -183,3 +183,21 @@ def test_a_working_template_of_its_own_is_kept():
                                   byte_level_chatml_tokenizer())
     assert isinstance(template, JinjaTemplate)
     assert template.render_messages([Message(U, "Hi")]) == "[user]Hi[assistant]"
+
+
+@pytest.mark.parametrize("fmt, expected", [
+    (Format.CHATML, "<|im_start|>system\nDOC<|im_end|>\n"),
+    (Format.LLAMA3, "<|start_header_id|>system<|end_header_id|>\n\nDOC<|eot_id|>"),
+    (Format.GEMMA, "<start_of_turn>user\nDOC<end_of_turn>\n<start_of_turn>model\n"
+                   "I have read the document and will use it to answer.<end_of_turn>\n"),
+])
+def test_reference_material_is_closed_blocks_a_chat_can_follow(fmt, expected):
+    t = Template(fmt)
+    # ChatML keeps contents as they are; the others trim them, as their chat turns do
+    assert t.render_reference(" DOC ") == expected.replace("DOC", " DOC " if fmt is Format.CHATML else "DOC")
+
+
+def test_a_models_own_template_presents_reference_material_as_a_system_message():
+    t = JinjaTemplate("{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}"
+                      "{% if add_generation_prompt %}[assistant]{% endif %}", isolated=False)
+    assert t.render_reference("DOC") == "[system]DOC"
