@@ -1,8 +1,8 @@
 """The cost gate's verify-cost table for one model on this machine (spec 13.9.1).
 
-Measured once per model and thread count at first use -- a short run of `measure_verify_costs` over a
-scratch cache, m = 1..MAX_ROWS -- and kept in the user cache dir under the model's fingerprint, so later
-processes read it back. The table only steers the gate (when speculation runs), never what is committed,
+Measured once per model, thread count and build of the kernels at first use -- a short run of
+`measure_verify_costs` over a scratch cache, m = 1..MAX_ROWS -- and kept in the user cache dir under those,
+so later processes read it back (new kernels change the costs: they are measured again). The table only steers the gate (when speculation runs), never what is committed,
 so a stale or unreadable file is simply measured again.
 """
 
@@ -14,6 +14,7 @@ import weakref
 from engine.kv.persist import model_fingerprint
 from engine.paths import cache_dir
 from engine.speculative.gate import measure_verify_costs
+from kernels.cpu import BUILD_ID as KERNELS_BUILD
 from kernels.cpu.quant import threads as kernel_threads
 
 MAX_ROWS = 17      # a verify over the last token and a draft of up to 16
@@ -32,7 +33,7 @@ def verify_cost_table(model) -> dict[int, float]:
     fingerprint = model_fingerprint(model.file)
     key = (fingerprint, threads)
     if key not in per_model:
-        path = cache_dir() / "verify-costs" / f"{fingerprint.hex()[:32]}-t{threads}.json"
+        path = cache_dir() / "verify-costs" / f"{fingerprint.hex()[:32]}-t{threads}-k{KERNELS_BUILD}.json"
         table = _read(path)
         if table is None:
             table = measure(model)

@@ -31,6 +31,9 @@ def _sources_hash() -> str:
     return h.hexdigest()[:16]
 
 
+# Names this build of the kernels: what was measured of them (speculation's verify costs) is kept under it.
+BUILD_ID = _sources_hash()
+
 if "NUMBA_CACHE_DIR" not in os.environ:
     numba.config.CACHE_DIR = str(Path(platformdirs.user_cache_dir("fucina", appauthor=False)) / "numba"
-                                 / _sources_hash())
+                                 / BUILD_ID)

@@ -1,4 +1,4 @@
-"""The verify-cost table is measured once per model and thread count, then read back from the cache dir."""
+"""The verify-cost table is measured once per model, thread count and kernel build, then read back from the cache dir."""
 
 import pytest
 
@@ -41,3 +41,14 @@ def test_the_table_is_measured_once_and_read_back_by_the_next_process(tiny_model
     stored.write_text('{"seconds": {"1": 0.5}}')  # damaged or from an older layout: measured again
     assert verify_costs.verify_cost_table(tiny_model) == fake and len(calls) == 2
     assert verify_costs._read(stored) == fake
+
+
+def test_new_kernels_measure_again(tiny_model, monkeypatch):
+    calls = []
+    monkeypatch.setattr(verify_costs, "measure", lambda model: calls.append(model) or {m: 0.01 * m for m in
+                                                                                  range(1, verify_costs.MAX_ROWS + 1)})
+    verify_costs.verify_cost_table(tiny_model)
+    verify_costs._MEASURED.clear()
+    monkeypatch.setattr(verify_costs, "KERNELS_BUILD", "another-build")  # the kernels' sources changed
+    verify_costs.verify_cost_table(tiny_model)
+    assert len(calls) == 2  # the old build's costs are not this build's
