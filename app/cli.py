@@ -6,7 +6,7 @@ import argparse
 import multiprocessing
 import sys
 
-from app import cli_bench, cli_chat, cli_conversations, cli_eval, cli_models, cli_tokenize
+from app import cli_bench, cli_chat, cli_conversations, cli_eval, cli_models, cli_tokenize, cli_warmup
 from engine.errors import FucinaError
 
 # Each module's `register(subparsers)` adds its subcommands and sets `func(args) -> int | None` on them.
@@ -18,6 +18,7 @@ COMMANDS = [
     cli_bench.register,
     cli_chat.register,
     cli_conversations.register,
+    cli_warmup.register,
 ]
 
 
