@@ -10,6 +10,11 @@ from pathlib import Path
 def run(screenshot: str | None = None, conversation_id: str | None = None) -> int:
     if screenshot is not None:
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # a screenshot needs no display
+    from app.gui.system_libraries import problem as missing_system_libraries
+
+    if problem := missing_system_libraries():  # before Qt loads: without them it aborts the process
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     # Qt is imported here, not at module level, so the command line starts fast without it.
     from PySide6.QtWidgets import QApplication, QMessageBox
 
