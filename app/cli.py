@@ -6,7 +6,8 @@ import argparse
 import multiprocessing
 import sys
 
-from app import cli_bench, cli_chat, cli_conversations, cli_eval, cli_models, cli_tokenize, cli_warmup
+from app import (cli_bench, cli_chat, cli_conversations, cli_desktop, cli_eval, cli_models, cli_tokenize,
+                 cli_warmup)
 from engine.errors import FucinaError
 
 # Each module's `register(subparsers)` adds its subcommands and sets `func(args) -> int | None` on them.
@@ -19,6 +20,7 @@ COMMANDS = [
     cli_chat.register,
     cli_conversations.register,
     cli_warmup.register,
+    cli_desktop.register,
 ]
 
 

@@ -16,8 +16,10 @@ def run(screenshot: str | None = None, conversation_id: str | None = None) -> in
         print(f"error: {problem}", file=sys.stderr)
         return 2
     # Qt is imported here, not at module level, so the command line starts fast without it.
+    from PySide6.QtGui import QIcon
     from PySide6.QtWidgets import QApplication, QMessageBox
 
+    from app.cli_desktop import APP_ID
     from app.gui.gc_policy import collect_on_gui_thread
     from app.gui.main_window import MainWindow
     from app.gui.qt_binding import binding_problem
@@ -26,6 +28,7 @@ def run(screenshot: str | None = None, conversation_id: str | None = None) -> in
     from engine.locks import app_lock
     from engine.paths import data_dir
     from engine.runtime import configure_threads
+    from resources import resource_path
 
     if problem := binding_problem():
         print(f"error: {problem}", file=sys.stderr)
@@ -34,6 +37,8 @@ def run(screenshot: str | None = None, conversation_id: str | None = None) -> in
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("Fucina")
     app.setApplicationDisplayName("Fucina")
+    app.setDesktopFileName(APP_ID)  # the desktop entry `fucina install-desktop` installs
+    app.setWindowIcon(QIcon(str(resource_path(f"icons/{APP_ID}.svg"))))
     collect_on_gui_thread(app)  # never on the engine's worker thread (app.gui.gc_policy)
     lock = None
     try:  # one app per data dir: two would stream into one conversation and race on its sidecar
