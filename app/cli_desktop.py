@@ -64,8 +64,9 @@ def render_pngs(svg: Path, sizes=PNG_SIZES) -> dict[int, bytes]:
 def install(prefix: Path) -> list[Path]:
     """Write the entry, the icons and the metadata under `prefix` (a share/ directory); the files."""
     svg = resource_path(f"icons/{APP_ID}.svg")
+    metainfo = resource_path(f"desktop/{APP_ID}.metainfo.xml")
     files = {prefix / "applications" / f"{APP_ID}.desktop": desktop_entry(launcher()).encode(),
-             prefix / "metainfo" / f"{APP_ID}.metainfo.xml": resource_path(f"desktop/{APP_ID}.metainfo.xml").read_bytes(),
+             prefix / "metainfo" / metainfo.name: metainfo.read_bytes(),
              prefix / "icons/hicolor/scalable/apps" / f"{APP_ID}.svg": svg.read_bytes()}
     for size, png in render_pngs(svg).items():
         files[prefix / f"icons/hicolor/{size}x{size}/apps" / f"{APP_ID}.png"] = png

@@ -22,7 +22,8 @@ from engine.catalog import catalog, pull
 def cold_start(name: str, download_s: float = 0.0, warmup: bool = True) -> dict:
     pull(name)  # on disk before the clock starts: the download itself is not what is measured
     with tempfile.TemporaryDirectory(prefix="fucina-cold-") as tmp:
-        env = {**os.environ, "NUMBA_CACHE_DIR": os.path.join(tmp, "numba"), "XDG_CACHE_HOME": os.path.join(tmp, "cache")}
+        env = {**os.environ, "NUMBA_CACHE_DIR": os.path.join(tmp, "numba"),
+               "XDG_CACHE_HOME": os.path.join(tmp, "cache")}
         run = subprocess.run([sys.executable, "-m", "engine.bench_cold", name, str(download_s), str(int(warmup))],
                              env=env, capture_output=True, text=True, check=False)
     if run.returncode != 0:
@@ -31,12 +32,12 @@ def cold_start(name: str, download_s: float = 0.0, warmup: bool = True) -> dict:
 
 
 def _child(name: str, download_s: float, warmup: bool) -> dict:
-    from engine import warmup as kernels
+    from engine import warmup as kernel_warmup
     from engine.chat import ChatOptions, Conversation
     from engine.models import load_model
 
     started = time.perf_counter()
-    stages = kernels.start(name) if warmup else []
+    stages = kernel_warmup.start(name) if warmup else []
     time.sleep(download_s)
     downloaded = time.perf_counter()
     for proc in stages:

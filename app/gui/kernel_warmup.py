@@ -5,8 +5,6 @@ otherwise compile the same kernels itself, in competition with them."""
 
 from __future__ import annotations
 
-import os
-
 from PySide6.QtCore import QObject, QProcess, Signal
 from PySide6.QtWidgets import QProgressBar
 
@@ -44,7 +42,6 @@ class KernelWarmup(QObject):
             process = QProcess(self)
             process.setProcessChannelMode(QProcess.ProcessChannelMode.ForwardedErrorChannel)
             process.finished.connect(lambda *_, p=process: self._stage_ended(p))
-            process.setWorkingDirectory(os.getcwd())
             process.start(program, arguments)
             self._processes.append(process)
 
