@@ -6,7 +6,8 @@ import argparse
 import multiprocessing
 import sys
 
-from app import cli_bench, cli_chat, cli_conversations, cli_docs, cli_eval, cli_models, cli_serve, cli_tokenize
+from app import (cli_bench, cli_chat, cli_conversations, cli_desktop, cli_docs, cli_eval, cli_models, cli_serve,
+                 cli_tokenize, cli_warmup)
 from engine.errors import FucinaError
 
 # Each module's `register(subparsers)` adds its subcommands and sets `func(args) -> int | None` on them.
@@ -20,6 +21,8 @@ COMMANDS = [
     cli_conversations.register,
     cli_docs.register,
     cli_serve.register,
+    cli_warmup.register,
+    cli_desktop.register,
 ]
 
 

@@ -9,8 +9,10 @@ from pathlib import Path
 from app.cli_eval import resolve_model_path
 from app.cli_sampling import add_sampler_options, sampler_config
 from engine.bench import PEERS, benchmark, rows_throughput
+from engine.bench_cold import cold_start
 from engine.bench_reopen import reopen_benchmark
 from engine.bench_spec import load_workload, spec_benchmark
+from engine.catalog import catalog
 from engine.errors import BenchWorkloadError, FucinaError
 from engine.models import load_model
 from engine.runtime import configure_threads
@@ -25,6 +27,8 @@ def _print_json(result: dict) -> int:
 
 
 def run_bench(args) -> int:
+    if args.cold_start:
+        return _run_cold_start(args)
     threads = configure_threads(args.threads)
     path = resolve_model_path(args.model)
     log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr, flush=True))
@@ -52,6 +56,19 @@ def run_bench(args) -> int:
             line += (f" | {args.peer} {p['median']:8.2f} | ratio {q['median']:.2f}x "
                      f"(min {q['min']:.2f}, max {q['max']:.2f})")
         print(line)
+    return 0
+
+
+def _run_cold_start(args) -> int:
+    if args.model not in catalog():
+        raise FucinaError(f"--cold-start measures a starter model ({', '.join(catalog())}), got {args.model!r}")
+    r = cold_start(args.model, args.download_s, warmup=not args.no_warmup)
+    if args.json:
+        return _print_json(r)
+    print(f"{args.model}: fresh kernel cache, {'warm-up from the start' if r['warmup'] else 'no warm-up'}, "
+          f"download simulated as {args.download_s:g} s")
+    print(f"first token {r['first_token_after_download_s']:.1f} s after the download (warm-up {r['warmup_s']:.1f} s, "
+          f"of which {r['wait_after_download_s']:.1f} s after the download; model load {r['load_s']:.1f} s)")
     return 0
 
 
@@ -141,6 +158,13 @@ def register(subparsers) -> None:
                    help="with --spec: one workload, a JSON file or a built-in name (default: every built-in one)")
     p.add_argument("--max-tokens", type=int, default=None,
                    help="with --spec: cap every reply at this many tokens (default: the workload's own)")
+    p.add_argument("--cold-start", action="store_true",
+                   help="instead: seconds from the end of the download to the first token of the first reply, "
+                        "with an empty kernel cache, as on a fresh machine (a starter model)")
+    p.add_argument("--download-s", type=float, default=0.0,
+                   help="with --cold-start: how long the simulated download overlaps the warm-up (default 0)")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="with --cold-start: no background warm-up; the first reply compiles the kernels")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     add_sampler_options(p)
     p.set_defaults(func=run_bench)

@@ -30,7 +30,7 @@ import threading
 import time
 import zipfile
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import BinaryIO, Callable, Sequence
@@ -75,6 +75,8 @@ class StarterModel:
     size: int
     sha256: str
     parts: tuple[WheelPart, ...]
+    # what its kernels are compiled for (engine.warmup): architecture and GGML type per weight kind
+    kernels: dict = field(default_factory=dict, compare=False)
 
     def path(self, directory: Path | None = None) -> Path:
         return (directory or models_dir()) / self.file

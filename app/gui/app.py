@@ -10,9 +10,16 @@ from pathlib import Path
 def run(screenshot: str | None = None, conversation_id: str | None = None) -> int:
     if screenshot is not None:
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # a screenshot needs no display
+    from app.gui.system_libraries import problem as missing_system_libraries
+
+    if problem := missing_system_libraries():  # before Qt loads: without them it aborts the process
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     # Qt is imported here, not at module level, so the command line starts fast without it.
+    from PySide6.QtGui import QIcon
     from PySide6.QtWidgets import QApplication, QMessageBox
 
+    from app.cli_desktop import APP_ID
     from app.gui.gc_policy import collect_on_gui_thread
     from app.gui.main_window import MainWindow
     from app.gui.qt_binding import binding_problem
@@ -21,6 +28,7 @@ def run(screenshot: str | None = None, conversation_id: str | None = None) -> in
     from engine.locks import app_lock
     from engine.paths import data_dir
     from engine.runtime import configure_threads
+    from resources import resource_path
 
     if problem := binding_problem():
         print(f"error: {problem}", file=sys.stderr)
@@ -29,6 +37,8 @@ def run(screenshot: str | None = None, conversation_id: str | None = None) -> in
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("Fucina")
     app.setApplicationDisplayName("Fucina")
+    app.setDesktopFileName(APP_ID)  # the desktop entry `fucina install-desktop` installs
+    app.setWindowIcon(QIcon(str(resource_path(f"icons/{APP_ID}.svg"))))
     collect_on_gui_thread(app)  # never on the engine's worker thread (app.gui.gc_policy)
     lock = None
     try:  # one app per data dir: two would stream into one conversation and race on its sidecar

@@ -14,6 +14,7 @@ from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QMainWindow, QMessageBo
 
 from app.gui.chat_view import ChatView
 from app.gui.composer import Composer
+from app.gui.kernel_warmup import KernelWarmup
 from app.gui.model_picker import ModelPicker, model_label
 from app.gui.preferences import Preferences
 from app.gui.settings_dialog import SettingsDialog
@@ -64,6 +65,7 @@ class MainWindow(QMainWindow):
         self.load_progress.setMaximumWidth(140)
         self.load_progress.setAccessibleName("Model loading")
         self.load_progress.hide()
+        self.kernel_warmup = KernelWarmup(self)
         self._build_layout()
         self._build_menus()
         self._connect()
@@ -100,6 +102,7 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(central)
         self.statusBar().addWidget(self.status_line, 1)
         self.statusBar().addPermanentWidget(self.load_progress)
+        self.statusBar().addPermanentWidget(self.kernel_warmup.bar)
 
     def _action(self, menu, text: str, slot, shortcut=None) -> QAction:
         action = QAction(text, self)
@@ -141,6 +144,7 @@ class MainWindow(QMainWindow):
         self.settings_button.clicked.connect(self.edit_settings)
         self.storage_banner.retry_requested.connect(self.client.save_pending)
         self.sidebar.storage_failed.connect(lambda message: self.storage_banner.show_failure(message, None))
+        self.kernel_warmup.finished.connect(lambda: self.composer.set_ready(self.model_path is not None))
         worker = self.client.worker
         worker.model_loading.connect(self._model_loading)
         worker.model_loaded.connect(self._model_loaded)
@@ -298,6 +302,7 @@ class MainWindow(QMainWindow):
     def choose_model(self, first_run: bool = False) -> ModelPicker:
         picker = ModelPicker(self.preferences.recent_models, self, first_run=first_run, in_use=self.model_path)
         picker.model_chosen.connect(self.load_model)
+        picker.download_started.connect(self.kernel_warmup.start)  # compiles while the model downloads
         picker.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         picker.open()
         return picker
@@ -319,7 +324,7 @@ class MainWindow(QMainWindow):
         self.load_progress.hide()
         self.statusBar().clearMessage()
         self.model_button.setText(model_label(path))
-        self.composer.set_ready(True)
+        self.composer.set_ready(not self.kernel_warmup.running)  # the first run's kernels first
 
     def _model_failed(self, path: str, message: str) -> None:
         self.load_progress.hide()
@@ -412,6 +417,7 @@ class MainWindow(QMainWindow):
         self.preferences.sync()
         for picker in self.findChildren(ModelPicker):  # a download still running stops and its thread ends
             picker.reject()
+        self.kernel_warmup.stop()
         self.client.close()
         # the worker's last signals (queued for this thread) run now, while the store is still open
         QCoreApplication.sendPostedEvents(None, QEvent.Type.MetaCall)

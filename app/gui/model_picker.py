@@ -30,6 +30,7 @@ def starter_row(path: str | None) -> int:
 
 class ModelPicker(QDialog):
     model_chosen = Signal(str)   # the .gguf file to load
+    download_started = Signal(str)  # the starter model's name
 
     def __init__(self, recent: list[str], parent: QWidget | None = None, *, first_run: bool = False,
                  in_use: str | None = None):
@@ -132,6 +133,7 @@ class ModelPicker(QDialog):
             widget.show()
         self.use_button.setEnabled(False)
         self.download.start()
+        self.download_started.emit(model.name)
 
     # -- downloading -----------------------------------------------------------------------------
     def _downloaded(self, path: str) -> None:

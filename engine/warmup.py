@@ -1,0 +1,159 @@
+"""Compile the kernels a model needs before its first reply (the first run).
+
+Numba compiles a kernel at its first call and keeps the machine code in its on-disk cache; on a fresh
+machine that made the first reply wait ~47 s. The warm-up does those first calls ahead, on a tiny model of
+the same architecture and weight types (zero weights: only the shapes and types matter to the compiler),
+so it can run while the real model is still downloading. It runs in child processes, one per stage: the
+compiler holds the GIL, which would stall the app's window, and two stages use two cores. The prefill
+stage is what the first token needs; the decode stage what every token after it needs.
+
+A stage that finished leaves a mark in the kernel cache directory, which is named after the kernel
+sources (kernels/cpu), so an edited kernel is compiled again.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import gguf
+import numba
+import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
+
+import kernels  # noqa: F401 (names the kernel cache directory, which holds the marks)
+from engine.catalog import StarterModel, catalog
+from engine.child_process import popen_tied
+from engine.errors import FucinaError
+
+STAGES = ("prefill", "decode")
+N_EMBD, N_HEAD, N_HEAD_KV, N_FF, N_LAYERS = 256, 4, 2, 256, 2  # 256: a K-quant block fits a row
+PROMPT_ROWS = (16, 3)  # a prompt slice through BLAS and one short enough for the block kernels
+# the BPE merge kernels (SentencePiece runs the same ones) see a short and a long word
+TEXT = "hi there, " + "x" * 80
+
+
+def _byte_tokens() -> list[str]:
+    """A byte-level BPE vocabulary: GPT-2's printable stand-ins for the 256 bytes, one merge."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    return [chr(c) for c in printable] + [chr(256 + i) for i in range(256 - len(printable))] + ["hi"]
+
+
+VOCAB = len(_byte_tokens())
+
+
+def _matrix(writer: gguf.GGUFWriter, name: str, qtype: T, rows: int, cols: int) -> None:
+    if qtype == T.F32:
+        writer.add_tensor(name, np.zeros((rows, cols), np.float32))
+        return
+    block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
+    writer.add_tensor(name, np.zeros((rows, cols // block_elems * block_bytes), np.uint8), raw_dtype=qtype)
+
+
+def write_model(path: Path, plan: dict) -> None:
+    """A tiny GGUF of the plan's architecture whose weights have the plan's types ("*": the default; a list
+    alternates over the layers)."""
+    arch, types = plan["arch"], plan["types"]
+
+    def qtype(kind: str, layer: int = 0) -> T:
+        t = types.get(kind, types["*"])
+        return T[t[layer % len(t)] if isinstance(t, list) else t]
+
+    hd = N_EMBD // N_HEAD
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(N_LAYERS)
+    w.add_embedding_length(N_EMBD)
+    w.add_feed_forward_length(N_FF)
+    w.add_head_count(N_HEAD)
+    w.add_head_count_kv(N_HEAD_KV)
+    w.add_context_length(256)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(10000.0)
+    w.add_vocab_size(VOCAB)
+    if arch == "gemma3":
+        w.add_sliding_window(8)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt2")
+    w.add_token_list(_byte_tokens())
+    w.add_token_types([1] * VOCAB)
+    w.add_token_merges(["h i"])
+    ones = lambda n: np.ones(n, np.float32)  # noqa: E731
+    _matrix(w, "token_embd.weight", qtype("token_embd"), VOCAB, N_EMBD)
+    if "output" in types:
+        _matrix(w, "output.weight", qtype("output"), VOCAB, N_EMBD)
+    w.add_tensor("output_norm.weight", ones(N_EMBD))
+    for i in range(N_LAYERS):
+        p = f"blk.{i}."
+        for name, rows, cols in (("attn_q", N_HEAD * hd, N_EMBD), ("attn_k", N_HEAD_KV * hd, N_EMBD),
+                                 ("attn_v", N_HEAD_KV * hd, N_EMBD), ("attn_output", N_EMBD, N_HEAD * hd),
+                                 ("ffn_gate", N_FF, N_EMBD), ("ffn_up", N_FF, N_EMBD), ("ffn_down", N_EMBD, N_FF)):
+            _matrix(w, p + name + ".weight", qtype(name, i), rows, cols)
+        for name in ("attn_norm", "ffn_norm", *(("post_attention_norm", "post_ffw_norm") if arch == "gemma3" else ())):
+            w.add_tensor(p + name + ".weight", ones(N_EMBD))
+        if arch == "qwen2":
+            for t, n in (("q", N_HEAD * hd), ("k", N_HEAD_KV * hd), ("v", N_HEAD_KV * hd)):
+                w.add_tensor(p + f"attn_{t}.bias", np.zeros(n, np.float32))
+        if arch in ("gemma3", "qwen3"):
+            w.add_tensor(p + "attn_q_norm.weight", ones(hd))
+            w.add_tensor(p + "attn_k_norm.weight", ones(hd))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def run_stage(plan: dict, stage: str) -> None:
+    """The first calls of one stage, on a tiny model of the plan, in this process."""
+    from engine.models import load_model
+    from engine.tokenize import load_tokenizer
+
+    with tempfile.TemporaryDirectory(prefix="fucina-warmup-") as tmp:
+        path = Path(tmp) / "warmup.gguf"
+        write_model(path, plan)
+        model = load_model(path)
+        try:
+            cache = model.new_cache(64)
+            if stage == "prefill":
+                load_tokenizer(model.file.metadata).encode(TEXT)
+                for rows in PROMPT_ROWS:
+                    model.forward(list(range(rows)), cache)
+            else:
+                model.forward([1], cache)
+                model.forward_rows([1, 2, 3], cache)  # speculative verification
+        finally:
+            model.file.close()
+
+
+def _mark(name: str, stage: str) -> Path:
+    return Path(numba.config.CACHE_DIR) / f"warm-{name}-{stage}"
+
+
+def is_warm(model: StarterModel) -> bool:
+    return all(_mark(model.name, stage).exists() for stage in STAGES)
+
+
+def warm(name: str, stage: str) -> None:
+    """`fucina warmup NAME --stage STAGE`: compile one stage for a starter model and leave its mark."""
+    model = catalog().get(name)
+    if model is None or not model.kernels:
+        raise FucinaError(f"no kernel plan for {name!r}; starter models: {', '.join(catalog())}")
+    run_stage(model.kernels, stage)
+    mark = _mark(name, stage)
+    mark.parent.mkdir(parents=True, exist_ok=True)
+    mark.touch()
+
+
+def command(name: str, stage: str) -> list[str]:
+    """The command line of one warm-up stage (a frozen app is its own interpreter)."""
+    head = [sys.executable] if getattr(sys, "frozen", False) else [sys.executable, "-m", "app.cli"]
+    return [*head, "warmup", name, "--stage", stage]
+
+
+def start(name: str, env: dict | None = None) -> list[subprocess.Popen]:
+    """Every stage of a starter model's warm-up, each in a child process that dies with this one."""
+    return [popen_tied(command(name, stage), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE, env=env if env is not None else os.environ.copy())
+            for stage in STAGES]

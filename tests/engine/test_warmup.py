@@ -1,0 +1,43 @@
+"""The first run's kernel warm-up: a tiny model per starter plan that loads and runs both stages, and the
+marks that keep it from running twice."""
+
+import numba
+import pytest
+
+from engine import warmup
+from engine.catalog import catalog
+from engine.models import load_model
+
+
+@pytest.mark.parametrize("name", list(catalog()))
+def test_every_starter_plan_builds_a_tiny_model_of_its_architecture_and_types(name, tmp_path):
+    from gguf import GGUFReader
+
+    model = catalog()[name]
+    path = tmp_path / "warm.gguf"
+    warmup.write_model(path, model.kernels)
+    reader = GGUFReader(str(path))
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    assert arch == model.kernels["arch"]
+    down = [t.tensor_type.name for t in reader.tensors if t.name.endswith("ffn_down.weight")]
+    want = model.kernels["types"].get("ffn_down", model.kernels["types"]["*"])
+    assert down == (want if isinstance(want, list) else [want] * len(down))
+    load_model(path).file.close()  # it is a model the engine takes
+
+
+def test_both_stages_run_and_leave_their_marks(tmp_path, monkeypatch):
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))  # the marks only: kernels keep their cache
+    model = catalog()["smollm2-135m-instruct"]
+    assert not warmup.is_warm(model)
+    for stage in warmup.STAGES:
+        warmup.warm(model.name, stage)
+    assert warmup.is_warm(model)
+
+
+def test_warmup_of_an_unknown_model_is_a_clear_error(capsys):
+    from app.cli import main as fucina
+
+    assert fucina(["warmup", "no-such-model"]) == 2
+    assert "no kernel plan for 'no-such-model'" in capsys.readouterr().err
+    assert fucina(["bench", "no-such-model", "--cold-start"]) == 2
+    assert "--cold-start measures a starter model" in capsys.readouterr().err
