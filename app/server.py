@@ -36,7 +36,7 @@ from starlette.concurrency import run_in_threadpool
 
 from app.server_requests import ApiError, Call, Limits, parse_chat, parse_completion, parse_embeddings, parse_json
 from engine.errors import ContextFull, FucinaError
-from engine.service import EngineService, Job, JobResult, ServiceClosed
+from engine.service import EngineService, Job, JobResult, ServiceBusy, ServiceClosed
 
 FINISH_REASONS = {"stop": "stop", "stop_sequence": "stop", "length": "length", "context": "length",
                   "cancelled": "stop"}
@@ -136,7 +136,7 @@ class _Server:
         except ContextFull as e:
             raise ApiError(400, str(e), param="messages" if call.messages is not None else "prompt",
                            code="context_length_exceeded") from None
-        except ServiceClosed as e:
+        except (ServiceClosed, ServiceBusy) as e:
             raise ApiError(503, str(e), kind="server_error", code="unavailable") from None
 
 

@@ -46,12 +46,17 @@ from engine.tokenize import load_tokenizer
 
 DEFAULT_SLOTS = 4
 DEFAULT_CONTEXT = 4096
+DEFAULT_MAX_WAITING = 64  # jobs queued beyond the slots before new ones are refused (ServiceBusy)
 # A busy slot's shared prefix is copied only when it saves at least this many prefill positions.
 MIN_COPIED_PREFIX = 32
 
 
 class ServiceClosed(FucinaError):
     """A job submitted to an engine service that has been closed."""
+
+
+class ServiceBusy(FucinaError):
+    """A job submitted while every slot is busy and the waiting queue is full: try again later."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,7 +151,8 @@ class EngineService:
     writes."""
 
     def __init__(self, model: Transformer, *, slots: int = DEFAULT_SLOTS, capacity: int = DEFAULT_CONTEXT,
-                 kv_dtype: KvDtype | str = KvDtype.F16, sidecar_dir: str | os.PathLike | None = None):
+                 kv_dtype: KvDtype | str = KvDtype.F16, sidecar_dir: str | os.PathLike | None = None,
+                 max_waiting: int = DEFAULT_MAX_WAITING):
         if slots < 1:
             raise ValueError(f"an engine service needs at least one slot, got {slots}")
         self.model, self.capacity, self.kv_dtype = model, capacity, kv_dtype
@@ -156,6 +162,9 @@ class EngineService:
         self._jobs: queue.Queue[Job | _Call | None] = queue.Queue()
         self._closed = False
         self._counts = collections.Counter()
+        # jobs submitted and not ended, bounded so that a flood of requests queues no unbounded work
+        self._max_waiting = max_waiting
+        self._unfinished = threading.BoundedSemaphore(slots + max_waiting)
         self._clock = 0
         directory = Path(sidecar_dir or data_dir() / "server-slots")
         try:
@@ -201,6 +210,9 @@ class EngineService:
         if len(request.ids) >= self.capacity:
             raise ContextFull(f"the prompt has {len(request.ids)} tokens but the context holds {self.capacity} "
                               "(with room for at least one reply token); shorten it or serve a larger context")
+        if not self._unfinished.acquire(blocking=False):
+            raise ServiceBusy(f"all {len(self._slots)} slots are busy and {self._max_waiting} requests wait "
+                              "already; try again shortly")
         job = Job(request, sink)
         self._jobs.put(job)
         return job
@@ -371,6 +383,7 @@ class EngineService:
     def _end(self, job: Job, result: JobResult) -> None:
         job.result = result
         self._counts[result.finish_reason] += 1
+        self._unfinished.release()
         self._deliver(job, result)
 
     @staticmethod

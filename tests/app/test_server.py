@@ -231,3 +231,16 @@ def test_the_api_key_is_compared_in_constant_time(service, monkeypatch):
     with TestClient(create_app(service, ["tiny"], api_key="k")) as c:
         assert c.get("/v1/models", headers={"authorization": "Bearer x"}).status_code == 401
     assert compared == [(b"x", b"k")]
+
+
+def test_a_busy_service_answers_503_and_serves_again_afterwards(client, service, monkeypatch):
+    from engine.service import ServiceBusy
+
+    def busy(request, sink=None):
+        raise ServiceBusy("all 2 slots are busy and 64 requests wait already; try again shortly")
+
+    monkeypatch.setattr(service, "submit", busy)
+    r = chat(client)
+    assert r.status_code == 503 and r.json()["error"]["type"] == "server_error"
+    monkeypatch.undo()
+    assert chat(client).status_code == 200

@@ -11,7 +11,7 @@ from engine.chat import ChatOptions, Conversation, Message
 from engine.errors import ContextFull
 from engine.sampling import SamplerConfig
 from engine.sampling.grammar import Grammar
-from engine.service import MIN_COPIED_PREFIX, EngineService, GenerationRequest, ServiceClosed
+from engine.service import MIN_COPIED_PREFIX, EngineService, GenerationRequest, ServiceBusy, ServiceClosed
 
 GREEDY = SamplerConfig()
 SAMPLED = SamplerConfig(temperature=1.0, seed=7)
@@ -223,3 +223,18 @@ def test_a_failing_batched_forward_fails_its_jobs_and_the_service_goes_on(servic
     assert failed.finish_reason == "error" and isinstance(failed.error, MemoryError)
     monkeypatch.undo()
     assert ask(service, ids, max_tokens=20, speculation=False).finish_reason in ("stop", "length")
+
+
+def test_a_full_waiting_queue_refuses_new_jobs_until_one_ends(tiny, tmp_path):
+    svc = EngineService(tiny, slots=1, capacity=64, sidecar_dir=tmp_path, max_waiting=1)
+    try:
+        request = GenerationRequest((1, 2, 3), 40, SAMPLED)
+        jobs = [svc.submit(request), svc.submit(request)]
+        with pytest.raises(ServiceBusy, match="1 slots are busy"):
+            svc.submit(request)
+        jobs[0].cancel()
+        jobs[0].wait()
+        svc.submit(request).cancel()  # a place is free again
+        assert jobs[1].wait().finish_reason in ("stop", "length")
+    finally:
+        svc.close()
