@@ -160,10 +160,14 @@ def _tiled(dots):
             tile_c = ir.Constant(m.type, TILE)
             with cgutils.for_range(builder, builder.udiv(m, tile_c)) as loop:
                 tile(builder.mul(loop.index, tile_c), TILE)
+            # the rest in tiles of 2 and 1 (halves each time: fewer tile sizes to compile)
             rest = builder.urem(m, tile_c)
-            for count in range(1, TILE):
-                with builder.if_then(builder.icmp_unsigned("==", rest, ir.Constant(m.type, count))):
-                    tile(builder.sub(m, rest), count)
+            size = TILE // 2
+            while size:
+                left = builder.and_(rest, ir.Constant(m.type, 2 * size - 1))  # rows not yet done
+                with builder.if_then(builder.icmp_unsigned(">=", left, ir.Constant(m.type, size))):
+                    tile(builder.sub(m, left), size)
+                size //= 2
             return context.get_dummy_value()
 
         return types.none(w, r, xq, xd, xsum, out), codegen
