@@ -14,7 +14,8 @@ The 32-weight formats keep their block products in float vectors, reduced once
 per row; Q4_K and Q6_K apply their sub-block scales per 32 weights in float,
 four independent chains side by side in one vector. Weights enter the dot
 unsigned (at most 7 bits, so `pmaddubsw` never saturates): signed ones as |w|
-with w's sign moved onto x, offsets such as Q4_0's -8 through the int sums of
+with w's sign moved onto x (Q4_0's and Q5_0's stored offsets are taken off
+the weights in int8 first), Q4_1's and Q5_1's mins through the int sums of
 each activation block. Every row's arithmetic is the same whatever the number
 of rows, so the row-wise forward's bits do not depend on m (and an AVX-512 host
 gets an AVX2 host's bits: it only packs the same lanes differently).
@@ -173,7 +174,7 @@ def _tiled(dots):
 def _rows_dot(block_bytes, weights, offset=None):
     """rows_dot (see _tiled) for a 32-weight block format: the dot of a weight row with an input row
     (xq, xd, xsum) is sum_b f16(block b at 0) * xd[b] * (weights . xq block b), plus, with
-    offset = (byte, factor), factor * f16(block b at byte) * xd[b] * xsum[b] (Q4_0's -8 * d, Q4_1's min).
+    offset = (byte, factor), factor * f16(block b at byte) * xd[b] * xsum[b] (the mins of Q4_1 and Q5_1).
     `weights(builder, block_ptr)` -> (unsigned weights <32 x i8>, None or the lanes whose weight is
     negative, whose x enters the dot negated). The block products accumulate in float vectors, reduced
     once per row."""
@@ -294,9 +295,20 @@ def _q8(builder, block):
     return _magnitude(builder, w)
 
 
-rows_dot_q4_0 = _rows_dot(18, _q4(2), offset=(0, -8.0))
+def _centered(weights, zero):
+    """Weights stored with an offset (Q4_0's 8, Q5_0's 16) as the signed values w - zero, exact in int8:
+    the block dot is then the whole product, with no offset term to add per block and input row (the
+    arithmetic of llama.cpp's q4_0/q5_0 dots)."""
+    def signed(builder, block):
+        w, _ = weights(builder, block)
+        return _magnitude(builder, builder.sub(w, _const(_I8, [zero] * 32)))
+
+    return signed
+
+
+rows_dot_q4_0 = _rows_dot(18, _centered(_q4(2), 8))
 rows_dot_q4_1 = _rows_dot(20, _q4(4), offset=(2, 1.0))
-rows_dot_q5_0 = _rows_dot(22, _q5(2, 6), offset=(0, -16.0))
+rows_dot_q5_0 = _rows_dot(22, _centered(_q5(2, 6), 16))
 rows_dot_q5_1 = _rows_dot(24, _q5(4, 8), offset=(2, 1.0))
 rows_dot_q8_0 = _rows_dot(34, _q8)
 
