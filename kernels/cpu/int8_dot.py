@@ -225,7 +225,8 @@ def _rows_dot(block_bytes, weights, offset=None):
         # two independent accumulator chains per row (even and odd blocks) hide the add latency
         chains = [accumulators(1) for _ in range(2)]
         one = ir.Constant(nblocks.type, 1)
-        if _AVX512:
+        # a lone row with an offset term runs faster block by block (measured on Q4_1: 7% at m = 1)
+        if _AVX512 and (count > 1 or offset is None):
             pairs = accumulators(2)
             with cgutils.for_range(builder, builder.lshr(nblocks, one)) as loop:
                 add_blocks(builder.shl(loop.index, one), 2, *pairs)
