@@ -319,8 +319,9 @@ def _byte(builder, ptr, offset):
     return builder.zext(builder.load(_at(builder, ptr, offset)), _I32)
 
 
-def _float(builder, v, signed=False):
-    return (builder.sitofp if signed else builder.uitofp)(v, ir.FloatType())
+def _float(builder, v):
+    """An unsigned i32 as float."""
+    return builder.uitofp(v, ir.FloatType())
 
 
 def _k_scale_min(builder, q, j):
