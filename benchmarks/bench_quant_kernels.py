@@ -4,8 +4,11 @@ For every native format and a few realistic shapes (Qwen2.5-0.5B's attention,
 MLP and output projections) it prints, for decode (matvec, one input row) the
 weight bytes streamed per second and GFLOP/s, and for prefill (matmul with
 n=512 input rows) GFLOP/s next to NumPy's own f32 sgemm on the same shape.
+With --rows 4,8,16 it prints instead what a row-wise product (quant.rows, the
+decode and verify product) of that many input rows costs, in one-row products.
 
     python3 -m benchmarks.bench_quant_kernels [--formats Q4_K,Q8_0] [--shapes 896x896] [--threads 2]
+    python3 -m benchmarks.bench_quant_kernels --rows 4,8,16 [--formats ...] [--shapes ...]
 
 Timings are the best of several runs (other processes on the machine only ever
 slow a run down). On a machine shared with other busy processes, set
@@ -48,10 +51,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--batch", type=int, default=512, help="input rows for the matmul (prefill) column")
     ap.add_argument("--repeat", type=int, default=50)
+    ap.add_argument("--rows", default="", help="input row counts for the row-wise cost table (comma separated)")
     args = ap.parse_args()
     if args.threads:
         quant.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
+    if args.rows:
+        row_costs(args, rng, [int(m) for m in args.rows.split(",")])
+        return
     n = args.batch
 
     print(f"{'format':6} {'shape':>11} {'MB':>7} | {'matvec us':>9} {'GB/s':>6} {'GFLOP/s':>7} |"
@@ -77,6 +84,24 @@ def main() -> None:
             print(f"{name:6} {f'{rows}x{cols}':>11} {w.nbytes / 1e6:7.1f} |"
                   f" {t_mv * 1e6:9.0f} {w.nbytes / t_mv / 1e9:6.1f} {flops_mv / t_mv / 1e9:7.1f} |"
                   f" {t_mm * 1e3:9.1f} {flops_mm / t_mm / 1e9:7.1f} {sgemm_cache[rows, cols]:6.0f}", flush=True)
+            del w
+
+
+def row_costs(args, rng, counts: list[int]) -> None:
+    """For each format and shape: the time of a one-row product, and of m-row products in one-row units."""
+    print(f"{'format':6} {'shape':>11} {'1 row us':>9} | " + " ".join(f"{f'{m} rows':>8}" for m in counts))
+    for shape in args.shapes.split(","):
+        rows, shape_cols = (int(v) for v in shape.split("x"))
+        for name in args.formats.split(","):
+            qtype = T[name]
+            block_elems = GGML_QUANT_SIZES[qtype][0]
+            cols = -(-shape_cols // block_elems) * block_elems
+            w = random_weight(qtype, rows, cols, rng)
+            X = rng.standard_normal((max(counts), cols), dtype=np.float32)
+            one = best_time(lambda: quant.rows(qtype, w, X[:1]), args.repeat)
+            ratios = [best_time(lambda: quant.rows(qtype, w, X[:m]), args.repeat) / one for m in counts]
+            print(f"{name:6} {f'{rows}x{cols}':>11} {one * 1e6:9.0f} | " + " ".join(f"{r:8.2f}" for r in ratios),
+                  flush=True)
             del w
 
 

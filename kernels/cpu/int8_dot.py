@@ -14,7 +14,8 @@ The 32-weight formats keep their block products in float vectors, reduced once
 per row; Q4_K and Q6_K apply their sub-block scales per 32 weights in float,
 four independent chains side by side in one vector. Weights enter the dot
 unsigned (at most 7 bits, so `pmaddubsw` never saturates): signed ones as |w|
-with w's sign moved onto x, offsets such as Q4_0's -8 through the int sums of
+with w's sign moved onto x (Q4_0's and Q5_0's stored offsets are taken off
+the weights in int8 first), Q4_1's and Q5_1's mins through the int sums of
 each activation block. Every row's arithmetic is the same whatever the number
 of rows, so the row-wise forward's bits do not depend on m (and an AVX-512 host
 gets an AVX2 host's bits: it only packs the same lanes differently).
@@ -92,11 +93,6 @@ def _madd_pair(builder, w, x):
     return _call(builder, "llvm.x86.avx512.pmaddw.d.512", i32x16, [pairs, _const(_I16, [1] * 32)])
 
 
-def _concat(builder, a, b):
-    """Vectors a and b of the same type, end to end."""
-    return builder.shuffle_vector(a, b, _const(_I32, range(2 * a.type.count)))
-
-
 def _nibbles(builder, packed, shifts):
     """(packed >> shifts) & 15 per byte, shifts a <32 x i8> constant or splat."""
     return builder.and_(builder.lshr(packed, shifts), _const(_I8, [15] * 32))
@@ -160,10 +156,14 @@ def _tiled(dots):
             tile_c = ir.Constant(m.type, TILE)
             with cgutils.for_range(builder, builder.udiv(m, tile_c)) as loop:
                 tile(builder.mul(loop.index, tile_c), TILE)
+            # the rest in tiles of 2 and 1 (halves each time: fewer tile sizes to compile)
             rest = builder.urem(m, tile_c)
-            for count in range(1, TILE):
-                with builder.if_then(builder.icmp_unsigned("==", rest, ir.Constant(m.type, count))):
-                    tile(builder.sub(m, rest), count)
+            size = TILE // 2
+            while size:
+                left = builder.and_(rest, ir.Constant(m.type, 2 * size - 1))  # rows not yet done
+                with builder.if_then(builder.icmp_unsigned(">=", left, ir.Constant(m.type, size))):
+                    tile(builder.sub(m, left), size)
+                size //= 2
             return context.get_dummy_value()
 
         return types.none(w, r, xq, xd, xsum, out), codegen
@@ -174,7 +174,7 @@ def _tiled(dots):
 def _rows_dot(block_bytes, weights, offset=None):
     """rows_dot (see _tiled) for a 32-weight block format: the dot of a weight row with an input row
     (xq, xd, xsum) is sum_b f16(block b at 0) * xd[b] * (weights . xq block b), plus, with
-    offset = (byte, factor), factor * f16(block b at byte) * xd[b] * xsum[b] (Q4_0's -8 * d, Q4_1's min).
+    offset = (byte, factor), factor * f16(block b at byte) * xd[b] * xsum[b] (the mins of Q4_1 and Q5_1).
     `weights(builder, block_ptr)` -> (unsigned weights <32 x i8>, None or the lanes whose weight is
     negative, whose x enters the dot negated). The block products accumulate in float vectors, reduced
     once per row."""
@@ -185,94 +185,73 @@ def _rows_dot(block_bytes, weights, offset=None):
         count = len(inputs)
         xq_rows, xd_rows, xsum_rows = zip(*inputs)
         nblocks = builder.udiv(nbytes, ir.Constant(nbytes.type, block_bytes))
-        # two independent accumulator chains per row (even and odd blocks) hide the add latency
-        accs = [[cgutils.alloca_once_value(builder, ir.Constant(fvec, None)) for _ in range(2)]
-                for _ in range(count)]
-        offs = [[cgutils.alloca_once_value(builder, ir.Constant(ir.FloatType(), 0)) for _ in range(2)]
-                for _ in range(count)]
 
-        def add_block(b, chain):
-            block = builder.gep(row, [builder.mul(b, ir.Constant(b.type, block_bytes))])
-            _prefetch(builder, block, PREFETCH_BYTES)
-            w, negative = weights(builder, block)
-            d = _f16(builder, block)
-            d_offset = None if offset is None else _f16(builder, _at(builder, block, offset[0]))
-            for t in range(count):
-                x_ptr = builder.gep(xq_rows[t], [builder.mul(b, ir.Constant(b.type, 32))])
-                x = builder.load(builder.bitcast(x_ptr, _vec(_I8, 32).as_pointer()), align=1)
-                if negative is not None:
-                    x = builder.select(negative, builder.sub(ir.Constant(x.type, None), x), x)
-                xd_b = builder.load(builder.gep(xd_rows[t], [b]))
-                scale = _splat_float(builder, builder.fmul(d, xd_b), lanes)
-                prods = builder.sitofp(_madd(builder, w, x), fvec)
-                acc = accs[t][chain]
-                builder.store(multiply_add(builder, prods, scale, builder.load(acc)), acc)
-                if offset is not None:
-                    xs_b = builder.sitofp(builder.load(builder.gep(xsum_rows[t], [b])), ir.FloatType())
-                    term = builder.fmul(d_offset, xd_b)
-                    term = builder.fmul(builder.fmul(term, xs_b), ir.Constant(ir.FloatType(), offset[1]))
-                    off = offs[t][chain]
-                    builder.store(builder.fadd(builder.load(off), term), off)
+        def accumulators(k):
+            """Per row, a block-product accumulator of k * lanes floats and an offset one of k."""
+            return ([cgutils.alloca_once_value(builder, ir.Constant(_vec(ir.FloatType(), k * lanes), None))
+                     for _ in range(count)],
+                    [cgutils.alloca_once_value(builder, ir.Constant(_vec(ir.FloatType(), k), None))
+                     for _ in range(count)])
 
-        def pairs_of_blocks(b):
-            """Blocks b and b + 1 in one 512-bit vector: the two chains of add_block side by side,
-            block b's in the low 8 lanes (the same operations, lane for lane)."""
+        def add_blocks(b, k, accs, offs):
+            """Blocks b .. b + k - 1 into every row's accumulators: k = 1, or (AVX-512) 2 in one vector,
+            which is two chains of k = 1 side by side, block b's in the low lanes (lane for lane the same
+            operations)."""
             blocks = [builder.gep(row, [builder.mul(builder.add(b, ir.Constant(b.type, i)),
-                                                    ir.Constant(b.type, block_bytes))]) for i in (0, 1)]
+                                                    ir.Constant(b.type, block_bytes))]) for i in range(k)]
             for block in blocks:
                 _prefetch(builder, block, PREFETCH_BYTES)
-            (w0, neg0), (w1, neg1) = (weights(builder, block) for block in blocks)
-            w = _concat(builder, w0, w1)
-            negative = None if neg0 is None else _concat(builder, neg0, neg1)
-            d = _pair(builder, *(_f16(builder, block) for block in blocks))
+            unpacked = [weights(builder, block) for block in blocks]
+            w = _join(builder, [u[0] for u in unpacked])
+            negative = None if unpacked[0][1] is None else _join(builder, [u[1] for u in unpacked])
+            d = _floats(builder, [_f16(builder, block) for block in blocks])
             if offset is not None:
-                d_offset = _pair(builder, *(_f16(builder, _at(builder, block, offset[0])) for block in blocks))
-                factor = ir.Constant(_vec(ir.FloatType(), 2), [offset[1]] * 2)
+                d_offset = _floats(builder, [_f16(builder, _at(builder, block, offset[0])) for block in blocks])
+                factor = ir.Constant(d.type, [offset[1]] * k)
             for t in range(count):
                 x_ptr = builder.gep(xq_rows[t], [builder.mul(b, ir.Constant(b.type, 32))])
-                x = builder.load(builder.bitcast(x_ptr, _vec(_I8, 64).as_pointer()), align=1)
+                x = builder.load(builder.bitcast(x_ptr, _vec(_I8, 32 * k).as_pointer()), align=1)
                 if negative is not None:
                     x = builder.select(negative, builder.sub(ir.Constant(x.type, None), x), x)
-                xd_b = _load_vec(builder, builder.gep(xd_rows[t], [b]), 2)
-                scale = builder.shuffle_vector(builder.fmul(d, xd_b), d, _const(_I32, [0] * 8 + [1] * 8))
-                prods = builder.sitofp(_madd_pair(builder, w, x), _vec(ir.FloatType(), 16))
-                acc = pair_accs[t]
-                builder.store(multiply_add(builder, prods, scale, builder.load(acc)), acc)
+                xd_b = _load_vec(builder, builder.gep(xd_rows[t], [b]), k)
+                scale = builder.shuffle_vector(builder.fmul(d, xd_b), d, _const(_I32, [i // lanes for i in range(k * lanes)]))
+                prods = builder.sitofp((_madd_pair if k == 2 else _madd)(builder, w, x), scale.type)
+                builder.store(multiply_add(builder, prods, scale, builder.load(accs[t])), accs[t])
                 if offset is not None:
-                    xs_b = builder.sitofp(_load_vec(builder, builder.gep(xsum_rows[t], [b]), 2), d.type)
+                    xs_b = builder.sitofp(_load_vec(builder, builder.gep(xsum_rows[t], [b]), k), d.type)
                     term = builder.fmul(builder.fmul(builder.fmul(d_offset, xd_b), xs_b), factor)
-                    builder.store(builder.fadd(builder.load(pair_offs[t]), term), pair_offs[t])
+                    builder.store(builder.fadd(builder.load(offs[t]), term), offs[t])
 
+        # two independent accumulator chains per row (even and odd blocks) hide the add latency
+        chains = [accumulators(1) for _ in range(2)]
         one = ir.Constant(nblocks.type, 1)
-        if _AVX512:
-            pair_accs = [cgutils.alloca_once_value(builder, ir.Constant(_vec(ir.FloatType(), 16), None))
-                         for _ in range(count)]
-            pair_offs = [cgutils.alloca_once_value(builder, ir.Constant(_vec(ir.FloatType(), 2), None))
-                         for _ in range(count)]
+        # a lone row with an offset term runs faster block by block (measured on Q4_1: 7% at m = 1)
+        if _AVX512 and (count > 1 or offset is None):
+            pairs = accumulators(2)
             with cgutils.for_range(builder, builder.lshr(nblocks, one)) as loop:
-                pairs_of_blocks(builder.shl(loop.index, one))
+                add_blocks(builder.shl(loop.index, one), 2, *pairs)
             for t in range(count):  # back to the two chains, for the odd block and the sums
-                acc, off = builder.load(pair_accs[t]), builder.load(pair_offs[t])
-                for chain in (0, 1):
-                    half = builder.shuffle_vector(acc, acc, _const(_I32, range(8 * chain, 8 * chain + 8)))
-                    builder.store(half, accs[t][chain])
-                    builder.store(builder.extract_element(off, ir.Constant(_I32, chain)), offs[t][chain])
+                acc, off = builder.load(pairs[0][t]), builder.load(pairs[1][t])
+                for c, (accs, offs) in enumerate(chains):
+                    builder.store(builder.shuffle_vector(acc, acc, _const(_I32, range(c * lanes, (c + 1) * lanes))),
+                                  accs[t])
+                    builder.store(builder.shuffle_vector(off, off, _const(_I32, [c])), offs[t])
         else:
             with cgutils.for_range(builder, builder.lshr(nblocks, one)) as loop:
                 b = builder.shl(loop.index, one)
-                add_block(b, 0)
-                add_block(builder.add(b, one), 1)
+                add_blocks(b, 1, *chains[0])
+                add_blocks(builder.add(b, one), 1, *chains[1])
         with builder.if_then(builder.trunc(nblocks, ir.IntType(1))):
-            add_block(builder.sub(nblocks, one), 0)
+            add_blocks(builder.sub(nblocks, one), 1, *chains[0])
         values = []
+        (accs0, offs0), (accs1, offs1) = chains
         for t in range(count):
-            acc = builder.fadd(builder.load(accs[t][0]), builder.load(accs[t][1]))
+            acc = builder.fadd(builder.load(accs0[t]), builder.load(accs1[t]))
             total = _call(builder, f"llvm.vector.reduce.fadd.v{lanes}f32", ir.FloatType(),
                           [ir.Constant(ir.FloatType(), 0), acc])
-            offsets = builder.fadd(builder.load(offs[t][0]), builder.load(offs[t][1]))
-            values.append(builder.fadd(total, offsets))
+            offsets = builder.fadd(builder.load(offs0[t]), builder.load(offs1[t]))
+            values.append(builder.fadd(total, builder.extract_element(offsets, ir.Constant(_I32, 0))))
         return values
-
 
     return _tiled(dots)
 
@@ -283,15 +262,17 @@ def _item_ptr(context, builder, ary, aryty, i, j):
                                      cgutils.unpack_tuple(builder, ary.strides, 2), aryty.layout, [i, j])
 
 
-def _pair(builder, a, b):
-    """Two floats as <2 x float>."""
-    v = builder.insert_element(ir.Constant(_vec(ir.FloatType(), 2), None), a, ir.Constant(_I32, 0))
-    return builder.insert_element(v, b, ir.Constant(_I32, 1))
+def _floats(builder, values):
+    """Floats as a <n x float>."""
+    v = ir.Constant(_vec(ir.FloatType(), len(values)), None)
+    for i, x in enumerate(values):
+        v = builder.insert_element(v, x, ir.Constant(_I32, i))
+    return v
 
 
-def _splat_float(builder, v, n):
-    one = builder.insert_element(ir.Constant(_vec(ir.FloatType(), n), None), v, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(one, one, _const(_I32, [0] * n))
+def _join(builder, parts):
+    """One vector, or two of the same type end to end."""
+    return parts[0] if len(parts) == 1 else builder.shuffle_vector(parts[0], parts[1], _const(_I32, range(2 * parts[0].type.count)))
 
 
 def _at(builder, ptr, offset):
@@ -315,9 +296,20 @@ def _q8(builder, block):
     return _magnitude(builder, w)
 
 
-rows_dot_q4_0 = _rows_dot(18, _q4(2), offset=(0, -8.0))
+def _centered(weights, zero):
+    """Weights stored with an offset (Q4_0's 8, Q5_0's 16) as the signed values w - zero, exact in int8:
+    the block dot is then the whole product, with no offset term to add per block and input row (the
+    arithmetic of llama.cpp's q4_0/q5_0 dots)."""
+    def signed(builder, block):
+        w, _ = weights(builder, block)
+        return _magnitude(builder, builder.sub(w, _const(_I8, [zero] * 32)))
+
+    return signed
+
+
+rows_dot_q4_0 = _rows_dot(18, _centered(_q4(2), 8))
 rows_dot_q4_1 = _rows_dot(20, _q4(4), offset=(2, 1.0))
-rows_dot_q5_0 = _rows_dot(22, _q5(2, 6), offset=(0, -16.0))
+rows_dot_q5_0 = _rows_dot(22, _centered(_q5(2, 6), 16))
 rows_dot_q5_1 = _rows_dot(24, _q5(4, 8), offset=(2, 1.0))
 rows_dot_q8_0 = _rows_dot(34, _q8)
 
@@ -327,8 +319,9 @@ def _byte(builder, ptr, offset):
     return builder.zext(builder.load(_at(builder, ptr, offset)), _I32)
 
 
-def _float(builder, v, signed=False):
-    return (builder.sitofp if signed else builder.uitofp)(v, ir.FloatType())
+def _float(builder, v):
+    """An unsigned i32 as float."""
+    return builder.uitofp(v, ir.FloatType())
 
 
 def _k_scale_min(builder, q, j):
@@ -391,15 +384,8 @@ def _sums4(builder, vs):
     return v
 
 
-def _vector4(builder, values):
-    v = ir.Constant(_F4, None)
-    for i, x in enumerate(values):
-        v = builder.insert_element(v, x, ir.Constant(_I32, i))
-    return v
-
-
 def _splat4(builder, x):
-    return _vector4(builder, [x] * 4)
+    return _floats(builder, [x] * 4)
 
 
 def _even_odd(builder, v):
@@ -414,7 +400,7 @@ def _q4_k_dots(builder, row, nbytes, inputs):
     def add(b, sb, accs):
         d, dmin = _splat4(builder, _f16(builder, sb)), _splat4(builder, _f16(builder, _at(builder, sb, 2)))
         scales = [_k_scale_min(builder, _at(builder, sb, 4), j) for j in range(8)]
-        sc1, m1, sc2, m2 = (_vector4(builder, [scales[2 * c + k][i] for c in range(4)]) for k, i in
+        sc1, m1, sc2, m2 = (_floats(builder, [scales[2 * c + k][i] for c in range(4)]) for k, i in
                             ((0, 0), (0, 1), (1, 0), (1, 1)))
         w_lo, w_hi = [], []
         for c in range(4):

@@ -29,10 +29,10 @@ from kernels.cpu import quant_dot as dot
 from kernels.cpu import quant_generic as generic
 
 _TILE_BYTES = 4 << 20  # float32 tile of dequantized rows in GEMMs: big enough for sgemm, fits in L3
-# matmul inputs up to this many rows use the block kernels (weights read once, int8 dots); past it
-# dequantized tiles and sgemm win, since the block kernels unpack each weight block once per input
-# row (Qwen2.5, quiet machine: 5 rows 0.13 s vs 0.42 s, 8 rows 0.53 s vs 0.24 s, 21 rows 1.04 s vs 0.61 s)
-_MATVEC_MAX_ROWS = 5
+# matmul inputs up to this many rows use the block kernels (weights read once, int8 dots, each weight
+# block unpacked once per tile of input rows); past it dequantized tiles and sgemm win (one thread,
+# loaded machine, block kernels / sgemm: 8 rows 0.3-0.6, 32 rows 0.6-1.1 on the starters' formats)
+_MATVEC_MAX_ROWS = 16
 
 _PARALLEL_MIN_BYTES = dot.PARALLEL_MIN_BYTES
 _threads: int | None = None  # None: follow numba's own setting

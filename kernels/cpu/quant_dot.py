@@ -4,8 +4,9 @@
 Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q6_K multiply their quants with x quantized to int8 blocks of 32 (as
 llama.cpp does), one integer dot per block (int8_dot); the other formats widen
 each block's quants to float and multiply with x in registers. Either way the
-block sum is scaled once and offsets (Q4_0's -8, the mins, Q6_K's -32, ...) are
-folded in through block sums of x, so the inner loops stay plain multiply-adds.
+block sum is scaled once and offsets (the mins, Q3_K's -4, ...) are folded in
+through block sums of x (Q4_0's, Q5_0's and Q6_K's come off the weights in int8),
+so the inner loops stay plain multiply-adds.
 Layouts and the vectorization idioms (`n16`, `idx`, `bits`, `join`) are
 described in quant_blocks.
 
