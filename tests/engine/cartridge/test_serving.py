@@ -158,7 +158,10 @@ def test_a_changed_attachment_set_does_not_resume_the_old_prefix(tiny, tmp_path)
         reply(first, "hi")
 
 
-def test_speculation_drafts_quotes_from_the_attached_document(tiny):
+def test_speculation_drafts_quotes_from_the_attached_document(tiny, monkeypatch):
+    # a fixed verify-cost table: the gate's choices (and so what is drafted) must not depend on this machine
+    from engine.speculative import stream
+    monkeypatch.setattr(stream, "verify_cost_table", lambda model: {m: 1.0 + 0.1 * (m - 1) for m in range(1, 18)})
     model, tok = tiny
     cart = build(model, tok, CHATML, DOC)
     quote = tok.encode("Item 17 weighs 2 grams.\nItem 18 weighs 9 grams.", add_special=False)
