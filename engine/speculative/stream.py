@@ -17,9 +17,9 @@ from engine.speculative.source import DraftSource
 from engine.speculative.target import CacheTarget
 from engine.speculative.verify_costs import verify_cost_table
 
-# The gate judges over at least two drafts (the cascade's fallback drafts 8): a single miss at a reply's
-# start must not switch speculation off for the next reprobe_after tokens, and a reply with nothing to
-# copy must not pay for many misses before it is switched off.
+# The gate judges over at least four drafts (of its first budget, 4): a single miss at a reply's start must
+# not switch speculation off for the next reprobe_after tokens, and a reply with nothing to copy must not
+# pay for many misses before it is switched off.
 GATE_MIN_DRAFTED = 16
 
 
