@@ -314,3 +314,31 @@ def test_a_speculative_session_stores_the_plain_replies_and_reopens_warm(smollm2
     assert reopened.convo.history == plain.convo.history
     reopened.update_settings(sampler=GREEDY)  # reopening the cache for new settings keeps speculation on
     assert reopened.convo.options.speculation
+
+
+def test_speculation_switched_on_an_open_session_applies_to_the_next_reply_on_the_same_cache(smollm2, home,
+                                                                                             monkeypatch):
+    from engine.speculative import stream
+    monkeypatch.setattr(stream, "verify_cost_table", lambda model: {m: 1.0 for m in range(1, 18)})
+    store, sidecars = home
+    s = ChatSession.open(store, smollm2, sidecar_dir=sidecars, sampler=GREEDY)
+    reply(s.send("Say hello."))
+    assert s.last_turn.stats.spec is None
+    convo = s.convo
+    s.set_speculation(True)
+    reply(s.send("Say it again."))
+    assert s.convo is convo and s.last_turn.stats.reused_tokens > 0  # the cache stayed
+    assert s.last_turn.stats.spec is not None and s.speculation
+    s.set_speculation(False)
+    reply(s.send("Once more."))
+    assert s.last_turn.stats.spec is None
+
+
+def test_a_reply_names_the_response_format_it_followed(smollm2, home):
+    store, sidecars = home
+    s = ChatSession.open(store, smollm2, sidecar_dir=sidecars, sampler=GREEDY)
+    reply(s.send("Hi"))
+    assert "response_format" not in s.messages()[-1]["meta"]
+    s.update_settings(sampler={**GREEDY, "response_format": {"type": "json_object", "grammar": ""}})
+    reply(s.send("Hi again"))
+    assert s.messages()[-1]["meta"]["response_format"] == "json_object"
