@@ -182,14 +182,18 @@ class SpeculativeDecoder:
         if self.gate is not None and not self.gate.allow():
             self.stats.disabled_steps += 1
             return [], False
-        budget = min(cap, self.options.max_draft, self.gate.budget() if self.gate is not None else cap)
-        if budget < self.options.min_draft:
+        # The gate's budget bounds uncertain drafts; a forced one (the grammar allows no other tokens) may run
+        # to the full budget, so the source is asked for that and an unforced draft is cut to the gate's.
+        full = min(cap, self.options.max_draft)
+        if full < 1:
             self.stats.fallback_steps += 1
             return [], False
-        suggestion = self.source.suggest(history, budget)
-        raw = [] if suggestion is None else list(itertools.islice(iter(suggestion), budget + 1))
+        suggestion = self.source.suggest(history, full)
+        forced = last_forced(self.source)
+        limit = full if forced or self.gate is None else min(full, self.gate.budget())
+        raw = [] if suggestion is None else list(itertools.islice(iter(suggestion), limit + 1))
         draft = []
-        for t in raw[:budget]:
+        for t in raw[:limit]:
             try:
                 t = operator.index(t)
             except TypeError:
@@ -199,7 +203,7 @@ class SpeculativeDecoder:
             draft.append(t)
         # A forced token (the grammar allows no other) is all but sure to be accepted: a two-row verify of it
         # commits two tokens for little more than one step's cost, so it is worth a verify on its own.
-        if len(draft) < (1 if last_forced(self.source) else self.options.min_draft):
+        if len(draft) < (1 if forced else self.options.min_draft):
             if raw:
                 truncate_pending(self.source, 0)
             self.stats.fallback_steps += 1
