@@ -44,6 +44,17 @@ def best_time(fn, repeat: int, budget_s: float = 2.0) -> float:
     return best
 
 
+def cases(args):
+    """(format name, GGML type, rows, columns) for every shape and format asked for; columns rounded up to
+    whole blocks of the format."""
+    for shape in args.shapes.split(","):
+        rows, shape_cols = (int(v) for v in shape.split("x"))
+        for name in args.formats.split(","):
+            qtype = T[name]
+            block_elems = GGML_QUANT_SIZES[qtype][0]
+            yield name, qtype, rows, -(-shape_cols // block_elems) * block_elems
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--formats", default=",".join(FORMATS))
@@ -64,45 +75,35 @@ def main() -> None:
     print(f"{'format':6} {'shape':>11} {'MB':>7} | {'matvec us':>9} {'GB/s':>6} {'GFLOP/s':>7} |"
           f" {'matmul ms':>9} {'GFLOP/s':>7} {'sgemm':>6}")
     sgemm_cache: dict[tuple[int, int], float] = {}
-    for shape in args.shapes.split(","):
-        rows, shape_cols = (int(v) for v in shape.split("x"))
-        for name in args.formats.split(","):
-            qtype = T[name]
-            block_elems = GGML_QUANT_SIZES[qtype][0]
-            cols = -(-shape_cols // block_elems) * block_elems
-            X = rng.standard_normal((n, cols), dtype=np.float32)
-            x = X[0].copy()
-            flops_mv, flops_mm = 2.0 * rows * cols, 2.0 * n * rows * cols
-            if (rows, cols) not in sgemm_cache:  # NumPy f32 GEMM on one 4 MB tile shape: the ceiling
-                tile = rng.standard_normal((min(rows, (4 << 20) // (4 * cols)), cols), dtype=np.float32)
-                t = best_time(lambda: X @ tile.T, 10)
-                sgemm_cache[rows, cols] = 2.0 * n * tile.shape[0] * cols / t / 1e9
-            w = random_weight(qtype, rows, cols, rng)
-            out = np.empty(rows, np.float32)
-            t_mv = best_time(lambda: quant.matvec(qtype, w, x, out), args.repeat)
-            t_mm = best_time(lambda: quant.matmul(qtype, w, X), 3, budget_s=3.0)
-            print(f"{name:6} {f'{rows}x{cols}':>11} {w.nbytes / 1e6:7.1f} |"
-                  f" {t_mv * 1e6:9.0f} {w.nbytes / t_mv / 1e9:6.1f} {flops_mv / t_mv / 1e9:7.1f} |"
-                  f" {t_mm * 1e3:9.1f} {flops_mm / t_mm / 1e9:7.1f} {sgemm_cache[rows, cols]:6.0f}", flush=True)
-            del w
+    for name, qtype, rows, cols in cases(args):
+        X = rng.standard_normal((n, cols), dtype=np.float32)
+        x = X[0].copy()
+        flops_mv, flops_mm = 2.0 * rows * cols, 2.0 * n * rows * cols
+        if (rows, cols) not in sgemm_cache:  # NumPy f32 GEMM on one 4 MB tile shape: the ceiling
+            tile = rng.standard_normal((min(rows, (4 << 20) // (4 * cols)), cols), dtype=np.float32)
+            t = best_time(lambda: X @ tile.T, 10)
+            sgemm_cache[rows, cols] = 2.0 * n * tile.shape[0] * cols / t / 1e9
+        w = random_weight(qtype, rows, cols, rng)
+        out = np.empty(rows, np.float32)
+        t_mv = best_time(lambda: quant.matvec(qtype, w, x, out), args.repeat)
+        t_mm = best_time(lambda: quant.matmul(qtype, w, X), 3, budget_s=3.0)
+        print(f"{name:6} {f'{rows}x{cols}':>11} {w.nbytes / 1e6:7.1f} |"
+              f" {t_mv * 1e6:9.0f} {w.nbytes / t_mv / 1e9:6.1f} {flops_mv / t_mv / 1e9:7.1f} |"
+              f" {t_mm * 1e3:9.1f} {flops_mm / t_mm / 1e9:7.1f} {sgemm_cache[rows, cols]:6.0f}", flush=True)
+        del w
 
 
 def row_costs(args, rng, counts: list[int]) -> None:
     """For each format and shape: the time of a one-row product, and of m-row products in one-row units."""
     print(f"{'format':6} {'shape':>11} {'1 row us':>9} | " + " ".join(f"{f'{m} rows':>8}" for m in counts))
-    for shape in args.shapes.split(","):
-        rows, shape_cols = (int(v) for v in shape.split("x"))
-        for name in args.formats.split(","):
-            qtype = T[name]
-            block_elems = GGML_QUANT_SIZES[qtype][0]
-            cols = -(-shape_cols // block_elems) * block_elems
-            w = random_weight(qtype, rows, cols, rng)
-            X = rng.standard_normal((max(counts), cols), dtype=np.float32)
-            one = best_time(lambda: quant.rows(qtype, w, X[:1]), args.repeat)
-            ratios = [best_time(lambda: quant.rows(qtype, w, X[:m]), args.repeat) / one for m in counts]
-            print(f"{name:6} {f'{rows}x{cols}':>11} {one * 1e6:9.0f} | " + " ".join(f"{r:8.2f}" for r in ratios),
-                  flush=True)
-            del w
+    for name, qtype, rows, cols in cases(args):
+        w = random_weight(qtype, rows, cols, rng)
+        X = rng.standard_normal((max(counts), cols), dtype=np.float32)
+        one = best_time(lambda: quant.rows(qtype, w, X[:1]), args.repeat)
+        ratios = [best_time(lambda: quant.rows(qtype, w, X[:m]), args.repeat) / one for m in counts]
+        print(f"{name:6} {f'{rows}x{cols}':>11} {one * 1e6:9.0f} | " + " ".join(f"{r:8.2f}" for r in ratios),
+              flush=True)
+        del w
 
 
 if __name__ == "__main__":
