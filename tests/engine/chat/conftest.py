@@ -49,18 +49,6 @@ def byte_level_chatml_metadata() -> dict:
 
 
 @pytest.fixture(scope="session")
-def tiny_chat(tmp_path_factory):
-    """(model, tokenizer): a tiny random llama-family model over the byte-level ChatML vocabulary."""
-    from engine.models import load_model
-    from tests.synthetic import write_tiny_model
-
-    tokenizer = byte_level_chatml_tokenizer()
-    path = tmp_path_factory.mktemp("chat") / "tiny.gguf"
-    write_tiny_model(path, "llama", vocab=tokenizer.vocab_size)
-    return load_model(path), tokenizer
-
-
-@pytest.fixture(scope="session")
 def tiny_chat_model(tmp_path_factory):
     """A tiny random llama-family model that carries the byte-level ChatML tokenizer in its GGUF (so the
     session layer, which reads both from the file, runs on it); ChatML is the llama family's format."""

@@ -46,24 +46,11 @@ def test_a_stop_id_ends_speculative_generation_like_plain(tiny_model):
     assert list(generate.sample_speculative(tiny_model, PROMPT, 40, Sampler(), stop_ids=[stop])) == plain
 
 
-@pytest.fixture(scope="module")
-def tiny_byte_model(tmp_path_factory):
-    """(model, tokenizer): a tiny random model over a byte-level vocabulary, for grammars."""
-    from engine.models import load_model
-    from tests.engine.chat.conftest import byte_level_chatml_tokenizer
-    from tests.synthetic import write_tiny_model
-
-    tok = byte_level_chatml_tokenizer()
-    path = tmp_path_factory.mktemp("generate") / "tiny-bytes.gguf"
-    write_tiny_model(path, "llama", vocab=tok.vocab_size)
-    return load_model(path), tok
-
-
 @pytest.mark.parametrize("seed", [None, 5])
-def test_a_grammar_drafts_its_forced_spans_and_yields_the_plain_ids(tiny_byte_model, seed):
+def test_a_grammar_drafts_its_forced_spans_and_yields_the_plain_ids(tiny_chat, seed):
     from engine.sampling.grammar import Grammar, grammar_processor
 
-    model, tok = tiny_byte_model
+    model, tok = tiny_chat
     grammar = Grammar("regex", "(hello|help) world: [0-9]{1,3}, one two three")
     config = SamplerConfig() if seed is None else SamplerConfig(temperature=1.0, seed=seed)
     prompt = tok.encode("xyz", add_special=False)
