@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Callable
 
-from PySide6.QtCore import QTimer, Signal
-from PySide6.QtGui import QPalette
-from PySide6.QtWidgets import QAbstractSlider, QScrollArea, QVBoxLayout, QWidget
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtWidgets import QAbstractSlider, QHBoxLayout, QScrollArea, QVBoxLayout, QWidget
 
 from app.gui.message_widget import MessageWidget
+from app.gui.theme import SPACE_L, SPACE_XL, centred
 
 RENDER_BATCH = 40
 FOLLOW_SLACK_PX = 24
@@ -26,6 +26,7 @@ class ChatView(QScrollArea):
     edit_requested = Signal(str, str)
     delete_requested = Signal(str)
     switch_requested = Signal(str)
+    shown_changed = Signal()  # messages appeared or went: the window shows the welcome screen when none
 
     def __init__(self, siblings_of: Callable[[str], list[str]]):
         super().__init__()
@@ -33,9 +34,17 @@ class ChatView(QScrollArea):
         self.setWidgetResizable(True)
         self.setAccessibleName("Conversation")
         container = QWidget()
-        self._column = QVBoxLayout(container)
-        self._column.setContentsMargins(12, 12, 12, 12)
-        self._column.setSpacing(10)
+        container.setObjectName("chatPane")
+        column = QWidget()  # the messages, in a centred column of a readable width
+        column.setObjectName("chatColumn")
+        for pane in (container, column):
+            pane.setAttribute(Qt.WidgetAttribute.WA_StyledBackground)  # painted by the style sheet
+        centring = QHBoxLayout(container)
+        centring.setContentsMargins(SPACE_XL, SPACE_L, SPACE_XL - 6, SPACE_L)
+        centred(column, centring)
+        self._column = QVBoxLayout(column)
+        self._column.setContentsMargins(0, 0, 0, 0)
+        self._column.setSpacing(SPACE_L)
         self._column.addStretch()
         self.setWidget(container)
         self.messages: list[dict] = []
@@ -68,12 +77,14 @@ class ChatView(QScrollArea):
         for message in messages[self._first + keep:]:
             self._append(message)
         self._mark_last_message()
+        self.shown_changed.emit()
 
     def clear(self) -> None:
         self._follow, self._target = True, None
         self._first = 0
         self._truncate(0)
         self.messages = []
+        self.shown_changed.emit()
 
     def _make(self, message: dict, is_last: bool = False) -> MessageWidget:
         siblings = self._siblings_of(message["id"]) if message["id"] else []
@@ -128,6 +139,7 @@ class ChatView(QScrollArea):
         self.streaming = self._append({"id": None, "role": "assistant", "content": "",
                                        "meta": {"response_format": response_format}})
         self.scroll_to_bottom()
+        self.shown_changed.emit()
 
     def append_reply(self, text: str) -> None:
         self._anchor = None  # from here on the page grows below the view, which then stays put
@@ -163,14 +175,10 @@ class ChatView(QScrollArea):
 
     @staticmethod
     def _highlight(widget: MessageWidget) -> None:
-        """Mark a found message for a moment in the palette's highlight colour."""
-        normal = widget.palette()
-        found = QPalette(normal)
-        found.setColor(QPalette.ColorRole.Window, normal.color(QPalette.ColorRole.Highlight).lighter(160))
-        widget.setPalette(found)
+        """Outline a found message for a moment."""
+        widget.set_found(True)
         timer = QTimer(widget, singleShot=True, interval=FOUND_HIGHLIGHT_MS)  # dies with the widget
-
-        timer.timeout.connect(lambda: widget.setPalette(normal))
+        timer.timeout.connect(lambda: widget.set_found(False))
         timer.start()
 
     def _load_older(self) -> None:
