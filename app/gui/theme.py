@@ -127,8 +127,9 @@ QToolButton#sendButton, QToolButton#stopButton {{ background: {c.accent}; border
 QToolButton#sendButton:disabled {{ background: {c.raised}; }}
 
 #welcome QLabel#welcomeTitle {{ font-size: {FONT_TITLE}pt; font-weight: 600; }}
-#welcome QPushButton {{ text-align: left; padding: 12px 14px; border-radius: {RADIUS_CARD}px;
-    background: {c.surface}; }}
+#welcome QPushButton {{ border-radius: {RADIUS_CARD}px; background: {c.surface}; }}
+#welcome QLabel {{ background: transparent; }}
+QLabel#exampleHeading {{ font-weight: 600; }}
 #welcome QPushButton:hover {{ border-color: {c.accent}; }}
 QStatusBar {{ background: {c.window}; color: {c.muted}; border-top: 1px solid {c.border}; }}
 QStatusBar QLabel {{ color: {c.muted}; font-size: {FONT_SMALL}pt; padding: 2px {SPACE_M}px; }}

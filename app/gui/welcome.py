@@ -36,12 +36,26 @@ class WelcomeScreen(QWidget):
         subtitle = QLabel("Everything runs on this computer. Pick an example or write your own message.")
         subtitle.setProperty("tone", "muted")
         subtitle.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        for label in (title, subtitle):
+            label.setWordWrap(True)  # a narrow window wraps them instead of being held wide
         grid = QGridLayout()
         grid.setSpacing(SPACE_L - 4)
         self.prompt_buttons: list[QPushButton] = []
         for i, (heading, prompt) in enumerate(EXAMPLE_PROMPTS):
-            button = QPushButton(f"{heading}\n{prompt}")
+            button = QPushButton()
             button.setAccessibleName(f"Example: {heading}")
+            lines = QVBoxLayout(button)  # a bold heading over the prompt, which a button's own text cannot be
+            lines.setContentsMargins(14, 10, 14, 10)
+            lines.setSpacing(2)
+            for text, style in ((heading, "exampleHeading"), (prompt, "")):
+                label = QLabel(text)
+                label.setObjectName(style)
+                label.setProperty("tone", "muted" if not style else None)
+                label.setAttribute(Qt.WidgetAttribute.WA_TransparentForMouseEvents)  # the click is the button's
+                # clipped in a narrow window rather than holding it wide (the tooltip has the whole prompt)
+                label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+                lines.addWidget(label)
+            button.setMinimumHeight(lines.sizeHint().height())
             button.setToolTip(prompt)
             button.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
             button.setMaximumWidth(380)

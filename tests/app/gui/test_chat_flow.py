@@ -55,6 +55,7 @@ def test_stop_mid_reply_keeps_the_partial_reply(qtbot, open_window):
     assert reply["role"] == "assistant" and reply["meta"]["finish_reason"] == "cancelled"
     assert 0 < reply["meta"]["generated_tokens"] < 400
     assert shown(window)[-1] == ("assistant", reply["content"])
+    assert window.chat_view.widgets[-1].stopped_mark is not None  # the reply says it was cut short
     assert window.composer.send_button.isVisible() and window.chat_view.widgets[0].actions_["edit"].isEnabled()
 
 
