@@ -78,6 +78,15 @@ def conversation_with_a_reply(tmp_path, reply_meta=None):
     return cid
 
 
+def test_a_closed_window_ignores_a_theme_change(bare_window, tmp_path):
+    from app.gui.theme import apply_theme
+
+    window = bare_window(conversation_with_a_reply(tmp_path))
+    window.close()  # its store is closed now: re-rendering the chat would read from it
+    apply_theme("dark")  # before: "Cannot operate on a closed database" in changeEvent, then a crash
+    assert window.closed and window.chat_view.widgets  # left as it was
+
+
 def test_every_icon_button_has_an_icon_an_accessible_name_and_a_tooltip(bare_window, tmp_path):
     window = bare_window(conversation_with_a_reply(tmp_path))
     buttons = window.findChildren(IconButton)
