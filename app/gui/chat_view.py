@@ -49,8 +49,10 @@ class ChatView(QScrollArea):
         self.setWidget(container)
         self.messages: list[dict] = []
         self.widgets: list[MessageWidget] = []   # for messages[self._first:], then any pending ones
-        self.streaming: MessageWidget | None = None  # the reply being written
-        self.busy = False                              # a reply streams: branch-changing actions wait
+        # The one record of a reply in progress (the window reads it): the widget it streams into, and
+        # whether one streams (branch-changing actions wait meanwhile).
+        self.streaming: MessageWidget | None = None
+        self.busy = False
         self._first = 0
         self._follow = True
         self._anchor: int | None = None  # distance from the bottom to keep while older messages load
@@ -123,7 +125,7 @@ class ChatView(QScrollArea):
                 self.widgets[i] = replacement
 
     # -- a reply in progress ---------------------------------------------------------------------
-    def set_busy(self, busy: bool) -> None:
+    def _set_busy(self, busy: bool) -> None:
         self.busy = busy
         for widget in self.widgets:
             widget.set_branch_actions_enabled(not busy)
@@ -131,6 +133,7 @@ class ChatView(QScrollArea):
     def begin_reply(self, keep: int, user_text: str | None = None, response_format: str | None = None) -> None:
         """Show a reply being written after the first `keep` messages, below a new user message if given;
         `response_format` is the kind of format the reply follows (None: free text)."""
+        self._set_busy(True)
         keep = max(keep, self._first)
         self._truncate(keep - self._first)
         self.messages = self.messages[:keep]
@@ -140,6 +143,11 @@ class ChatView(QScrollArea):
                                        "meta": {"response_format": response_format}})
         self.scroll_to_bottom()
         self.shown_changed.emit()
+
+    def end_reply(self) -> None:
+        """The reply ended (or was abandoned); the store's version replaces it when the window refreshes."""
+        self.streaming = None
+        self._set_busy(False)
 
     def append_reply(self, text: str) -> None:
         self._anchor = None  # from here on the page grows below the view, which then stays put

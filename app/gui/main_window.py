@@ -55,7 +55,6 @@ class MainWindow(QMainWindow):
         self.current_id: str | None = None
         self.model_path: str | None = None       # the model the engine has loaded
         self.model_requested = False              # a model load was asked for (it may still fail)
-        self.streaming = False
         self._new_chat_settings: dict = {}        # settings chosen for a chat not saved yet
         self._pending_jump: str | None = None     # a search hit to show once its branch is
 
@@ -296,19 +295,20 @@ class MainWindow(QMainWindow):
     def _show_welcome_if_empty(self) -> None:
         self.chat_stack.setCurrentWidget(self.chat_view if self.chat_view.widgets else self.welcome)
 
+    @property
+    def streaming(self) -> bool:
+        """A reply is being written: the chat view holds that state, the rest of the window reads it."""
+        return self.chat_view.busy
+
     def _begin_turn(self, keep: int, user_text: str | None = None) -> None:
-        self._set_streaming(True)
+        """While a reply streams, sending and the actions that change the branch wait for it."""
         response_format = (self.current_settings().get("sampler") or {}).get("response_format")
         self.chat_view.begin_reply(keep, user_text, response_format and response_format["type"])
+        self.composer.set_busy(True)
 
     def _end_turn(self) -> None:
-        self._set_streaming(False)
-
-    def _set_streaming(self, streaming: bool) -> None:
-        """While a reply streams, sending and the actions that change the branch wait for it."""
-        self.streaming = streaming
-        self.composer.set_busy(streaming)
-        self.chat_view.set_busy(streaming)
+        self.chat_view.end_reply()
+        self.composer.set_busy(False)
 
     def _reply_text(self, text: str, turn) -> None:
         if self.streaming and turn is self.client.current_turn:
