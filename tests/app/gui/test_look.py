@@ -231,3 +231,17 @@ def test_screenshots_in_the_light_and_dark_themes_differ(tmp_path, monkeypatch):
         images[theme] = QImage(str(png))
     assert mean_lightness(images["light"]) > 200 and mean_lightness(images["dark"]) < 60
     assert Preferences(tmp_path / "home" / "gui.ini").theme == "system"  # a screenshot's theme is not remembered
+
+
+def test_every_action_icon_is_valid_svg_drawn_in_the_theme_colour():
+    from PySide6.QtSvg import QSvgRenderer
+
+    from resources import resource_path
+
+    icons = sorted(resource_path("icons/actions/copy.svg").parent.glob("*.svg"))
+    assert {"copy", "edit", "delete", "regenerate", "send", "stop", "new-chat", "settings", "sidebar",
+            "paperclip"} <= {svg.stem for svg in icons}
+    for svg in icons:
+        text = svg.read_text(encoding="utf-8")
+        assert QSvgRenderer(text.encode()).isValid(), svg.name
+        assert "currentColor" in text and "#" not in text, f"{svg.name} has a fixed colour"  # tinted per theme
