@@ -8,6 +8,7 @@ import sys
 
 from app import (cli_bench, cli_chat, cli_conversations, cli_desktop, cli_docs, cli_eval, cli_models, cli_serve,
                  cli_tokenize, cli_warmup)
+from app.gui import THEMES
 from engine.errors import FucinaError
 
 # Each module's `register(subparsers)` adds its subcommands and sets `func(args) -> int | None` on them.
@@ -30,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fucina", description="Chat with local language models. "
                                      "With no command, opens the desktop app.")
     parser.add_argument("--screenshot", metavar="PATH", help="render the app's window to a PNG and exit")
+    parser.add_argument("--theme", choices=THEMES, help="the app's theme for this run (default: the one chosen "
+                        "in the app)")
     parser.add_argument("--conversation", metavar="ID", dest="gui_conversation",  # `chat --conversation` differs
                         help="the conversation the app opens (default: the last one)")
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
@@ -45,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not hasattr(args, "func"):
             from app.gui.app import run  # Qt loads only for the desktop app
-            return run(args.screenshot, args.gui_conversation)
+            return run(args.screenshot, args.gui_conversation, args.theme)
         return args.func(args) or 0
     except FucinaError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1,4 +1,5 @@
-"""Starting the desktop app: `fucina` with no command, or `fucina --screenshot PATH`."""
+"""Starting the desktop app: `fucina` with no command, or `fucina --screenshot PATH`; `--theme` picks the
+look for that run."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import sys
 from pathlib import Path
 
 
-def run(screenshot: str | None = None, conversation_id: str | None = None) -> int:
+def run(screenshot: str | None = None, conversation_id: str | None = None, theme: str | None = None) -> int:
     if screenshot is not None:
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # a screenshot needs no display
     from app.gui.system_libraries import problem as missing_system_libraries
@@ -43,7 +44,7 @@ def run(screenshot: str | None = None, conversation_id: str | None = None) -> in
     lock = None
     try:  # one app per data dir: two would stream into one conversation and race on its sidecar
         lock = app_lock(data_dir())
-        window = MainWindow(conversation_id, first_run_download=screenshot is None)
+        window = MainWindow(conversation_id, first_run_download=screenshot is None, theme=theme)
     except FucinaError as e:  # DataDirInUse; a data dir that cannot be written to or a history.db not readable
         if lock is not None:
             lock.release()

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Callable
 
-from PySide6.QtCore import QTimer, Signal
-from PySide6.QtGui import QPalette
-from PySide6.QtWidgets import QAbstractSlider, QScrollArea, QVBoxLayout, QWidget
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtWidgets import QAbstractSlider, QHBoxLayout, QScrollArea, QVBoxLayout, QWidget
 
 from app.gui.message_widget import MessageWidget
+from app.gui.theme import SPACE_L, SPACE_XL, centred
 
 RENDER_BATCH = 40
 FOLLOW_SLACK_PX = 24
@@ -26,6 +26,7 @@ class ChatView(QScrollArea):
     edit_requested = Signal(str, str)
     delete_requested = Signal(str)
     switch_requested = Signal(str)
+    shown_changed = Signal()  # messages appeared or went: the window shows the welcome screen when none
 
     def __init__(self, siblings_of: Callable[[str], list[str]]):
         super().__init__()
@@ -33,15 +34,25 @@ class ChatView(QScrollArea):
         self.setWidgetResizable(True)
         self.setAccessibleName("Conversation")
         container = QWidget()
-        self._column = QVBoxLayout(container)
-        self._column.setContentsMargins(12, 12, 12, 12)
-        self._column.setSpacing(10)
+        container.setObjectName("chatPane")
+        column = QWidget()  # the messages, in a centred column of a readable width
+        column.setObjectName("chatColumn")
+        for pane in (container, column):
+            pane.setAttribute(Qt.WidgetAttribute.WA_StyledBackground)  # painted by the style sheet
+        centring = QHBoxLayout(container)
+        centring.setContentsMargins(SPACE_XL, SPACE_L, SPACE_XL - 6, SPACE_L)
+        centred(column, centring)
+        self._column = QVBoxLayout(column)
+        self._column.setContentsMargins(0, 0, 0, 0)
+        self._column.setSpacing(SPACE_L)
         self._column.addStretch()
         self.setWidget(container)
         self.messages: list[dict] = []
         self.widgets: list[MessageWidget] = []   # for messages[self._first:], then any pending ones
-        self.streaming: MessageWidget | None = None  # the reply being written
-        self.busy = False                              # a reply streams: branch-changing actions wait
+        # The one record of a reply in progress (the window reads it): the widget it streams into, and
+        # whether one streams (branch-changing actions wait meanwhile).
+        self.streaming: MessageWidget | None = None
+        self.busy = False
         self._first = 0
         self._follow = True
         self._anchor: int | None = None  # distance from the bottom to keep while older messages load
@@ -68,12 +79,14 @@ class ChatView(QScrollArea):
         for message in messages[self._first + keep:]:
             self._append(message)
         self._mark_last_message()
+        self.shown_changed.emit()
 
     def clear(self) -> None:
         self._follow, self._target = True, None
         self._first = 0
         self._truncate(0)
         self.messages = []
+        self.shown_changed.emit()
 
     def _make(self, message: dict, is_last: bool = False) -> MessageWidget:
         siblings = self._siblings_of(message["id"]) if message["id"] else []
@@ -112,7 +125,7 @@ class ChatView(QScrollArea):
                 self.widgets[i] = replacement
 
     # -- a reply in progress ---------------------------------------------------------------------
-    def set_busy(self, busy: bool) -> None:
+    def _set_busy(self, busy: bool) -> None:
         self.busy = busy
         for widget in self.widgets:
             widget.set_branch_actions_enabled(not busy)
@@ -120,6 +133,7 @@ class ChatView(QScrollArea):
     def begin_reply(self, keep: int, user_text: str | None = None, response_format: str | None = None) -> None:
         """Show a reply being written after the first `keep` messages, below a new user message if given;
         `response_format` is the kind of format the reply follows (None: free text)."""
+        self._set_busy(True)
         keep = max(keep, self._first)
         self._truncate(keep - self._first)
         self.messages = self.messages[:keep]
@@ -128,6 +142,12 @@ class ChatView(QScrollArea):
         self.streaming = self._append({"id": None, "role": "assistant", "content": "",
                                        "meta": {"response_format": response_format}})
         self.scroll_to_bottom()
+        self.shown_changed.emit()
+
+    def end_reply(self) -> None:
+        """The reply ended (or was abandoned); the store's version replaces it when the window refreshes."""
+        self.streaming = None
+        self._set_busy(False)
 
     def append_reply(self, text: str) -> None:
         self._anchor = None  # from here on the page grows below the view, which then stays put
@@ -163,14 +183,10 @@ class ChatView(QScrollArea):
 
     @staticmethod
     def _highlight(widget: MessageWidget) -> None:
-        """Mark a found message for a moment in the palette's highlight colour."""
-        normal = widget.palette()
-        found = QPalette(normal)
-        found.setColor(QPalette.ColorRole.Window, normal.color(QPalette.ColorRole.Highlight).lighter(160))
-        widget.setPalette(found)
+        """Outline a found message for a moment."""
+        widget.set_found(True)
         timer = QTimer(widget, singleShot=True, interval=FOUND_HIGHLIGHT_MS)  # dies with the widget
-
-        timer.timeout.connect(lambda: widget.setPalette(normal))
+        timer.timeout.connect(lambda: widget.set_found(False))
         timer.start()
 
     def _load_older(self) -> None:

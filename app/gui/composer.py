@@ -1,16 +1,27 @@
 """The message input: Enter sends, Shift+Enter adds a line; Stop (or Esc, the window's shortcut) ends the
 reply in progress. It stays editable while a reply streams (the next message can be typed), but sending
-waits for the reply to end."""
+waits for the reply to end. The box grows with its text, up to MAX_LINES, then scrolls."""
 
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QKeyEvent
-from PySide6.QtWidgets import QHBoxLayout, QPlainTextEdit, QPushButton, QWidget
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QPlainTextEdit, QWidget
+
+from app.gui.icons import IconButton
+from app.gui.theme import SPACE_L, SPACE_M, SPACE_XL, centred
+
+MIN_LINES, MAX_LINES = 1, 10
 
 
 class MessageInput(QPlainTextEdit):
     submit = Signal()
+
+    def __init__(self):
+        super().__init__()
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
+        self.document().documentLayout().documentSizeChanged.connect(self._fit)
+        self._fit()
 
     def keyPressEvent(self, event: QKeyEvent) -> None:
         enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
@@ -18,6 +29,19 @@ class MessageInput(QPlainTextEdit):
             self.submit.emit()
         else:
             super().keyPressEvent(event)
+
+    def height_for_lines(self, lines: int) -> int:
+        frame = int(self.document().documentMargin() * 2) + self.frameWidth() * 2 + 4  # + the style's padding
+        return lines * self.fontMetrics().lineSpacing() + frame
+
+    def _fit(self, *_) -> None:
+        """As tall as the text (its wrapped lines), between MIN_LINES and MAX_LINES."""
+        lines = max(MIN_LINES, min(MAX_LINES, int(self.document().documentLayout().documentSize().height())))
+        self.setFixedHeight(self.height_for_lines(lines))
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self._fit()  # a narrower box wraps into more lines
 
 
 class Composer(QWidget):
@@ -27,19 +51,27 @@ class Composer(QWidget):
     def __init__(self):
         super().__init__()
         self.input = MessageInput()
-        self.input.setPlaceholderText("Message (Enter sends, Shift+Enter adds a line)")
+        self.input.setPlaceholderText("Message Fucina (Enter sends, Shift+Enter adds a line)")
         self.input.setAccessibleName("Message input")
-        self.input.setFixedHeight(72)
-        self.send_button = QPushButton("Send")
-        self.send_button.setAccessibleName("Send message")
-        self.stop_button = QPushButton("Stop")
-        self.stop_button.setAccessibleName("Stop reply")
-        self.stop_button.setToolTip("Stop the reply (Esc)")
+        self.send_button = IconButton("send", "Send message", "Send (Enter)", on_accent=True)
+        self.send_button.setObjectName("sendButton")
+        self.stop_button = IconButton("stop", "Stop reply", "Stop the reply (Esc)", on_accent=True)
+        self.stop_button.setObjectName("stopButton")
+        self.box = QFrame()  # the rounded field around the input and its buttons
+        self.box.setObjectName("composerBox")
+        self.tools = QHBoxLayout()  # buttons beside the input (an attach button goes here)
+        self.tools.setContentsMargins(0, 0, 0, 0)
+        row = QHBoxLayout(self.box)
+        row.setContentsMargins(SPACE_M + 4, SPACE_M, SPACE_M, SPACE_M)
+        row.addLayout(self.tools)
+        row.addWidget(self.input, 1)
+        row.addWidget(self.send_button, 0, Qt.AlignmentFlag.AlignBottom)
+        row.addWidget(self.stop_button, 0, Qt.AlignmentFlag.AlignBottom)
         layout = QHBoxLayout(self)
-        layout.setContentsMargins(12, 6, 12, 6)
-        layout.addWidget(self.input)
-        layout.addWidget(self.send_button)
-        layout.addWidget(self.stop_button)
+        layout.setContentsMargins(SPACE_XL, SPACE_M, SPACE_XL, SPACE_L)
+        centred(self.box, layout)
+        for button in (self.send_button, self.stop_button):
+            button.setFixedSize(32, 32)
         self.input.submit.connect(self._submit)
         self.send_button.clicked.connect(self._submit)
         self.stop_button.clicked.connect(self.stop_requested)

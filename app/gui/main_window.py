@@ -1,5 +1,6 @@
-"""The main window: the conversation sidebar, the chat, the message input and the status bar, wired to the
-engine thread. Everything here runs on the UI thread and only renders, reads the store, or queues requests
+"""The main window: the conversation sidebar (collapsible), a header with the model picker and the
+settings, the chat (or, for an empty one, the welcome screen), the message input and the status bar, wired
+to the engine thread. Everything here runs on the UI thread and only renders, reads the store, or queues requests
 for the worker; replies arrive as signals."""
 
 from __future__ import annotations
@@ -8,12 +9,13 @@ import json
 from pathlib import Path
 
 from PySide6.QtCore import QCoreApplication, QEvent, Qt
-from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QKeySequence
-from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QMainWindow, QMessageBox, QProgressBar, QSplitter,
-                               QToolButton, QVBoxLayout, QWidget)
+from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QGuiApplication, QKeySequence
+from PySide6.QtWidgets import (QFileDialog, QFrame, QHBoxLayout, QMainWindow, QMessageBox, QProgressBar,
+                               QSplitter, QStackedWidget, QVBoxLayout, QWidget)
 
 from app.gui.chat_view import ChatView
 from app.gui.composer import Composer
+from app.gui.icons import IconButton
 from app.gui.kernel_warmup import KernelWarmup
 from app.gui.model_picker import ModelPicker, model_label
 from app.gui.preferences import Preferences
@@ -21,6 +23,8 @@ from app.gui.settings_dialog import SettingsDialog
 from app.gui.sidebar import UNTITLED, Sidebar
 from app.gui.status_line import StatusLine
 from app.gui.storage_banner import StorageBanner
+from app.gui.theme import SPACE_L, SPACE_M, THEMES, apply_theme
+from app.gui.welcome import WelcomeScreen
 from app.gui.worker import EngineClient
 from engine.catalog import catalog, default_model_name
 from engine.errors import FucinaError, StoreError
@@ -29,35 +33,41 @@ from engine.history.validate import read_export
 from engine.paths import data_dir
 
 PREFERENCES_FILE = "gui.ini"
+THEME_NAMES = {"system": "Follow the system", "light": "Light", "dark": "Dark"}
 
 
 class MainWindow(QMainWindow):
-    def __init__(self, conversation_id: str | None = None, *, first_run_download: bool = True):
+    def __init__(self, conversation_id: str | None = None, *, first_run_download: bool = True,
+                 theme: str | None = None):
         """Opens `conversation_id`, else the conversation open when the app last closed. With no model on
-        disk the model picker opens and (with `first_run_download`) downloads the default model."""
+        disk the model picker opens and (with `first_run_download`) downloads the default model. `theme`
+        overrides the remembered theme for this run only (a screenshot's)."""
+        preferences = Preferences(data_dir() / PREFERENCES_FILE)
+        theme = theme or preferences.theme
+        apply_theme(theme)  # before the window exists: its widgets are built in the theme's colours
         super().__init__()
         self.setWindowTitle("Fucina")
         self.resize(1100, 760)
         db_path = HistoryStore.default_path()
         self.store = HistoryStore(db_path)
-        self.preferences = Preferences(data_dir() / PREFERENCES_FILE)
+        self.preferences, self.theme = preferences, theme
         self.client = EngineClient(db_path)
         self.current_id: str | None = None
         self.model_path: str | None = None       # the model the engine has loaded
         self.model_requested = False              # a model load was asked for (it may still fail)
-        self.streaming = False
         self._new_chat_settings: dict = {}        # settings chosen for a chat not saved yet
         self._pending_jump: str | None = None     # a search hit to show once its branch is
 
         self.sidebar = Sidebar(self.store)
         self.chat_view = ChatView(self._siblings)
+        self.welcome = WelcomeScreen()
         self.composer = Composer()
-        self.model_button = QToolButton(text="No model")
-        self.model_button.setAccessibleName("Choose model")
-        self.model_button.setToolTip("Choose the model")
-        self.settings_button = QToolButton(text="Settings")
-        self.settings_button.setAccessibleName("Conversation settings")
-        self.settings_button.setToolTip("System prompt, sampling and context (Ctrl+,)")
+        self.sidebar_button = IconButton("sidebar", "Toggle sidebar", "Show or hide the conversations (Ctrl+B)")
+        self.new_chat_button = IconButton("new-chat", "New chat", "Start a new conversation (Ctrl+N)")
+        self.model_button = IconButton("model", "Choose model", "Choose the model", text="No model")
+        self.model_button.setObjectName("modelButton")
+        self.settings_button = IconButton("settings", "Conversation settings",
+                                          "System prompt, sampling and context (Ctrl+,)")
         self.status_line = StatusLine()
         self.storage_banner = StorageBanner()
         self.load_progress = QProgressBar()
@@ -77,21 +87,36 @@ class MainWindow(QMainWindow):
 
     # -- construction ------------------------------------------------------------------------------
     def _build_layout(self) -> None:
-        top = QHBoxLayout()
-        top.setContentsMargins(12, 6, 12, 0)
+        header = QFrame()
+        header.setObjectName("header")
+        top = QHBoxLayout(header)
+        top.setContentsMargins(SPACE_M, SPACE_M - 2, SPACE_L, SPACE_M - 2)
+        top.setSpacing(2)
+        for widget in (self.sidebar_button, self.new_chat_button):
+            top.addWidget(widget)
+        top.addSpacing(SPACE_M)
         top.addWidget(self.model_button)
         top.addStretch()
         top.addWidget(self.settings_button)
+        self.chat_stack = QStackedWidget()  # the chat, or the welcome screen while it is empty
+        self.chat_stack.addWidget(self.welcome)
+        self.chat_stack.addWidget(self.chat_view)
         right = QWidget()
         column = QVBoxLayout(right)
         column.setContentsMargins(0, 0, 0, 0)
-        column.addLayout(top)
-        column.addWidget(self.chat_view, 1)
+        column.setSpacing(0)
+        column.addWidget(header)
+        column.addWidget(self.chat_stack, 1)
         column.addWidget(self.composer)
+        self.sidebar.setObjectName("sidebarPane")
+        self.sidebar.setAttribute(Qt.WidgetAttribute.WA_StyledBackground)  # its background from the style sheet
+        self.sidebar.setVisible(self.preferences.sidebar_visible)
         splitter = QSplitter()
+        splitter.setHandleWidth(0)  # the sidebar's border is the divider
         splitter.addWidget(self.sidebar)
         splitter.addWidget(right)
         splitter.setStretchFactor(1, 1)
+        splitter.setCollapsible(1, False)
         splitter.setSizes([260, 840])
         central = QWidget()
         window_column = QVBoxLayout(central)
@@ -127,6 +152,15 @@ class MainWindow(QMainWindow):
         self._action(chat, "Settings…", self.edit_settings, "Ctrl+,")
         self._action(chat, "Choose model…", self.choose_model)
         self._action(chat, "Stop reply", self.client.stop, "Esc")
+        view = bar.addMenu("&View")
+        self._action(view, "Sidebar", self.toggle_sidebar, "Ctrl+B")
+        themes = view.addMenu("Theme")
+        self.theme_actions = QActionGroup(self)
+        for name in THEMES:
+            action = self._action(themes, THEME_NAMES[name], lambda _=False, n=name: self.set_theme(n))
+            action.setCheckable(True)
+            action.setChecked(name == self.theme)
+            self.theme_actions.addAction(action)
 
     def _connect(self) -> None:
         self.sidebar.new_requested.connect(self.new_chat)
@@ -141,6 +175,11 @@ class MainWindow(QMainWindow):
         self.chat_view.delete_requested.connect(self.client.delete_message)
         self.chat_view.switch_requested.connect(self.client.switch)
         self.model_button.clicked.connect(self.choose_model)
+        self.sidebar_button.clicked.connect(self.toggle_sidebar)
+        self.new_chat_button.clicked.connect(self.new_chat)
+        self.welcome.prompt_chosen.connect(self.send_example)
+        self.chat_view.shown_changed.connect(self._show_welcome_if_empty)
+        QGuiApplication.styleHints().colorSchemeChanged.connect(self._system_scheme_changed)
         self.settings_button.clicked.connect(self.edit_settings)
         self.storage_banner.retry_requested.connect(self.client.save_pending)
         self.sidebar.storage_failed.connect(lambda message: self.storage_banner.show_failure(message, None))
@@ -244,19 +283,32 @@ class MainWindow(QMainWindow):
         self._begin_turn(index, text)
         self.client.edit(message_id, text)
 
+    def send_example(self, text: str) -> None:
+        """An example prompt from the welcome screen: sent, or put in the message box while no model can
+        answer yet."""
+        if self.composer.ready and not self.streaming:
+            self.send(text)
+        else:
+            self.composer.input.setPlainText(text)
+            self.composer.input.setFocus()
+
+    def _show_welcome_if_empty(self) -> None:
+        self.chat_stack.setCurrentWidget(self.chat_view if self.chat_view.widgets else self.welcome)
+
+    @property
+    def streaming(self) -> bool:
+        """A reply is being written: the chat view holds that state, the rest of the window reads it."""
+        return self.chat_view.busy
+
     def _begin_turn(self, keep: int, user_text: str | None = None) -> None:
-        self._set_streaming(True)
+        """While a reply streams, sending and the actions that change the branch wait for it."""
         response_format = (self.current_settings().get("sampler") or {}).get("response_format")
         self.chat_view.begin_reply(keep, user_text, response_format and response_format["type"])
+        self.composer.set_busy(True)
 
     def _end_turn(self) -> None:
-        self._set_streaming(False)
-
-    def _set_streaming(self, streaming: bool) -> None:
-        """While a reply streams, sending and the actions that change the branch wait for it."""
-        self.streaming = streaming
-        self.composer.set_busy(streaming)
-        self.chat_view.set_busy(streaming)
+        self.chat_view.end_reply()
+        self.composer.set_busy(False)
 
     def _reply_text(self, text: str, turn) -> None:
         if self.streaming and turn is self.client.current_turn:
@@ -396,6 +448,22 @@ class MainWindow(QMainWindow):
         self.open_conversation(conversation_id)
 
     # -- window ------------------------------------------------------------------------------------
+    def set_theme(self, theme: str) -> None:
+        """Switch the look now and remember it for the next start."""
+        self.theme = self.preferences.theme = theme
+        for action in self.theme_actions.actions():
+            action.setChecked(action.text() == THEME_NAMES[theme])
+        apply_theme(theme)
+
+    def _system_scheme_changed(self, _scheme) -> None:
+        if self.theme == "system":
+            apply_theme("system")
+
+    def toggle_sidebar(self) -> None:
+        visible = self.sidebar.isHidden()
+        self.sidebar.setVisible(visible)
+        self.preferences.sidebar_visible = visible
+
     def show_error(self, title: str, text: str) -> QMessageBox:
         """A window-modal error that does not block the event loop (replies keep streaming behind it)."""
         box = QMessageBox(QMessageBox.Icon.Critical, title, text, QMessageBox.StandardButton.Ok, self)
@@ -404,13 +472,18 @@ class MainWindow(QMainWindow):
         return box
 
     def changeEvent(self, event: QEvent) -> None:
-        if event.type() == QEvent.Type.PaletteChange:  # light/dark switched: our own colours follow
+        if event.type() == QEvent.Type.PaletteChange and not self.closed:  # the theme changed: re-render
             self.chat_view.clear()
             self._refresh_if_current(self.current_id)
         super().changeEvent(event)
 
+    @property
+    def closed(self) -> bool:
+        """Closed before: the engine's thread has ended and the store is closed."""
+        return self.client.thread.isFinished()
+
     def closeEvent(self, event: QCloseEvent) -> None:
-        if self.client.thread.isFinished():  # closed before
+        if self.closed:
             return super().closeEvent(event)
         self.preferences.geometry = self.saveGeometry()
         self.preferences.last_conversation = self.current_id

@@ -1,4 +1,5 @@
-"""A message body: Markdown prose rendered by Qt, code blocks with highlighting and a copy button.
+"""A message body: Markdown prose rendered by Qt (with `$…$` math as Unicode), code blocks with highlighting
+and a copy button, block quotes beside an accent bar, display math on a line of its own.
 
 `set_markdown` may be called many times a second while a reply streams: it updates the existing segment
 widgets in place and only replaces the ones whose kind changed, so the view neither flickers nor jumps.
@@ -8,10 +9,12 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QToolButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
 from app.gui.highlight import code_background, highlight_html
+from app.gui.icons import IconButton
 from app.gui.markdown_segments import Segment, split_markdown
+from app.gui.tex import inline_math_as_markdown, tex_to_unicode
 from app.gui.theme import is_dark
 
 SELECTABLE = Qt.TextInteractionFlag.TextSelectableByMouse | Qt.TextInteractionFlag.LinksAccessibleByMouse
@@ -30,8 +33,43 @@ class ProseLabel(QLabel):
         self.setOpenExternalLinks(True)
 
     def show_segment(self, segment: Segment) -> None:
-        if segment.text != self.text():
-            self.setText(segment.text)
+        text = inline_math_as_markdown(segment.text)
+        if text != self.text():
+            self.setText(text)
+
+
+class QuoteBlock(QFrame):
+    """A block quote: its prose on a tinted panel with the accent bar on the left (the style sheet's)."""
+
+    kind = "quote"
+
+    def __init__(self):
+        super().__init__()
+        self.setObjectName("quote")
+        self.prose = ProseLabel()
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(12, 6, 10, 6)
+        layout.addWidget(self.prose)
+
+    def show_segment(self, segment: Segment) -> None:
+        self.prose.show_segment(segment)
+
+
+class MathBlock(QLabel):
+    """Display math (`$$…$$`): its Unicode form, centred in a serif italic."""
+
+    kind = "math"
+
+    def __init__(self):
+        super().__init__()
+        self.setObjectName("math")
+        self.setTextFormat(Qt.TextFormat.PlainText)
+        self.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.setWordWrap(True)
+        self.setTextInteractionFlags(SELECTABLE)
+
+    def show_segment(self, segment: Segment) -> None:
+        self.setText(" ".join(tex_to_unicode(segment.text).split()))
 
 
 class CodeBlock(QFrame):
@@ -43,9 +81,8 @@ class CodeBlock(QFrame):
         self.copy_text = None  # what Copy puts on the clipboard: the code, unless show_segment was told otherwise
         self.setObjectName("codeBlock")
         self.language_label = QLabel()
-        self.copy_button = QToolButton(text="Copy")
-        self.copy_button.setAccessibleName("Copy code")
-        self.copy_button.setToolTip("Copy this code block")
+        self.language_label.setProperty("tone", "muted")
+        self.copy_button = IconButton("copy", "Copy code", "Copy this code block")
         self.copy_button.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.copy_text))
         self.body = QLabel()
         self.body.setTextFormat(Qt.TextFormat.RichText)
@@ -57,7 +94,7 @@ class CodeBlock(QFrame):
         header.addStretch()
         header.addWidget(self.copy_button)
         layout = QVBoxLayout(self)
-        layout.setContentsMargins(8, 4, 8, 8)
+        layout.setContentsMargins(12, 6, 8, 10)
         layout.setSpacing(2)
         layout.addLayout(header)
         layout.addWidget(self.body)
@@ -70,7 +107,7 @@ class CodeBlock(QFrame):
         dark = is_dark(self)
         self.code, self.language = segment.text, segment.language
         self.language_label.setText(segment.language or "code")
-        self.setStyleSheet(f"#codeBlock {{ background: {code_background(dark)}; border-radius: 6px; }}")
+        self.setStyleSheet(f"#codeBlock {{ background: {code_background(dark)}; }}")
         self.body.setText(highlight_html(segment.text, segment.language, dark))
 
 
@@ -81,7 +118,7 @@ class MarkdownView(QWidget):
         self._layout = QVBoxLayout(self)
         self._layout.setContentsMargins(0, 0, 0, 0)
         self._layout.setSpacing(6)
-        self._parts: list[ProseLabel | CodeBlock] = []
+        self._parts: list[ProseLabel | CodeBlock | QuoteBlock | MathBlock] = []
         self.set_markdown(text)
 
     def set_markdown(self, text: str) -> None:
@@ -93,7 +130,7 @@ class MarkdownView(QWidget):
             if i < len(self._parts) and self._parts[i].kind != segment.kind:
                 self._remove_from(i)
             if i == len(self._parts):
-                part = ProseLabel() if segment.kind == "prose" else CodeBlock()
+                part = PARTS[segment.kind]()
                 self._parts.append(part)
                 self._layout.addWidget(part)
             self._parts[i].show_segment(segment)
@@ -104,3 +141,6 @@ class MarkdownView(QWidget):
             self._layout.removeWidget(part)
             part.deleteLater()
         del self._parts[index:]
+
+
+PARTS = {part.kind: part for part in (ProseLabel, CodeBlock, QuoteBlock, MathBlock)}

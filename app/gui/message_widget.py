@@ -1,30 +1,33 @@
-"""One message in the chat: who wrote it, its text, the ‹ 1/2 › switcher between alternatives, and its
-actions (copy; regenerate on the last reply, or answer a last user message left without one; edit on user
-messages, which makes a new branch; delete)."""
+"""One message in the chat: a rounded card (the user's on the accent's tint, indented from the left; replies
+full width) with who wrote it, its text, the ‹ 1/2 › switcher between alternatives, a "stopped" mark on a
+reply the user stopped, Show more / less on a long message, and its actions as icon buttons (copy;
+regenerate on the last reply, or answer a last user message left without one; edit on user messages,
+which makes a new branch; delete), shown while the pointer is over the card or the focus is in it."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QGuiApplication, QPalette
-from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QToolButton,
-                               QVBoxLayout, QWidget)
+from PySide6.QtCore import QEvent, QObject, Qt, Signal
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import (QApplication, QFrame, QGraphicsOpacityEffect, QHBoxLayout, QLabel,
+                               QPlainTextEdit, QPushButton, QVBoxLayout, QWidget)
 
+from app.gui.icons import IconButton
 from app.gui.json_view import JSON_FORMATS, JsonView
 from app.gui.markdown_view import SELECTABLE, MarkdownView
-from app.gui.theme import bubble_color
+from app.gui.theme import SPACE_L, SPACE_M, repolish
 
 ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
+USER_INDENT_PX = 96          # the user's cards sit to the right, as in other chat apps
+LONG_MESSAGE_CHARS = 3000    # longer messages open collapsed...
+LONG_MESSAGE_LINES = 40
+COLLAPSED_HEIGHT_PX = 320    # ...to this height
 
 
-def _tool_button(text: str, accessible: str, tip: str) -> QToolButton:
-    button = QToolButton(text=text)
-    button.setAccessibleName(accessible)
-    button.setToolTip(tip)
-    button.setAutoRaise(True)
-    return button
+def is_long(text: str) -> bool:
+    return len(text) > LONG_MESSAGE_CHARS or text.count("\n") >= LONG_MESSAGE_LINES
 
 
-class MessageWidget(QFrame):
+class MessageWidget(QWidget):
     regenerate_requested = Signal()
     edit_requested = Signal(str, str)     # message id, new text
     delete_requested = Signal(str)        # message id
@@ -37,19 +40,25 @@ class MessageWidget(QFrame):
         super().__init__()
         self.message, self.siblings = message, siblings
         self.role = message["role"]
-        self.setObjectName("message")
-        self.setFrameShape(QFrame.Shape.NoFrame)
-        self.setAutoFillBackground(True)
-        palette = self.palette()
-        palette.setColor(QPalette.ColorRole.Window, bubble_color(self, self.role))
-        self.setPalette(palette)
+        self.card = QFrame()
+        self.card.setObjectName("message")
+        self.card.setProperty("card", self.role)
+        self.card.setFocusPolicy(Qt.FocusPolicy.TabFocus)  # Tab onto a card shows its actions
+        self.card.setAccessibleName(f"{ROLE_NAMES.get(self.role, self.role)} message")
+        outer = QHBoxLayout(self)
+        outer.setContentsMargins(USER_INDENT_PX if self.role == "user" else 0, 0, 0, 0)
+        outer.addWidget(self.card)
 
         self.previous_button = self.next_button = None  # the ‹ › switcher, when there are alternatives
         self.header = QHBoxLayout()
         self.header.setContentsMargins(0, 0, 0, 0)
-        role_label = QLabel(f"<b>{ROLE_NAMES.get(self.role, self.role)}</b>")
+        self.header.setSpacing(2)
+        role_label = QLabel(ROLE_NAMES.get(self.role, self.role))
+        role_label.setObjectName("roleLabel")
         self.header.addWidget(role_label)
+        self.header.addSpacing(SPACE_M)
         self._add_switcher()
+        self.stopped_mark = self._add_stopped_mark()
         self.header.addStretch()
         self._add_actions(is_last)
 
@@ -62,13 +71,16 @@ class MessageWidget(QFrame):
             self.body = JsonView(message["content"])
         else:
             self.body = MarkdownView(message["content"])
-        self.column = QVBoxLayout(self)
-        self.column.setContentsMargins(12, 6, 12, 10)
-        self.column.setSpacing(4)
+        self.column = QVBoxLayout(self.card)
+        self.column.setContentsMargins(SPACE_L, 10, SPACE_L - 4, SPACE_L - 2)
+        self.column.setSpacing(6)
         self.column.addLayout(self.header)
         self.column.addWidget(self.body)
+        self.expand_button = self._add_expander()
         self.editor: QWidget | None = None
         self.set_branch_actions_enabled(True)
+        for focusable in (self.card, *self.actions_.values()):  # what Tab stops at in the card
+            focusable.installEventFilter(self)
 
     @property
     def message_id(self) -> str | None:
@@ -88,33 +100,60 @@ class MessageWidget(QFrame):
         else:
             self.body.setText(text)
 
+    def set_found(self, found: bool) -> None:
+        """Outline the card in the accent colour: the message a search led to."""
+        self.card.setProperty("found", found)
+        repolish(self.card)
+
+    # -- header ------------------------------------------------------------------------------------
     def _add_switcher(self) -> None:
         if len(self.siblings) < 2 or self.message_id not in self.siblings:
             return
         index = self.siblings.index(self.message_id)
-        self.previous_button = back = _tool_button("‹", "Previous alternative", "Show the previous alternative")
-        self.next_button = forward = _tool_button("›", "Next alternative", "Show the next alternative")
+        self.previous_button = back = IconButton("chevron-left", "Previous alternative",
+                                                 "Show the previous alternative")
+        self.next_button = forward = IconButton("chevron-right", "Next alternative", "Show the next alternative")
         self.position_label = QLabel(f"{index + 1}/{len(self.siblings)}")
         self.position_label.setAccessibleName("Alternative")
+        self.position_label.setProperty("tone", "muted")
         back.clicked.connect(lambda: self.switch_requested.emit(self.siblings[index - 1]))
         forward.clicked.connect(lambda: self.switch_requested.emit(self.siblings[index + 1]))
         for widget in (back, self.position_label, forward):
             self.header.addWidget(widget)
 
+    def _add_stopped_mark(self) -> QLabel | None:
+        if (self.message.get("meta") or {}).get("finish_reason") != "cancelled":
+            return None
+        mark = QLabel("stopped")
+        mark.setObjectName("stoppedMark")
+        mark.setAccessibleName("Stopped reply")
+        mark.setToolTip("You stopped this reply before it was finished")
+        self.header.addWidget(mark)
+        return mark
+
     def _add_actions(self, is_last: bool) -> None:
-        self.actions_: dict[str, QToolButton] = {}  # trailing underscore: QWidget.actions() is taken
-        specs = [("copy", "Copy", "Copy message", "Copy this message as Markdown")]
+        self.actions_: dict[str, IconButton] = {}  # trailing underscore: QWidget.actions() is taken
+        specs = [("copy", "copy", "Copy message", "Copy this message as Markdown")]
         if self.role == "assistant" and is_last:
-            specs.append(("regenerate", "Regenerate", "Regenerate reply", "Write another reply in its place"))
+            specs.append(("regenerate", "regenerate", "Regenerate reply", "Write another reply in its place"))
         elif self.role == "user" and is_last:
-            specs.append(("regenerate", "Answer", "Answer message", "Write a reply to this message"))
+            specs.append(("regenerate", "answer", "Answer message", "Write a reply to this message"))
         if self.role == "user":
-            specs.append(("edit", "Edit", "Edit message", "Edit and resend; the original stays as an alternative"))
-        specs.append(("delete", "Delete", "Delete message", "Delete this message and everything after it"))
-        for key, text, accessible, tip in specs:
-            button = _tool_button(text, accessible, tip)
-            self.header.addWidget(button)
+            specs.append(("edit", "edit", "Edit message", "Edit and resend; the original stays as an alternative"))
+        specs.append(("delete", "delete", "Delete message", "Delete this message and everything after it"))
+        self.action_bar = QWidget()
+        row = QHBoxLayout(self.action_bar)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.setSpacing(0)
+        for key, icon_name, accessible, tip in specs:
+            button = IconButton(icon_name, accessible, tip)
+            row.addWidget(button)
             self.actions_[key] = button
+        # Faded out rather than hidden: hidden buttons would drop out of the Tab order and the layout.
+        self._fade = QGraphicsOpacityEffect(self.action_bar)
+        self.action_bar.setGraphicsEffect(self._fade)
+        self.set_actions_revealed(False)
+        self.header.addWidget(self.action_bar)
         self.actions_["copy"].clicked.connect(lambda: QGuiApplication.clipboard().setText(self.content))
         if "regenerate" in self.actions_:
             self.actions_["regenerate"].clicked.connect(self.regenerate_requested)
@@ -122,6 +161,52 @@ class MessageWidget(QFrame):
             self.actions_["edit"].clicked.connect(self.start_editing)
         self.actions_["delete"].clicked.connect(lambda: self.delete_requested.emit(self.message_id))
 
+    # -- revealing the actions -----------------------------------------------------------------------
+    @property
+    def actions_revealed(self) -> bool:
+        return self._fade.opacity() > 0
+
+    def set_actions_revealed(self, revealed: bool) -> None:
+        self._fade.setOpacity(1.0 if revealed else 0.0)
+
+    def _update_revealed(self) -> None:
+        focus = QApplication.focusWidget()
+        self.set_actions_revealed(self.underMouse() or (focus is not None and self.isAncestorOf(focus)))
+
+    def enterEvent(self, event: QEvent) -> None:
+        self.set_actions_revealed(True)
+        super().enterEvent(event)
+
+    def leaveEvent(self, event: QEvent) -> None:
+        self._update_revealed()
+        super().leaveEvent(event)
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if event.type() in (QEvent.Type.FocusIn, QEvent.Type.FocusOut):
+            self._update_revealed()  # Qt has moved the focus already when it sends both events
+        return False
+
+    # -- long messages -----------------------------------------------------------------------------
+    def _add_expander(self) -> IconButton | None:
+        if self.message_id is None or not is_long(self.content):  # a reply being written stays open
+            return None
+        button = IconButton("chevron-down", "Show more", "Show the whole message", text="Show more")
+        button.clicked.connect(lambda: self.set_collapsed(not self.collapsed))
+        self.column.addWidget(button, 0, Qt.AlignmentFlag.AlignLeft)
+        self.set_collapsed(True, button)
+        return button
+
+    def set_collapsed(self, collapsed: bool, button: IconButton | None = None) -> None:
+        button = button or self.expand_button
+        self.collapsed = collapsed
+        self.body.setMaximumHeight(COLLAPSED_HEIGHT_PX if collapsed else 16_777_215)  # QWIDGETSIZE_MAX
+        words = ("Show more", "Show the whole message") if collapsed else ("Show less", "Fold the message")
+        button.setText(words[0])
+        button.setAccessibleName(words[0])
+        button.setToolTip(words[1])
+        button.set_icon_name("chevron-down" if collapsed else "chevron-up")
+
+    # -- actions -------------------------------------------------------------------------------------
     def set_branch_actions_enabled(self, enabled: bool) -> None:
         """Everything but Copy changes the conversation's tree, which waits while a reply streams."""
         enabled = enabled and self.message_id is not None
@@ -142,6 +227,7 @@ class MessageWidget(QFrame):
         self.edit_box = QPlainTextEdit(self.content)
         self.edit_box.setAccessibleName("Edit message text")
         self.save_edit_button, cancel = QPushButton("Save and send"), QPushButton("Cancel")
+        self.save_edit_button.setProperty("accent", True)
         self.save_edit_button.clicked.connect(
             lambda: self.edit_requested.emit(self.message_id, self.edit_box.toPlainText()))
         cancel.clicked.connect(self.stop_editing)

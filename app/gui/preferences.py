@@ -1,5 +1,6 @@
-"""What the app remembers between runs: window geometry, the last conversation and model, recently used
-model files, named settings presets and whether replies decode speculatively. One INI file next to the
+"""What the app remembers between runs: window geometry, the theme and whether the sidebar shows, the last
+conversation and model, recently used model files, named settings presets and whether replies decode
+speculatively. One INI file next to the
 history database, so a data directory (`FUCINA_HOME`) carries everything."""
 
 from __future__ import annotations
@@ -8,6 +9,8 @@ import json
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QSettings
+
+from app.gui.theme import THEMES
 
 RECENT_MODELS = 8
 
@@ -26,6 +29,24 @@ class Preferences:
     @geometry.setter
     def geometry(self, value: QByteArray) -> None:
         self._settings.setValue("window/geometry", value)
+
+    @property
+    def theme(self) -> str:
+        """One of theme.THEMES; "system" (follow the system) unless chosen, or when the file says nonsense."""
+        value = self._settings.value("window/theme", "system")
+        return value if value in THEMES else "system"
+
+    @theme.setter
+    def theme(self, value: str) -> None:
+        self._settings.setValue("window/theme", value)
+
+    @property
+    def sidebar_visible(self) -> bool:
+        return self._settings.value("window/sidebar", True, type=bool)
+
+    @sidebar_visible.setter
+    def sidebar_visible(self, visible: bool) -> None:
+        self._settings.setValue("window/sidebar", visible)
 
     @property
     def last_conversation(self) -> str | None:

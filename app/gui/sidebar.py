@@ -68,7 +68,7 @@ class Sidebar(QWidget):
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)  # long titles elide
         self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
         layout = QVBoxLayout(self)
-        layout.setContentsMargins(8, 8, 0, 8)
+        layout.setContentsMargins(10, 10, 10, 10)
         layout.addWidget(self.new_button)
         layout.addWidget(self.search)
         layout.addWidget(self.list)

@@ -55,6 +55,7 @@ def test_stop_mid_reply_keeps_the_partial_reply(qtbot, open_window):
     assert reply["role"] == "assistant" and reply["meta"]["finish_reason"] == "cancelled"
     assert 0 < reply["meta"]["generated_tokens"] < 400
     assert shown(window)[-1] == ("assistant", reply["content"])
+    assert window.chat_view.widgets[-1].stopped_mark is not None  # the reply says it was cut short
     assert window.composer.send_button.isVisible() and window.chat_view.widgets[0].actions_["edit"].isEnabled()
 
 
@@ -114,8 +115,6 @@ def test_search_finds_a_message_and_jumps_to_it(qtbot, open_window):
 
 
 def test_a_search_hit_opens_its_chat_scrolled_to_the_message_and_highlights_it(qtbot, open_window, fucina_home):
-    from PySide6.QtGui import QPalette
-
     from engine.history.store import HistoryStore
 
     with HistoryStore(HistoryStore.default_path()) as store:  # a long chat, the hit in its middle
@@ -142,8 +141,7 @@ def test_a_search_hit_opens_its_chat_scrolled_to_the_message_and_highlights_it(q
     qtbot.waitUntil(lambda: window.current_id == cid and in_view())
     qtbot.wait(300)  # the layout settles, the view stays on the hit
     assert in_view()
-    highlight = found.palette().color(QPalette.ColorRole.Window)
-    assert highlight == view.palette().color(QPalette.ColorRole.Highlight).lighter(160)
+    assert found.card.property("found") is True  # outlined in the accent colour
 
 
 def test_the_conversation_survives_closing_the_app_and_resumes_warm(qtbot, open_window):

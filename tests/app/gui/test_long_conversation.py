@@ -4,6 +4,7 @@ bottom, and never moves the view of a reader who scrolled up."""
 
 import time
 
+from PySide6.QtCore import QPoint
 from PySide6.QtWidgets import QAbstractSlider
 
 from app.gui.chat_view import RENDER_BATCH
@@ -40,7 +41,8 @@ def test_a_long_conversation_opens_fast_and_scrolls_back(qtbot, open_window, fuc
     assert len(view.widgets) == 2 * RENDER_BATCH
     margin = view.widget().layout().contentsMargins().top()
     # the message that was at the top of the view stays there once the older ones are laid out above it
-    qtbot.waitUntil(lambda: oldest_shown.y() - view.verticalScrollBar().value() == margin)
+    top = lambda: oldest_shown.mapTo(view.widget(), QPoint(0, 0)).y()  # in the scrolled page, not its column
+    qtbot.waitUntil(lambda: top() - view.verticalScrollBar().value() == margin)
 
     target = view.messages[3]["id"]  # far above: scroll_to_message builds everything down to it
     assert view.scroll_to_message(target) is view.widgets[3]
