@@ -89,13 +89,14 @@ def attention_prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos0: int, 
     return out
 
 
-@njit(**KERNEL)
+@njit(parallel=True, **KERNEL)
 def _masked_softmax(s, q_pos0, key_pos0, window, scale):
     """In place, s [queries, heads, keys] of queries at q_pos0.. and keys at key_pos0..: the
     softmax of scale * s over each query's visible keys, 0 for the others (one pass per row
-    instead of NumPy's mask, max, exp, sum and divide over the whole block)."""
+    instead of NumPy's mask, max, exp, sum and divide over the whole block). Rows are split over threads;
+    each row's arithmetic is its own, so the split does not change bits."""
     n, heads, m = s.shape
-    for i in range(n):
+    for i in prange(n):
         p = q_pos0 + i
         j_hi = min(m, p - key_pos0 + 1)
         j_lo = 0 if window <= 0 else min(j_hi, max(0, p - window + 1 - key_pos0))

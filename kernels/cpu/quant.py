@@ -10,9 +10,12 @@ Two products, with different numerics:
 - `rows` (and `matvec`, its one-row case) is the row-wise product of decode and
   verification: each input row's outputs are computed exactly as for that row
   alone, for any number of rows, and the weight blocks are read once for all rows.
-- `matmul` is the prefill product: the same block kernels for a few rows, and
-  past that dequantized row tiles of a few MB handed to OpenBLAS sgemm, whose
-  results depend on the batch shape (deterministic for a given shape).
+- `matmul` is the prefill product: the same block kernels for a few rows; past
+  that the integer GEMM of kernels/cpu/int_gemm.py for the formats it packs (its
+  rows do not depend on the batch either, but their bits differ from the
+  row-wise product's), and dequantized row tiles of a few MB handed to OpenBLAS
+  sgemm for the rest, whose results depend on the batch shape (deterministic for
+  a given shape).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import numba
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from kernels.cpu import int_gemm
 from kernels.cpu import quant_blocks as blocks
 from kernels.cpu import quant_dot as dot
 from kernels.cpu import quant_generic as generic
@@ -170,6 +174,9 @@ def matmul(qtype: int, w: np.ndarray, X: np.ndarray) -> np.ndarray:
     Y = np.empty((n, rows), np.float32)
     if has_native_kernel(qtype) and n <= _MATVEC_MAX_ROWS:
         _rows_into(qtype, (w,), X, Y)
+    elif int_gemm.supports(qtype, rows):
+        threads()
+        int_gemm.matmul_into(qtype, w, X, Y)
     elif n:
         for r0, r1, tile in _dequantized_tiles(qtype, w, cols):
             np.matmul(X, tile.T, out=Y[:, r0:r1])

@@ -1,0 +1,349 @@
+"""The prefill product as an integer GEMM: many input rows times GGUF weights, without dequantizing.
+
+Past a few input rows the arithmetic, not the weights' bytes, is the cost. Float GEMM on dequantized tiles
+runs at the FMA units' peak; integer multiply-add instructions do twice the products per instruction
+(`vpdpwssd` with AVX-512 VNNI: 32 products of int16 pairs summed into 16 int32 lanes; `pmaddwd` elsewhere).
+To use them without a horizontal sum per dot, a tile of LANES weight rows is repacked per call so that one
+vector holds two consecutive weights of each of its rows, and a broadcast of two inputs multiplies them
+all: one instruction advances LANES dots by two columns, and the lanes never need reducing.
+
+Every supported format becomes the same thing per block of 32 weights: unsigned values q (at most 8 bits)
+with a float scale s and offset o, w = s * q - o (Q4_0's d * (q - 8) is s = d, o = 8d; Q4_K's is
+s = d * sc, o = dmin * m). Inputs are quantized per row to int16 blocks of 32 (x ~ xd * xq, 15 bits: the
+precision of the float GEMM it replaces, where the row-wise product's int8 activations lose Qwen2.5's
+q8_0-cache agreement), so a block's contribution is xd * (s * sum(q * xq) - o * sum(xq)), its integer
+sums exact.
+
+Each output row is computed by the same sequence whatever the number of rows or their tile, so the
+results do not depend on the batch shape. Q6_K (16-weight sub-blocks), the float formats and rows not a
+multiple of LANES keep the dequantized tiles and sgemm (kernels/cpu/quant.py decides).
+"""
+
+from __future__ import annotations
+
+import llvmlite.binding as llvm
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from kernels.cpu import quant_blocks as qb
+from kernels.cpu.int8_dot import _fifth_bits, _low_high
+from kernels.cpu.quant_blocks import KERNEL, k_scale_min, load_f16
+
+_FEATURES = llvm.get_host_cpu_features()
+_AVX512 = bool(_FEATURES.get("avx512bw"))
+_VNNI = _AVX512 and bool(_FEATURES.get("avx512vnni"))
+_AVX2 = bool(_FEATURES.get("avx2"))
+
+# int32 lanes of one vector: 16 with AVX-512, 8 with AVX2
+LANES = 16 if _AVX512 else 8
+# weight rows per tile, in vectors of LANES rows: each broadcast input pair then feeds VECTORS products
+# (AVX-512 has the 32 registers for two vectors' accumulators of four input rows; AVX2 has 16)
+VECTORS = 2 if _AVX512 else 1
+TILE_ROWS = LANES * VECTORS
+_BLOCK = 32
+_GROUPS = _BLOCK // 2  # column pairs per block
+
+# format -> (bytes per block, weights per block: 32, or a K-quant's 256-weight super-block)
+_LAYOUT = {qb.Q4_0: (18, 32), qb.Q4_1: (20, 32), qb.Q5_0: (22, 32), qb.Q5_1: (24, 32), qb.Q8_0: (34, 32),
+           qb.Q4_K: (144, 256), qb.Q5_K: (176, 256)}
+
+
+def supports(qtype: int, rows: int) -> bool:
+    """Whether this host runs the integer GEMM for a weight of this type and row count."""
+    return _AVX2 and qtype in _LAYOUT and rows % TILE_ROWS == 0
+
+
+_I8, _I16, _I32, _I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+_F32 = ir.FloatType()
+
+
+def _vec(t, n):
+    return ir.VectorType(t, n)
+
+
+def _call(builder, name, ret, args):
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, [a.type for a in args]), name)
+    return builder.call(fn, args)
+
+
+def _splat(builder, scalar, n):
+    v = builder.insert_element(ir.Constant(_vec(scalar.type, n), None), scalar, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(v, v, ir.Constant(_vec(_I32, n), [0] * n))
+
+
+# --- repacking: a weight's blocks as (q, s, o), LANES rows interleaved -----------------------------------
+# The values are unpacked in LLVM IR, a block's 32 at once (as the row-wise dots unpack them), widened to
+# int16 and stored as sixteen pairs at their places in the tile; the scales are a few scalars per block.
+
+
+def _k_quant_values(qs_at, qh_at=None):
+    """Unpacker of a K-quant's sub-block `sub` (0-7) of the super-block at ptr: the low or high nibbles of
+    qs[32 * (sub // 2) ...], with Q5_K's fifth bit from bit `sub` of qh[0..31]."""
+    def values(builder, ptr, sub):
+        c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731
+        qs = builder.gep(ptr, [builder.add(c64(qs_at), builder.mul(builder.udiv(sub, c64(2)), c64(32)))])
+        packed = builder.load(builder.bitcast(qs, _vec(_I8, 32).as_pointer()), align=1)
+        shift = _splat(builder, builder.trunc(builder.mul(builder.urem(sub, c64(2)), c64(4)), _I8), 32)
+        q = builder.and_(builder.lshr(packed, shift), ir.Constant(_vec(_I8, 32), [15] * 32))
+        if qh_at is None:
+            return q
+        qh = builder.load(builder.bitcast(builder.gep(ptr, [c64(qh_at)]), _vec(_I8, 32).as_pointer()), align=1)
+        bit = builder.and_(builder.lshr(qh, _splat(builder, builder.trunc(sub, _I8), 32)),
+                           ir.Constant(_vec(_I8, 32), [1] * 32))
+        return builder.or_(q, builder.shl(bit, ir.Constant(_vec(_I8, 32), [4] * 32)))
+    return values
+
+
+def _block_values(qs_at, qh_at=None):
+    """Unpacker of a 32-weight block: Q4_0/Q4_1's nibbles, with Q5_0/Q5_1's fifth bits."""
+    def values(builder, ptr, sub):
+        q = _low_high(builder, builder.gep(ptr, [ir.Constant(_I64, qs_at)]))
+        if qh_at is not None:
+            q = builder.or_(q, _fifth_bits(builder, builder.gep(ptr, [ir.Constant(_I64, qh_at)])))
+        return q
+    return values
+
+
+def _q8_0_values(builder, ptr, sub):
+    """Q8_0's int8 values v as v + 128."""
+    v = builder.load(builder.bitcast(builder.gep(ptr, [ir.Constant(_I64, 2)]), _vec(_I8, 32).as_pointer()), align=1)
+    return builder.xor(v, ir.Constant(_vec(_I8, 32), [128] * 32))
+
+
+def _make_unpack_row(block_bytes, per_block, values):
+    """unpack(row, packed, t, lane): every block of the weight row `row` (uint8 [row_bytes]) as unsigned
+    values, into packed[t, :, :, lane, :] (packed [tiles, blocks, 16, TILE_ROWS, 2] int16). A format block holds
+    per_block blocks of 32 (8 for K-quants); values(builder, format_block_ptr, sub) gives block `sub`'s."""
+
+    @intrinsic
+    def unpack(typingctx, row, packed, t, lane):
+        def codegen(context, builder, sig, args):
+            row_a, packed_a = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 1))
+            t_v, lane_v = args[2], args[3]
+            c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731
+            blocks = cgutils.unpack_tuple(builder, packed_a.shape, 5)[1]
+            base = builder.bitcast(packed_a.data, _I32.as_pointer())  # in pairs
+            with cgutils.for_range(builder, blocks) as loop:
+                b = loop.index
+                ptr = builder.gep(row_a.data, [builder.mul(builder.udiv(b, c64(per_block)), c64(block_bytes))])
+                q = values(builder, ptr, builder.urem(b, c64(per_block)))
+                groups = builder.bitcast(builder.zext(q, _vec(_I16, 32)), _vec(_I32, _GROUPS))
+                first = builder.add(builder.mul(builder.add(builder.mul(t_v, blocks), b), c64(_GROUPS * TILE_ROWS)),
+                                    lane_v)
+                for g in range(_GROUPS):
+                    builder.store(builder.extract_element(groups, ir.Constant(_I32, g)),
+                                  builder.gep(base, [builder.add(first, c64(g * TILE_ROWS))]), align=1)
+            return context.get_dummy_value()
+
+        return types.none(row, packed, t, lane), codegen
+
+    return unpack
+
+
+_unpack_q4_0 = _make_unpack_row(18, 1, _block_values(2))
+_unpack_q4_1 = _make_unpack_row(20, 1, _block_values(4))
+_unpack_q5_0 = _make_unpack_row(22, 1, _block_values(6, 2))
+_unpack_q5_1 = _make_unpack_row(24, 1, _block_values(8, 4))
+_unpack_q8_0 = _make_unpack_row(34, 1, _q8_0_values)
+_unpack_q4_k = _make_unpack_row(144, 8, _k_quant_values(16))
+_unpack_q5_k = _make_unpack_row(176, 8, _k_quant_values(48, 16))
+
+
+@njit(**KERNEL)
+def _scale_offset(qtype, row, b):
+    """(s, o) of block b (of 32 weights) of a weight row: w = s * q - o for its unsigned values q."""
+    if qtype == qb.Q4_0:
+        d = load_f16(row, b * 18)
+        return d, d * np.float32(8)
+    if qtype == qb.Q4_1:
+        return load_f16(row, b * 20), -load_f16(row, b * 20 + 2)
+    if qtype == qb.Q5_0:
+        d = load_f16(row, b * 22)
+        return d, d * np.float32(16)
+    if qtype == qb.Q5_1:
+        return load_f16(row, b * 24), -load_f16(row, b * 24 + 2)
+    if qtype == qb.Q8_0:
+        d = load_f16(row, b * 34)
+        return d, d * np.float32(128)
+    size = 144 if qtype == qb.Q4_K else 176
+    o = (b // 8) * size
+    sc, mn = k_scale_min(row, o + 4, b % 8)
+    return load_f16(row, o) * sc, load_f16(row, o + 2) * mn
+
+
+@njit(**KERNEL)
+def _unpack_row(qtype, row, packed, t, lane):
+    if qtype == qb.Q4_0:
+        _unpack_q4_0(row, packed, t, lane)
+    elif qtype == qb.Q4_1:
+        _unpack_q4_1(row, packed, t, lane)
+    elif qtype == qb.Q5_0:
+        _unpack_q5_0(row, packed, t, lane)
+    elif qtype == qb.Q5_1:
+        _unpack_q5_1(row, packed, t, lane)
+    elif qtype == qb.Q8_0:
+        _unpack_q8_0(row, packed, t, lane)
+    elif qtype == qb.Q4_K:
+        _unpack_q4_k(row, packed, t, lane)
+    else:
+        _unpack_q5_k(row, packed, t, lane)
+
+
+@njit(parallel=True, **KERNEL)
+def _repack(qtype, w, blocks):
+    """w [rows, row_bytes] (rows a multiple of TILE_ROWS, `blocks` blocks of 32 weights per row) -> packed
+    [tiles, blocks, 16, TILE_ROWS, 2] int16 (the two values of column pair g of block b of each tile row side
+    by side), s and o [tiles, blocks, TILE_ROWS] float32."""
+    tiles = w.shape[0] // TILE_ROWS
+    packed = np.empty((tiles, blocks, _GROUPS, TILE_ROWS, 2), np.int16)
+    s = np.empty((tiles, blocks, TILE_ROWS), np.float32)
+    o = np.empty((tiles, blocks, TILE_ROWS), np.float32)
+    for t in prange(tiles):
+        for lane in range(TILE_ROWS):
+            row = w[t * TILE_ROWS + lane]
+            _unpack_row(qtype, row, packed, t, lane)
+            for b in range(blocks):
+                s[t, b, lane], o[t, b, lane] = _scale_offset(qtype, row, b)
+    return packed, s, o
+
+
+# --- the micro-kernel: one tile of weight rows times up to four input rows, in LLVM IR -----------------
+
+def _pair_dot(builder, acc, w, x2):
+    """acc + per lane the dot of its two int16 weights (w, <2*LANES x i16>) with the two int16 inputs x2
+    (an i32 holding them), as <LANES x i32>."""
+    xs = _splat(builder, x2, LANES)
+    if _VNNI:
+        return _call(builder, "llvm.x86.avx512.vpdpwssd.512", acc.type, [acc, builder.bitcast(w, acc.type), xs])
+    name = "llvm.x86.avx512.pmaddw.d.512" if _AVX512 else "llvm.x86.avx2.pmadd.wd"
+    return builder.add(acc, _call(builder, name, acc.type, [w, builder.bitcast(xs, w.type)]))
+
+
+def _fma(builder, a, b, c):
+    """a * b + c as one explicit fused multiply-add (no compilation decides on its own whether to fuse)."""
+    return _call(builder, f"llvm.fma.v{a.type.count}f32", a.type, [a, b, c])
+
+
+def _make_tile_kernel(n_rows):
+    """tile(packed, s, o, t, xq, xd, xs, r0, out): out[r0 + i, t*TILE_ROWS : (t+1)*TILE_ROWS] for i < n_rows:
+    the products of weight tile t with input rows r0 + i (xq [m, cols] int16, xd and xs = xd * sum(xq)
+    [m, blocks] float32)."""
+
+    @intrinsic
+    def tile(typingctx, packed, s, o, t, xq, xd, xs, r0, out):
+        def codegen(context, builder, sig, args):
+            arrays = [context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 1, 2, 4, 5, 6, 8)]
+            packed_a, s_a, o_a, xq_a, xd_a, xs_a, out_a = arrays
+            t_v, r0_v = args[3], args[7]
+            blocks = cgutils.unpack_tuple(builder, packed_a.shape, 5)[1]
+            cols = cgutils.unpack_tuple(builder, xq_a.shape, 2)[1]
+            out_cols = cgutils.unpack_tuple(builder, out_a.shape, 2)[1]
+
+            def c64(v):
+                return ir.Constant(_I64, v)
+
+            def vector_at(base, index, vtype, align):
+                return builder.load(builder.bitcast(builder.gep(base, [index]), vtype.as_pointer()), align=align)
+
+            fvec, ivec, wvec = _vec(_F32, LANES), _vec(_I32, LANES), _vec(_I16, 2 * LANES)
+            w_tile = builder.gep(packed_a.data, [builder.mul(t_v, builder.mul(blocks, c64(_BLOCK * TILE_ROWS)))])
+            so_tile = builder.mul(t_v, builder.mul(blocks, c64(TILE_ROWS)))
+            s_tile, o_tile = builder.gep(s_a.data, [so_tile]), builder.gep(o_a.data, [so_tile])
+            rows = [builder.add(r0_v, c64(i)) for i in range(n_rows)]
+            xq_rows = [builder.gep(xq_a.data, [builder.mul(r, cols)]) for r in rows]
+            xd_rows = [builder.gep(xd_a.data, [builder.mul(r, blocks)]) for r in rows]
+            xs_rows = [builder.gep(xs_a.data, [builder.mul(r, blocks)]) for r in rows]
+            accs = [[cgutils.alloca_once_value(builder, ir.Constant(fvec, None)) for _ in range(VECTORS)]
+                    for _ in rows]
+
+            with cgutils.for_range(builder, blocks) as loop:
+                b = loop.index
+                w_block = builder.gep(w_tile, [builder.mul(b, c64(_BLOCK * TILE_ROWS))])
+                x_blocks = [builder.bitcast(builder.gep(x, [builder.mul(b, c64(_BLOCK))]), _I32.as_pointer())
+                            for x in xq_rows]
+                isums = [[ir.Constant(ivec, None)] * VECTORS for _ in rows]
+                for g in range(_GROUPS):
+                    ws = [vector_at(w_block, c64((g * VECTORS + v) * 2 * LANES), wvec, 2) for v in range(VECTORS)]
+                    for i in range(n_rows):
+                        x2 = builder.load(builder.gep(x_blocks[i], [c64(g)]), align=2)
+                        isums[i] = [_pair_dot(builder, isums[i][v], ws[v], x2) for v in range(VECTORS)]
+                at = builder.mul(b, c64(TILE_ROWS))
+                for v in range(VECTORS):
+                    lanes_at = builder.add(at, c64(v * LANES))
+                    sv = vector_at(s_tile, lanes_at, fvec, 4)
+                    neg_o = builder.fneg(vector_at(o_tile, lanes_at, fvec, 4))
+                    for i in range(n_rows):
+                        xd_b = _splat(builder, builder.load(builder.gep(xd_rows[i], [b])), LANES)
+                        xs_b = _splat(builder, builder.load(builder.gep(xs_rows[i], [b])), LANES)
+                        scaled = builder.fmul(builder.sitofp(isums[i][v], fvec), sv)
+                        acc = _fma(builder, scaled, xd_b, builder.load(accs[i][v]))
+                        builder.store(_fma(builder, neg_o, xs_b, acc), accs[i][v])
+
+            col0 = builder.mul(t_v, c64(TILE_ROWS))
+            for i, r in enumerate(rows):
+                for v in range(VECTORS):
+                    dst = builder.gep(out_a.data, [builder.add(builder.mul(r, out_cols), builder.add(col0, c64(v * LANES)))])
+                    builder.store(builder.load(accs[i][v]), builder.bitcast(dst, fvec.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return types.none(packed, s, o, t, xq, xd, xs, r0, out), codegen
+
+    return tile
+
+
+# input rows go in tiles of four, whose accumulators stay in registers while each weight block is loaded
+# once for all of them; the last rows in a tile of three, two or one
+_tile_4, _tile_3, _tile_2, _tile_1 = (_make_tile_kernel(n) for n in (4, 3, 2, 1))
+
+
+@njit(**KERNEL)
+def _input_blocks(X):
+    """X [m, cols] float32 quantized per row to int16 blocks of 32: xq [m, cols] int16 (rounded half away
+    from zero), xd [m, cols/32] the float32 scales (x ~ xd * xq) and xs = xd * sum(xq)."""
+    m, cols = X.shape
+    xq = np.empty((m, cols), np.int16)
+    xd = np.empty((m, cols // 32), np.float32)
+    xs = np.empty((m, cols // 32), np.float32)
+    for n in range(m):
+        for b in range(cols // 32):
+            amax = np.float32(0)
+            for j in range(b * 32, b * 32 + 32):
+                amax = max(amax, abs(X[n, j]))
+            d = amax / np.float32(32767)
+            inv = np.float32(1) / d if d > 0 else np.float32(0)
+            total = 0
+            for j in range(b * 32, b * 32 + 32):
+                scaled = X[n, j] * inv
+                v = np.int16(np.trunc(scaled + np.copysign(np.float32(0.5), scaled)))
+                xq[n, j] = v
+                total += v
+            xd[n, b], xs[n, b] = d, d * np.float32(total)
+    return xq, xd, xs
+
+
+@njit(parallel=True, **KERNEL)
+def _gemm(packed, s, o, xq, xd, xs, out):
+    tiles, m = packed.shape[0], xq.shape[0]
+    for t in prange(tiles):
+        r0 = 0
+        while r0 + 4 <= m:
+            _tile_4(packed, s, o, t, xq, xd, xs, r0, out)
+            r0 += 4
+        left = m - r0
+        if left == 3:
+            _tile_3(packed, s, o, t, xq, xd, xs, r0, out)
+        elif left == 2:
+            _tile_2(packed, s, o, t, xq, xd, xs, r0, out)
+        elif left == 1:
+            _tile_1(packed, s, o, t, xq, xd, xs, r0, out)
+
+
+def matmul_into(qtype: int, w: np.ndarray, X: np.ndarray, Y: np.ndarray) -> None:
+    """Y [m, rows] = X [m, cols] @ W.T for a weight `supports` accepts (X float32, C-contiguous)."""
+    block_bytes, block_weights = _LAYOUT[qtype]
+    packed, s, o = _repack(qtype, w, w.shape[1] // block_bytes * (block_weights // _BLOCK))
+    xq, xd, xs = _input_blocks(X)
+    _gemm(packed, s, o, xq, xd, xs, Y)

@@ -1,0 +1,63 @@
+"""The prefill integer GEMM (kernels/cpu/int_gemm.py) against float64 products of the values it multiplies."""
+
+import numpy as np
+import pytest
+from gguf import quants
+from gguf.constants import GGMLQuantizationType as T
+
+from kernels.cpu import int_gemm, quant
+from tests.quant_weights import random_weight
+
+FORMATS = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K]
+PACKED = [t for t in FORMATS if int_gemm.supports(int(t), int_gemm.TILE_ROWS)]
+ROWS = 3 * int_gemm.TILE_ROWS
+
+
+def _quantized(X):
+    """X as the GEMM sees it: each row in int16 blocks of 32 with their scales."""
+    xq, xd, _ = int_gemm._input_blocks(X)
+    return xq * np.repeat(xd, 32, axis=1).astype(np.float64)
+
+
+def _gemm(qtype, w, X):
+    Y = np.full((X.shape[0], w.shape[0]), np.nan, np.float32)
+    int_gemm.matmul_into(int(qtype), w, X, Y)
+    return Y
+
+
+@pytest.mark.parametrize("qtype", PACKED, ids=lambda t: t.name)
+def test_products_equal_float64_products_of_the_quantized_values(qtype):
+    rng = np.random.default_rng(int(qtype))
+    w = random_weight(qtype, ROWS, 512, rng)
+    X = rng.standard_normal((11, 512), dtype=np.float32)  # two tiles of four input rows and one of three
+    ref = _quantized(X) @ quants.dequantize(w, qtype).astype(np.float64).T
+    got = _gemm(qtype, w, X)
+    np.testing.assert_allclose(got, ref, rtol=0, atol=2e-6 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("qtype", PACKED, ids=lambda t: t.name)
+def test_a_row_gets_the_same_bits_whatever_the_batch(qtype):
+    """Each output row is the same sequence of operations in every tile, so prefill's bits do not depend on
+    how many rows were fed with it, nor on the threads the weight tiles were split over."""
+    rng = np.random.default_rng(1 + int(qtype))
+    w = random_weight(qtype, ROWS, 256, rng)
+    X = rng.standard_normal((17, 256), dtype=np.float32)
+    together = _gemm(qtype, w, X)
+    for n in (1, 2, 3, 5):
+        np.testing.assert_array_equal(_gemm(qtype, w, X[:n]), together[:n])
+    before = quant.threads()
+    quant.set_num_threads(1)
+    try:
+        np.testing.assert_array_equal(_gemm(qtype, w, X), together)
+    finally:
+        quant.set_num_threads(before)
+
+
+def test_prefill_uses_it_past_the_row_wise_kernels():
+    rng = np.random.default_rng(3)
+    w = random_weight(T.Q4_K, ROWS, 512, rng)
+    X = rng.standard_normal((quant._MATVEC_MAX_ROWS + 3, 512), dtype=np.float32)
+    if int_gemm.supports(int(T.Q4_K), ROWS):
+        np.testing.assert_array_equal(quant.matmul(T.Q4_K, w, X), _gemm(T.Q4_K, w, X))
+    assert not int_gemm.supports(int(T.Q4_K), ROWS + 1)  # rows that fill no tile: dequantized tiles + sgemm
+    assert not int_gemm.supports(int(T.Q6_K), ROWS)
