@@ -3,20 +3,23 @@
 Past a few input rows the arithmetic, not the weights' bytes, is the cost. Float GEMM on dequantized tiles
 runs at the FMA units' peak; integer multiply-add instructions do twice the products per instruction
 (`vpdpwssd` with AVX-512 VNNI: 32 products of int16 pairs summed into 16 int32 lanes; `pmaddwd` elsewhere).
-To use them without a horizontal sum per dot, a tile of LANES weight rows is repacked per call so that one
-vector holds two consecutive weights of each of its rows, and a broadcast of two inputs multiplies them
-all: one instruction advances LANES dots by two columns, and the lanes never need reducing.
+To use them without a horizontal sum per dot, tiles of TILE_ROWS weight rows are repacked per call so that
+one vector holds two consecutive weights of each of LANES rows, and a broadcast of two inputs multiplies
+them all: one instruction advances LANES dots by two columns, and the lanes never need reducing.
 
-Every supported format becomes the same thing per block of 32 weights: unsigned values q (at most 8 bits)
-with a float scale s and offset o, w = s * q - o (Q4_0's d * (q - 8) is s = d, o = 8d; Q4_K's is
+Every supported format becomes the same thing per block of 32 weights: int16 values q with a float scale
+s and offset o, w = s * q - o (Q4_0's d * (q - 8) is s = d, o = 8d; Q4_K's is
 s = d * sc, o = dmin * m). Inputs are quantized per row to int16 blocks of 32 (x ~ xd * xq, 15 bits: the
 precision of the float GEMM it replaces, where the row-wise product's int8 activations lose Qwen2.5's
 q8_0-cache agreement), so a block's contribution is xd * (s * sum(q * xq) - o * sum(xq)), its integer
 sums exact.
 
+Q6_K's 16-weight scales are small integers: they are folded into its values (int16 sc * (q - 32)), and
+its inputs take 13 bits so the int32 sums cannot overflow.
+
 Each output row is computed by the same sequence whatever the number of rows or their tile, so the
-results do not depend on the batch shape. Q6_K (16-weight sub-blocks), the float formats and rows not a
-multiple of LANES keep the dequantized tiles and sgemm (kernels/cpu/quant.py decides).
+results do not depend on the batch shape. The float formats, Q2_K, Q3_K and rows not a multiple of
+TILE_ROWS keep the dequantized tiles and sgemm (kernels/cpu/quant.py decides).
 """
 
 from __future__ import annotations
@@ -48,7 +51,10 @@ _GROUPS = _BLOCK // 2  # column pairs per block
 
 # format -> (bytes per block, weights per block: 32, or a K-quant's 256-weight super-block)
 _LAYOUT = {qb.Q4_0: (18, 32), qb.Q4_1: (20, 32), qb.Q5_0: (22, 32), qb.Q5_1: (24, 32), qb.Q8_0: (34, 32),
-           qb.Q4_K: (144, 256), qb.Q5_K: (176, 256)}
+           qb.Q4_K: (144, 256), qb.Q5_K: (176, 256), qb.Q6_K: (210, 256)}
+# The int32 sums of a block must not overflow: 32 products of a weight value (unsigned, at most 255; Q6_K's
+# sc * (q - 32) up to 128 * 32 = 4096 in magnitude) and an input value, whose bound is set per format.
+_INPUT_LIMIT = {qtype: 32767 for qtype in _LAYOUT} | {qb.Q6_K: 8191}
 
 
 def supports(qtype: int, rows: int) -> bool:
@@ -116,7 +122,8 @@ def _q8_0_values(builder, ptr, sub):
 def _make_unpack_row(block_bytes, per_block, values):
     """unpack(row, packed, t, lane): every block of the weight row `row` (uint8 [row_bytes]) as unsigned
     values, into packed[t, :, :, lane, :] (packed [tiles, blocks, 16, TILE_ROWS, 2] int16). A format block holds
-    per_block blocks of 32 (8 for K-quants); values(builder, format_block_ptr, sub) gives block `sub`'s."""
+    per_block blocks of 32 (8 for K-quants); values(builder, format_block_ptr, sub) gives block `sub`'s,
+    unsigned bytes or int16."""
 
     @intrinsic
     def unpack(typingctx, row, packed, t, lane):
@@ -130,7 +137,9 @@ def _make_unpack_row(block_bytes, per_block, values):
                 b = loop.index
                 ptr = builder.gep(row_a.data, [builder.mul(builder.udiv(b, c64(per_block)), c64(block_bytes))])
                 q = values(builder, ptr, builder.urem(b, c64(per_block)))
-                groups = builder.bitcast(builder.zext(q, _vec(_I16, 32)), _vec(_I32, _GROUPS))
+                if q.type.element == _I8:  # unsigned values
+                    q = builder.zext(q, _vec(_I16, 32))
+                groups = builder.bitcast(q, _vec(_I32, _GROUPS))
                 first = builder.add(builder.mul(builder.add(builder.mul(t_v, blocks), b), c64(_GROUPS * TILE_ROWS)),
                                     lane_v)
                 for g in range(_GROUPS):
@@ -152,6 +161,33 @@ _unpack_q4_k = _make_unpack_row(144, 8, _k_quant_values(16))
 _unpack_q5_k = _make_unpack_row(176, 8, _k_quant_values(48, 16))
 
 
+def _q6_k_values(builder, ptr, sub):
+    """Q6_K's block `sub` (0-7) of the super-block at ptr as int16 sc * (q - 32), its 16-weight scales sc
+    (int8) folded in, so the block's scale is the super-block's d alone. Block sub = 4h + quarter takes
+    the low (quarter < 2) or high nibbles of ql[64h + 32 (quarter & 1) ...] and bits 2 quarter, 2 quarter + 1
+    of qh[32h ...] (as quant_blocks.decode_q6_k)."""
+    c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731
+    i8x32 = _vec(_I8, 32)
+    half, quarter = builder.udiv(sub, c64(4)), builder.urem(sub, c64(4))
+    ql_at = builder.add(builder.mul(half, c64(64)), builder.mul(builder.and_(quarter, c64(1)), c64(32)))
+    ql = builder.load(builder.bitcast(builder.gep(ptr, [ql_at]), i8x32.as_pointer()), align=1)
+    nibble = _splat(builder, builder.trunc(builder.mul(builder.udiv(quarter, c64(2)), c64(4)), _I8), 32)
+    low = builder.and_(builder.lshr(ql, nibble), ir.Constant(i8x32, [15] * 32))
+    qh_at = builder.add(c64(128), builder.mul(half, c64(32)))
+    qh = builder.load(builder.bitcast(builder.gep(ptr, [qh_at]), i8x32.as_pointer()), align=1)
+    high = builder.and_(builder.lshr(qh, _splat(builder, builder.trunc(builder.mul(quarter, c64(2)), _I8), 32)),
+                        ir.Constant(i8x32, [3] * 32))
+    q = builder.or_(low, builder.shl(high, ir.Constant(i8x32, [4] * 32)))
+    centred = builder.sub(builder.zext(q, _vec(_I16, 32)), ir.Constant(_vec(_I16, 32), [32] * 32))
+    scales = builder.load(builder.bitcast(builder.gep(ptr, [builder.add(c64(192), builder.mul(sub, c64(2)))]),
+                                          _vec(_I8, 2).as_pointer()), align=1)
+    per_weight = builder.shuffle_vector(scales, scales, ir.Constant(_vec(_I32, 32), [j // 16 for j in range(32)]))
+    return builder.mul(centred, builder.sext(per_weight, _vec(_I16, 32)))
+
+
+_unpack_q6_k = _make_unpack_row(210, 8, _q6_k_values)
+
+
 @njit(**KERNEL)
 def _scale_offset(qtype, row, b):
     """(s, o) of block b (of 32 weights) of a weight row: w = s * q - o for its unsigned values q."""
@@ -168,6 +204,8 @@ def _scale_offset(qtype, row, b):
     if qtype == qb.Q8_0:
         d = load_f16(row, b * 34)
         return d, d * np.float32(128)
+    if qtype == qb.Q6_K:
+        return load_f16(row, (b // 8) * 210 + 208), np.float32(0)
     size = 144 if qtype == qb.Q4_K else 176
     o = (b // 8) * size
     sc, mn = k_scale_min(row, o + 4, b % 8)
@@ -188,6 +226,8 @@ def _unpack_row(qtype, row, packed, t, lane):
         _unpack_q8_0(row, packed, t, lane)
     elif qtype == qb.Q4_K:
         _unpack_q4_k(row, packed, t, lane)
+    elif qtype == qb.Q6_K:
+        _unpack_q6_k(row, packed, t, lane)
     else:
         _unpack_q5_k(row, packed, t, lane)
 
@@ -300,9 +340,9 @@ _tile_4, _tile_3, _tile_2, _tile_1 = (_make_tile_kernel(n) for n in (4, 3, 2, 1)
 
 
 @njit(**KERNEL)
-def _input_blocks(X):
-    """X [m, cols] float32 quantized per row to int16 blocks of 32: xq [m, cols] int16 (rounded half away
-    from zero), xd [m, cols/32] the float32 scales (x ~ xd * xq) and xs = xd * sum(xq)."""
+def _input_blocks(X, limit):
+    """X [m, cols] float32 quantized per row to int16 blocks of 32: xq [m, cols] int16 within ±limit
+    (rounded half away from zero), xd [m, cols/32] the float32 scales (x ~ xd * xq) and xs = xd * sum(xq)."""
     m, cols = X.shape
     xq = np.empty((m, cols), np.int16)
     xd = np.empty((m, cols // 32), np.float32)
@@ -312,7 +352,7 @@ def _input_blocks(X):
             amax = np.float32(0)
             for j in range(b * 32, b * 32 + 32):
                 amax = max(amax, abs(X[n, j]))
-            d = amax / np.float32(32767)
+            d = amax / np.float32(limit)
             inv = np.float32(1) / d if d > 0 else np.float32(0)
             total = 0
             for j in range(b * 32, b * 32 + 32):
@@ -345,5 +385,5 @@ def matmul_into(qtype: int, w: np.ndarray, X: np.ndarray, Y: np.ndarray) -> None
     """Y [m, rows] = X [m, cols] @ W.T for a weight `supports` accepts (X float32, C-contiguous)."""
     block_bytes, block_weights = _LAYOUT[qtype]
     packed, s, o = _repack(qtype, w, w.shape[1] // block_bytes * (block_weights // _BLOCK))
-    xq, xd, xs = _input_blocks(X)
+    xq, xd, xs = _input_blocks(X, _INPUT_LIMIT[qtype])
     _gemm(packed, s, o, xq, xd, xs, Y)

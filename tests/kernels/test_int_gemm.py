@@ -8,14 +8,14 @@ from gguf.constants import GGMLQuantizationType as T
 from kernels.cpu import int_gemm, quant
 from tests.quant_weights import random_weight
 
-FORMATS = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K]
+FORMATS = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
 PACKED = [t for t in FORMATS if int_gemm.supports(int(t), int_gemm.TILE_ROWS)]
 ROWS = 3 * int_gemm.TILE_ROWS
 
 
-def _quantized(X):
+def _quantized(qtype, X):
     """X as the GEMM sees it: each row in int16 blocks of 32 with their scales."""
-    xq, xd, _ = int_gemm._input_blocks(X)
+    xq, xd, _ = int_gemm._input_blocks(X, int_gemm._INPUT_LIMIT[int(qtype)])
     return xq * np.repeat(xd, 32, axis=1).astype(np.float64)
 
 
@@ -30,7 +30,7 @@ def test_products_equal_float64_products_of_the_quantized_values(qtype):
     rng = np.random.default_rng(int(qtype))
     w = random_weight(qtype, ROWS, 512, rng)
     X = rng.standard_normal((11, 512), dtype=np.float32)  # two tiles of four input rows and one of three
-    ref = _quantized(X) @ quants.dequantize(w, qtype).astype(np.float64).T
+    ref = _quantized(qtype, X) @ quants.dequantize(w, qtype).astype(np.float64).T
     got = _gemm(qtype, w, X)
     np.testing.assert_allclose(got, ref, rtol=0, atol=2e-6 * np.abs(ref).max())
 
@@ -60,4 +60,25 @@ def test_prefill_uses_it_past_the_row_wise_kernels():
     if int_gemm.supports(int(T.Q4_K), ROWS):
         np.testing.assert_array_equal(quant.matmul(T.Q4_K, w, X), _gemm(T.Q4_K, w, X))
     assert not int_gemm.supports(int(T.Q4_K), ROWS + 1)  # rows that fill no tile: dequantized tiles + sgemm
-    assert not int_gemm.supports(int(T.Q6_K), ROWS)
+    assert not int_gemm.supports(int(T.Q3_K), ROWS)
+
+
+def test_sums_cannot_overflow_on_the_largest_values():
+    """Every weight at its format's largest magnitude times inputs all at the block's maximum: the int32
+    block sums stay exact (Q6_K's folded scales reach 128 * 32 = 4096)."""
+    rows, cols = int_gemm.TILE_ROWS, 256
+    X = np.full((1, cols), -3.0, np.float32)
+    for qtype in PACKED:
+        block_weights, block_bytes = quants.GGML_QUANT_SIZES[qtype]
+        w = np.zeros((rows, cols // block_weights * block_bytes), np.uint8)
+        if qtype == T.Q6_K:  # q = 0 (value -32) with scale -128 (int8 0x80)
+            w.reshape(rows, -1, block_bytes)[:, :, 192:208] = 0x80
+            w.reshape(rows, -1, block_bytes)[:, :, 208:210] = np.frombuffer(np.float16(1e-3).tobytes(), np.uint8)
+        else:
+            w[:] = 0xFF  # all-ones bits: every value at its largest, scales finite (f16 0xFFFF is NaN: set below)
+            scale_bytes = {T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,),
+                           T.Q4_K: (0, 2), T.Q5_K: (0, 2)}[qtype]
+            for at in scale_bytes:
+                w.reshape(rows, -1, block_bytes)[:, :, at:at + 2] = np.frombuffer(np.float16(1e-3).tobytes(), np.uint8)
+        ref = X.astype(np.float64) @ quants.dequantize(w, qtype).astype(np.float64).T
+        np.testing.assert_allclose(_gemm(qtype, w, X), ref, rtol=1e-4, err_msg=qtype.name)
