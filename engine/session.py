@@ -53,7 +53,7 @@ OnPrefill = Callable[[int, int], None]  # (prompt tokens fed, tokens to feed)
 _TOKENIZERS: "weakref.WeakKeyDictionary[Transformer, Tokenizer]" = weakref.WeakKeyDictionary()
 
 
-def _tokenizer(model: Transformer) -> Tokenizer:
+def tokenizer_for(model: Transformer) -> Tokenizer:
     if model not in _TOKENIZERS:
         _TOKENIZERS[model] = load_tokenizer(model.file.metadata)
     return _TOKENIZERS[model]
@@ -338,7 +338,7 @@ class ChatSession:
             raise busy(self.id)
         try:
             options = dataclasses.replace(chat_options(sampler), speculation=self.speculation)
-            self.convo = Conversation.for_model(self.model, options, tokenizer=_tokenizer(self.model))
+            self.convo = Conversation.for_model(self.model, options, tokenizer=tokenizer_for(self.model))
             if self.attachments:
                 self.convo.attach(self.attachments)
             return self.convo.enable_persistence(self.sidecar)

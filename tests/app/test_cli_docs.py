@@ -55,21 +55,34 @@ def test_a_document_is_read_once_then_loaded_and_listed_and_removed(tiny_gguf, h
     assert (rebuilt["ids"], rebuilt["prompt_ids"]) == (first["ids"], first["prompt_ids"])  # load == build
 
 
-def test_a_stored_chat_reopens_warm_behind_the_same_attachments_only(tiny_gguf, home, tmp_path, monkeypatch,
-                                                                     capsys):
+def test_a_stored_chat_reopens_warm_behind_its_recorded_documents(tiny_gguf, home, tmp_path, monkeypatch, capsys):
     import re
 
     doc = tmp_path / "notes.txt"
     doc.write_text("Thursday at noon.")
 
-    def chat(conversation, *attach):
-        monkeypatch.setattr(sys, "stdin", io.StringIO("hi\n"))
-        assert fucina(["chat", tiny_gguf, "--max-tokens", "3", "--conversation", conversation, *attach]) == 0
-        return capsys.readouterr().err
+    def chat(conversation, *flags, lines="hi\n", code=0):
+        monkeypatch.setattr(sys, "stdin", io.StringIO(lines))
+        assert fucina(["chat", tiny_gguf, "--max-tokens", "3", "--temp", "0", "--conversation", conversation,
+                       *flags]) == code
+        return capsys.readouterr()
 
-    conversation = re.search(r"\(conversation (\w+):", chat("new", "--attach", str(doc))).group(1)
-    assert "resumed" in chat(conversation, "--attach", str(doc))
-    assert "resumed" not in chat(conversation)  # without the document its prefix is not this chat's
+    uninterrupted = chat("new", "--attach", str(doc), lines="hi\nmore\n").out
+    first = chat("new", "--attach", str(doc))
+    conversation = re.search(r"\(conversation (\w+):", first.err).group(1)
+    reopened = chat(conversation, lines="more\n")  # its document is stored with it: no --attach
+    assert "resumed" in reopened.err and "attached notes.txt" in reopened.err
+    assert first.out + reopened.out == uninterrupted  # the reopened chat goes on as the uninterrupted one
+    assert "resumed" in chat(conversation, "--attach", str(doc)).err  # naming the same document again is fine
+    other = tmp_path / "other.txt"
+    other.write_text("Friday.")
+    refused = chat(conversation, "--attach", str(other), code=2).err
+    assert "already has turns" in refused and "--conversation new --attach" in refused
+    for path in (home / "cartridges").glob("*"):
+        path.unlink()
+    doc.unlink()
+    gone = chat(conversation).err  # the document cannot come back: said, and the chat goes on without it
+    assert "warning: notes.txt was left out" in gone and "resumed" not in gone
 
 
 def test_a_damaged_cartridge_is_reported_and_read_again(tiny_gguf, home, tmp_path, capsys):
