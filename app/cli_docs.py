@@ -120,10 +120,7 @@ def run_remove(args) -> int:
         raise FucinaError(f"no stored document's id starts with {args.id!r} (see `fucina docs list`)")
     if len(matches) > 1:
         raise FucinaError(f"{len(matches)} stored documents' ids start with {args.id!r}; give more of the id")
-    try:
-        matches[0].path.unlink()
-    except OSError as e:
-        raise FucinaError(f"cannot remove {matches[0].path}: {e.strerror or e}") from None
+    store.delete(matches[0])
     print(f"removed {matches[0].name} [{matches[0].id}]", file=sys.stderr)
     return 0
 

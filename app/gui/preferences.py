@@ -1,5 +1,5 @@
 """What the app remembers between runs: window geometry, the last conversation and model, recently used
-model files, named settings presets and whether replies decode speculatively. One INI file next to the
+model files, named settings presets, whether replies decode speculatively and the documents' disk budget. One INI file next to the
 history database, so a data directory (`FUCINA_HOME`) carries everything."""
 
 from __future__ import annotations
@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QSettings
+
+from engine.cartridge.build import DEFAULT_DISK_BUDGET
 
 RECENT_MODELS = 8
 
@@ -43,6 +45,15 @@ class Preferences:
     @speculation.setter
     def speculation(self, on: bool) -> None:
         self._settings.setValue("engine/speculation", on)
+
+    @property
+    def disk_budget(self) -> int:
+        """Bytes the documents' cartridges may take on disk (the least recently used go beyond it)."""
+        return self._settings.value("documents/disk_budget", DEFAULT_DISK_BUDGET, type=int)
+
+    @disk_budget.setter
+    def disk_budget(self, budget: int) -> None:
+        self._settings.setValue("documents/disk_budget", int(budget))
 
     @property
     def recent_models(self) -> list[str]:

@@ -58,7 +58,7 @@ def build(model: Transformer, tokenizer: Tokenizer, template, document: Document
     if on_progress is not None:
         on_progress(len(ids), len(ids))
     return Cartridge.from_cache(cache, ids, fingerprint or model_fingerprint(model.file), document.sha256,
-                                document.name)
+                                document.name, os.path.basename(model.file.path))
 
 
 @dataclass

@@ -48,8 +48,8 @@ def restore(store: HistoryStore, conversation_id: str, model: Transformer, token
             dtype: KvDtype | str = KvDtype.F16, *, directory: str | os.PathLike | None = None,
             on_progress: OnRowProgress | None = None, cancel: threading.Event | None = None,
             disk_budget: int = DEFAULT_DISK_BUDGET) -> list[Restored]:
-    """Each recorded attachment's cartridge, in the order they were attached. A build stopped by `cancel`
-    raises CartridgeCancelled."""
+    """Each recorded attachment's cartridge, in the order they were attached. `cancel` set stops the
+    documents being read again: they are left out of this opening."""
     return [_restore(store, row, model, tokenizer, template, dtype, directory, on_progress, cancel, disk_budget)
             for row in store.attachments(conversation_id)]
 
@@ -70,7 +70,8 @@ def _restore(store, row, model, tokenizer, template, dtype, directory, on_progre
         result = attach(model, tokenizer, template, document, dtype, directory=directory, on_progress=progress,
                         cancel=cancel, disk_budget=disk_budget)
     except CartridgeCancelled:
-        raise
+        return Restored(row, None, f"{row['name']} was left out: reading it again was cancelled (reopen the chat "
+                                   "to read it)")
     except FucinaError as e:  # unreadable, too long for this model's context, a disk that refuses the file
         gone = "is damaged" if refused else "is not stored for this model"
         return Restored(row, None, f"{row['name']} was left out: its cartridge {gone} and it cannot be read "

@@ -13,17 +13,9 @@ from app.cli import main as fucina
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory):
     """A tiny random model carrying the byte-level ChatML tokenizer, with a 4096-token context."""
-    from gguf import GGUFValueType as V
+    from tests.engine.chat.conftest import write_tiny_chatml_model
 
-    from tests.engine.chat.conftest import byte_level_chatml_metadata
-    from tests.synthetic import write_tiny_model
-
-    kinds = {str: V.STRING, bool: V.BOOL, int: V.UINT32, list: V.ARRAY}
-    metadata = {k: (v, kinds[type(v)]) for k, v in byte_level_chatml_metadata().items()}
-    metadata["llama.context_length"] = (4096, V.UINT32)
-    path = tmp_path_factory.mktemp("docs") / "tiny.gguf"
-    write_tiny_model(path, "llama", vocab=len(metadata["tokenizer.ggml.tokens"][0]), metadata=metadata)
-    return str(path)
+    return str(write_tiny_chatml_model(tmp_path_factory.mktemp("docs") / "tiny.gguf", 4096))
 
 
 @pytest.fixture
