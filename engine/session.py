@@ -179,7 +179,8 @@ class ChatSession:
         return self.branch_fill()[0]
 
     def branch_fill(self) -> tuple[int, int]:
-        """(branch_tokens, the oldest user turns the context leaves out of it)."""
+        """(branch_tokens, the oldest user turns the context leaves out of it). Attached documents' rows are
+        not the branch's (convo.prefix_rows counts them)."""
         branch = self.messages()
         reply = 0
         if branch and branch[-1]["role"] == "assistant":
@@ -191,7 +192,7 @@ class ChatSession:
         try:
             window = self._window(branch)[0]
         except FucinaError:  # a branch no template renders, or one that cannot fit: what the cache holds
-            return self.context_used, 0
+            return self.context_used - self.convo.prefix_rows, 0
         return len(window.ids) + reply, window.left_out_turns
 
     def _window(self, branch: list[dict]) -> tuple[ContextWindow, str | None]:

@@ -99,3 +99,19 @@ def test_a_reopened_chat_attaches_its_recorded_documents_and_continues_as_the_un
     assert reopened.last_turn.finish_reason != "error"
     reopened.close()
     uninterrupted.close()
+
+
+def test_a_branch_that_cannot_fit_counts_what_the_cache_holds_past_the_documents(tiny_chat_file_model, store,
+                                                                                   tmp_path):
+    from engine.errors import ContextFull
+
+    model = tiny_chat_file_model
+    cart = cartridge(model)
+    session = ChatSession.open(store, model, sidecar_dir=tmp_path / "sidecars", attachments=[cart],
+                               sampler={"temperature": 0.0, "max_tokens": 4, "ctx": cart.rows + 120})
+    "".join(session.send("a short question"))
+    held = session.context_used - cart.rows
+    with pytest.raises(ContextFull):
+        "".join(session.send("far too long " * 40))  # stored, but no window holds it
+    assert session.branch_fill() == (held, 0)  # the documents' rows are counted apart (convo.prefix_rows)
+    session.close()
