@@ -159,7 +159,7 @@ class DocumentAttacher(QObject):
         if any(d.key == key for d in self._new_chat):
             self._new_chat = [d for d in self._new_chat if d.key != key]
             self.fill_changed.emit()
-        elif self._stored_id is not None and any(r["id"] == key for r in self.worker.store.attachments(self._stored_id)):
+        elif self._stored_id is not None and key in {r["id"] for r in self.worker.store.attachments(self._stored_id)}:
             try:
                 self.worker.store.remove_attachment(key)
             except FucinaError as e:

@@ -1,6 +1,6 @@
 """What the app remembers between runs: window geometry, the last conversation and model, recently used
-model files, named settings presets, whether replies decode speculatively and the documents' disk budget. One INI file next to the
-history database, so a data directory (`FUCINA_HOME`) carries everything."""
+model files, named settings presets, whether replies decode speculatively and the documents' disk budget.
+One INI file next to the history database, so a data directory (`FUCINA_HOME`) carries everything."""
 
 from __future__ import annotations
 

@@ -334,14 +334,16 @@ class EngineWorker(QObject):
         s = self.session
         if s is None:  # a new chat: only the documents attached to it so far
             tokens, context = self.documents.new_chat_fill()
-            self.status_changed.emit(EngineStatus(tokens, context, attachment_tokens=tokens) if tokens else EngineStatus())
+            self.status_changed.emit(EngineStatus(tokens, context, attachment_tokens=tokens) if tokens
+                                     else EngineStatus())
             return
         turn = s.last_turn
         stats = turn.stats if turn is not None else None
         used, left_out = s.branch_fill()
         spec = stats and stats.spec
         self.status_changed.emit(EngineStatus(
-            context_used=used + s.convo.prefix_rows, attachment_tokens=s.convo.prefix_rows, context_size=s.context_size, resumed_positions=s.resumed_positions,
+            context_used=used + s.convo.prefix_rows, attachment_tokens=s.convo.prefix_rows,
+            context_size=s.context_size, resumed_positions=s.resumed_positions,
             ttft_ms=stats and stats.ttft_ms, decode_tps=stats and stats.decode_tps,
             reused_tokens=stats.reused_tokens if stats else 0, prefilled_tokens=stats.prefilled_tokens if stats else 0,
             finish_reason=turn and turn.finish_reason, left_out_turns=left_out,

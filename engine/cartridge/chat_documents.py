@@ -39,7 +39,7 @@ class Restored:
 
 def record(store: HistoryStore, conversation_id: str, source: str | os.PathLike, attached: Attached) -> str:
     """Store that the conversation is served behind `attached`, read from the file `source`; the row's id."""
-    kind = attached.document.kind if attached.document else "text"
+    kind = attached.document.kind if attached.document else "cartridge"  # a cartridge file attached as it is
     return store.add_attachment(conversation_id, attached.cartridge.name, kind, os.path.abspath(source),
                                 attached.cartridge.document, attached.cartridge.rows)
 

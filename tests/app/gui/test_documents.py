@@ -164,13 +164,15 @@ def test_bad_files_fail_their_chip_with_the_reason_and_the_chat_stays_usable(qtb
     w.close()
 
 
-def test_the_documents_library_lists_cartridges_and_deletes_them(qtbot, window, tmp_path):
+def test_the_documents_library_lists_cartridges_and_deletes_them(qtbot, window, tmp_path, monkeypatch):
+    import app.gui.main_window
     from engine.cartridge.store import stored
 
     doc = tmp_path / "facts.md"
     doc.write_text(TEXT)
+    monkeypatch.setattr(app.gui.main_window, "choose_documents", lambda parent: [str(doc)])  # the file dialog
     w = window()
-    drop(w, doc)
+    qtbot.mouseClick(w.attach_button, Qt.MouseButton.LeftButton)  # the paperclip
     [chip] = settled(qtbot, w)
     dialog = w.open_documents()
     assert dialog.table.rowCount() == 1
