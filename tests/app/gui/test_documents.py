@@ -147,11 +147,12 @@ def test_bad_files_fail_their_chip_with_the_reason_and_the_chat_stays_usable(qtb
     (tmp_path / "x.bin").write_bytes(bytes(range(256)) * 4)
     (tmp_path / "torn.txt").write_bytes(b"\xff\xfe\x00")
     _encrypted_pdf(tmp_path / "locked.pdf")
+    (tmp_path / "long.txt").write_text(TEXT)
     bad = {"empty.txt": "zero-byte", "x.bin": "binary file", "torn.txt": "not text in any encoding",
            "locked.pdf": "password-protected PDF", foreign.name: "built for another model",
-           "truncated.safetensors": "damaged"}
+           "truncated.safetensors": "damaged", "long.txt": "raise the context length in Settings"}
     w = window()
-    w.apply_settings(GREEDY)
+    w.apply_settings({**GREEDY, "sampler": {**GREEDY["sampler"], "ctx": 512}})  # too small for long.txt
     drop(w, *[foreign if name == foreign.name else tmp_path / name for name in bad])
     shown = settled(qtbot, w, len(bad))
     assert {c.name: c.state for c in shown} == dict.fromkeys(bad, FAILED)
