@@ -21,7 +21,7 @@ from app.cli_eval import add_model_options, open_model
 from app.cli_sampling import add_grammar_options, add_sampler_options, grammar_from_args, sampler_config
 from app.cli_conversations import find_conversation, open_store
 from engine.cartridge.build import Attached
-from engine.cartridge.chat_documents import cartridges, record
+from engine.cartridge.chat_documents import cartridges, carry_over, record
 from engine.chat import ChatOptions, Conversation, TurnResult
 from engine.chat.window import POLICIES
 from engine.history.store import HistoryStore
@@ -144,18 +144,23 @@ class _StoredChat(_Chat):
     def left_out_turns(self) -> int:
         return self.session.last_window.left_out_turns if self.session.last_window else 0
 
-    def _new(self) -> ChatSession:
+    def _new(self, previous: ChatSession | None = None) -> ChatSession:
+        """A new stored chat, behind the documents of `previous` (the one it starts over from), else --attach's."""
+        served = previous.attachments if previous else [a.cartridge for a in self.attached]
         session = ChatSession.open(self.store, self.model, system_prompt=self.system,
                                    sampler={k: v for k, v in self.settings.items() if v is not None},
-                                   speculation=self.speculation, attachments=[a.cartridge for a in self.attached])
-        self._record(session.id)
+                                   speculation=self.speculation, attachments=served)
+        if previous:
+            carry_over(self.store, previous.id, session.id, served)
+        else:
+            self._record(session.id)
         return session
 
     def reset(self) -> str:
         if unsaved := self.unsaved_reply():  # a new conversation would drop the reply kept for this one
             return f"(not reset: {unsaved})"
         self.session.close()
-        self.session = self._new()
+        self.session = self._new(self.session)
         return f"(new conversation {self.session.id[:8]})"
 
     def set_system(self, system: str | None) -> str:

@@ -44,6 +44,15 @@ def record(store: HistoryStore, conversation_id: str, source: str | os.PathLike,
                                 attached.cartridge.document, attached.cartridge.rows)
 
 
+def carry_over(store: HistoryStore, from_id: str, to_id: str, served: list[Cartridge]) -> None:
+    """Record on conversation `to_id` the documents of `from_id` that are `served` (a chat that starts over
+    keeps its documents; one left out stays out)."""
+    documents = {c.document for c in served}
+    for row in store.attachments(from_id):
+        if row["document"] in documents:
+            store.add_attachment(to_id, row["name"], row["kind"], row["path"], row["document"], row["tokens"])
+
+
 def restore(store: HistoryStore, conversation_id: str, model: Transformer, tokenizer: Tokenizer, template,
             dtype: KvDtype | str = KvDtype.F16, *, directory: str | os.PathLike | None = None,
             on_progress: OnRowProgress | None = None, cancel: threading.Event | None = None,

@@ -70,6 +70,8 @@ def test_a_stored_chat_reopens_warm_behind_its_recorded_documents(tiny_gguf, hom
     other.write_text("Friday.")
     refused = chat(conversation, "--attach", str(other), code=2).err
     assert "already has turns" in refused and "--conversation new --attach" in refused
+    restarted = re.search(r"\(new conversation (\w+)\)", chat(conversation, lines="/reset\n").err).group(1)
+    assert "attached notes.txt" in chat(restarted).err  # starting over keeps the chat's documents
     for path in (home / "cartridges").glob("*"):
         path.unlink()
     doc.unlink()
