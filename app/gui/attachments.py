@@ -5,7 +5,8 @@ taking files dropped on it."""
 from __future__ import annotations
 
 from PySide6.QtCore import QEvent, QObject, Qt, Signal
-from PySide6.QtWidgets import (QFileDialog, QFrame, QHBoxLayout, QLabel, QProgressBar, QToolButton, QWidget)
+from PySide6.QtGui import QIcon
+from PySide6.QtWidgets import QFileDialog, QFrame, QHBoxLayout, QLabel, QProgressBar, QToolButton, QWidget
 
 from app.gui.document_jobs import FAILED, READING, Chip
 
@@ -88,7 +89,10 @@ class AttachmentBar(QWidget):
 
 
 def paperclip_button() -> QToolButton:
-    button = QToolButton(text="📎")
+    button = QToolButton()
+    button.setIcon(QIcon.fromTheme("mail-attachment"))
+    if button.icon().isNull():  # no icon theme (Windows, macOS, a bare desktop)
+        button.setText("Attach…")
     button.setAccessibleName("Attach a document")
     button.setToolTip("Attach a document (Ctrl+O), or drop a file on the chat")
     return button

@@ -140,7 +140,7 @@ class DocumentAttacher(QObject):
         except CartridgeCancelled:
             self.chips = [c for c in self.chips if c.key != key]
         except FucinaError as e:  # a bad file, one too long, a foreign or damaged cartridge: the chat goes on
-            self._set(Chip(key, name, FAILED, reason=str(e)))
+            self._set(Chip(key, name, FAILED, reason=str(e).replace(path, name)))  # the chip names the file
         else:
             self._new_chat.append(doc)
             self._set(Chip(key, name, READY, doc.attached.cartridge.rows))
