@@ -84,7 +84,7 @@ def _restore(store, row, model, tokenizer, template, dtype, directory, on_progre
     except FucinaError as e:  # unreadable, too long for this model's context, a disk that refuses the file
         gone = "is damaged" if refused else "is not stored for this model"
         return Restored(row, None, f"{row['name']} was left out: its cartridge {gone} and it cannot be read "
-                                   f"again ({e}); attach it again to use it")
+                                   f"again ({e}); attach it to a new chat to use it")
     if row["document"] and document.sha256 != row["document"]:
         note = f"{row['name']} changed since it was attached: read again as it is now"
     elif result.built:

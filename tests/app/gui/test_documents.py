@@ -9,6 +9,7 @@ from PySide6.QtGui import QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import QApplication
 
 from app.gui.document_jobs import FAILED, READING, READY, Chip
+from engine.cartridge.store import delete, stored
 from tests.app.gui.conftest import TURN_TIMEOUT_MS
 from tests.app.test_cli_docs import _encrypted_pdf
 
@@ -98,6 +99,16 @@ def test_a_dropped_document_is_read_counted_recorded_and_attached_again_when_the
     qtbot.waitUntil(lambda: "resumed warm" in reopened.status_line.text())
     reopened.close()
 
+    for cartridge in stored():
+        delete(cartridge)
+    doc.unlink()
+    gone = window(conversation)  # nothing to attach it from: the chip says so, and the chat goes on without it
+    [left_out] = settled(qtbot, gone)
+    assert left_out.state == FAILED and "facts.md was left out" in left_out.reason
+    send(qtbot, gone, "And item 4?")
+    assert gone.chat_view.messages[-1]["role"] == "assistant"
+    gone.close()
+
 
 def test_a_chat_with_turns_makes_way_for_a_new_one_and_a_chips_x_removes_or_stops_it(qtbot, window, tmp_path):
     doc = tmp_path / "notes.txt"
@@ -167,8 +178,6 @@ def test_bad_files_fail_their_chip_with_the_reason_and_the_chat_stays_usable(qtb
 
 def test_the_documents_library_lists_cartridges_and_deletes_them(qtbot, window, tmp_path, monkeypatch):
     import app.gui.main_window
-    from engine.cartridge.store import stored
-
     doc = tmp_path / "facts.md"
     doc.write_text(TEXT)
     monkeypatch.setattr(app.gui.main_window, "choose_documents", lambda parent: [str(doc)])  # the file dialog
@@ -187,8 +196,6 @@ def test_the_documents_library_lists_cartridges_and_deletes_them(qtbot, window, 
 
 
 def test_the_disk_budget_setting_evicts_the_least_recently_used_cartridges(qtbot, window, tmp_path):
-    from engine.cartridge.store import stored
-
     w = window()
     for name in ("a.txt", "b.txt"):
         (tmp_path / name).write_text(f"{name} " + TEXT)
