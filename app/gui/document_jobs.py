@@ -80,7 +80,7 @@ class DocumentAttacher(QObject):
         model = self.worker.model
         self._stored_id = conversation_id
         if conversation_id is None:
-            fingerprint = model_fingerprint(model.file)
+            fingerprint = model_fingerprint(model.file) if self._new_chat else b""
             for doc in self._new_chat:
                 if doc.attached.cartridge.fingerprint != fingerprint:
                     self._read_for_new_chat(doc)
