@@ -4,8 +4,8 @@ Interactive on a terminal; from a pipe it answers one message per input line unt
 /stats) go to stdout, notices to stderr, so a piped run's stdout holds only the conversation's answers.
 With --conversation the chat is stored (the history database and a KV sidecar, through engine.session)
 and a stored one reopens warm; without it, the chat lives only in this process. With --attach FILE the chat
-is served behind the documents' KV cartridges (app.cli_docs); a stored chat reopens warm behind the same
-attachments only.
+is served behind the documents' KV cartridges (app.cli_docs); a stored chat records its documents and
+reopens warm behind them (engine.cartridge.chat_documents), without --attach.
 """
 
 from __future__ import annotations
@@ -16,10 +16,12 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
-from app.cli_docs import add_attach_option, attach_documents, describe
+from app.cli_docs import add_attach_option, attach_documents, describe, restore_documents
 from app.cli_eval import add_model_options, open_model
 from app.cli_sampling import add_grammar_options, add_sampler_options, grammar_from_args, sampler_config
 from app.cli_conversations import find_conversation, open_store
+from engine.cartridge.build import Attached
+from engine.cartridge.chat_documents import cartridges, carry_over, record
 from engine.chat import ChatOptions, Conversation, TurnResult
 from engine.chat.window import POLICIES
 from engine.history.store import HistoryStore
@@ -86,10 +88,11 @@ class _EphemeralChat(_Chat):
 class _StoredChat(_Chat):
     """A chat in the history store, through the session layer."""
 
-    def __init__(self, model, args, store: HistoryStore, grammar, attachments):
+    def __init__(self, model, args, store: HistoryStore, grammar, attached: list[Attached]):
         self.model, self.store = model, store
         self.speculation = args.spec
-        self.attachments = attachments
+        self.attached = attached  # a new chat's documents (and the files they were read from: args.attach)
+        self.sources = args.attach
         if args.conversation == "new":
             self.settings = {"temperature": args.temp, "top_k": args.top_k, "top_p": args.top_p,
                              "min_p": args.min_p, "repeat_penalty": args.repeat_penalty, "seed": args.seed,
@@ -99,12 +102,39 @@ class _StoredChat(_Chat):
             self.system = args.system
             self.session = self._new()
         else:
-            self.session = ChatSession(store, model, find_conversation(store, args.conversation),
-                                       speculation=args.spec, attachments=attachments)
+            conversation = find_conversation(store, args.conversation)
+            self.session = ChatSession(store, model, conversation, speculation=args.spec,
+                                       attachments=self._stored_attachments(conversation))
             self.settings, self.system = self.session.settings["sampler"], self.session.settings["system_prompt"]
         resumed = self.session.resumed_positions
         print(f"(conversation {self.session.id[:8]}: {len(self.session.messages())} messages"
               f"{f', resumed {resumed} positions from its sidecar' if resumed else ''})", file=sys.stderr)
+
+    def _stored_attachments(self, conversation: str) -> list:
+        """The documents the stored chat is served behind. --attach on it may name the same ones, or (a chat
+        with no turn yet) new ones, which replace them; a chat with turns keeps its own."""
+        rows = self.store.attachments(conversation)
+        if self.attached:
+            if [r["document"] for r in rows] != [a.cartridge.document for a in self.attached]:
+                if self.store.active_branch(conversation):
+                    raise FucinaError(f"conversation {conversation[:8]} already has turns (behind "
+                                      f"{', '.join(r['name'] for r in rows) or 'no documents'}); documents attach "
+                                      "to a new chat: --conversation new --attach FILE")
+                for row in rows:
+                    self.store.remove_attachment(row["id"])
+                self._record(conversation)
+            return [a.cartridge for a in self.attached]
+        restored = restore_documents(self.store, conversation, self.model)
+        for r in restored:
+            if r.note:
+                print(f"warning: {r.note}", file=sys.stderr)
+            if r.cartridge is not None:
+                print(f"(attached {r.cartridge.name}: {r.cartridge.rows} tokens)", file=sys.stderr)
+        return cartridges(restored)
+
+    def _record(self, conversation: str) -> None:
+        for source, attached in zip(self.sources, self.attached):
+            record(self.store, conversation, source, attached)
 
     @property
     def target(self) -> ChatSession:
@@ -114,16 +144,23 @@ class _StoredChat(_Chat):
     def left_out_turns(self) -> int:
         return self.session.last_window.left_out_turns if self.session.last_window else 0
 
-    def _new(self) -> ChatSession:
-        return ChatSession.open(self.store, self.model, system_prompt=self.system,
-                                sampler={k: v for k, v in self.settings.items() if v is not None},
-                                speculation=self.speculation, attachments=self.attachments)
+    def _new(self, previous: ChatSession | None = None) -> ChatSession:
+        """A new stored chat, behind the documents of `previous` (the one it starts over from), else --attach's."""
+        served = previous.attachments if previous else [a.cartridge for a in self.attached]
+        session = ChatSession.open(self.store, self.model, system_prompt=self.system,
+                                   sampler={k: v for k, v in self.settings.items() if v is not None},
+                                   speculation=self.speculation, attachments=served)
+        if previous:
+            carry_over(self.store, previous.id, session.id, served)
+        else:
+            self._record(session.id)
+        return session
 
     def reset(self) -> str:
         if unsaved := self.unsaved_reply():  # a new conversation would drop the reply kept for this one
             return f"(not reset: {unsaved})"
         self.session.close()
-        self.session = self._new()
+        self.session = self._new(self.session)
         return f"(new conversation {self.session.id[:8]})"
 
     def set_system(self, system: str | None) -> str:
@@ -153,13 +190,12 @@ def run_chat(args) -> int:
     attached = attach_documents(model, args.attach, KvDtype.F16 if args.conversation else args.kv)
     for result in attached:
         print(f"(attached {describe(result)})", file=sys.stderr)
-    attachments = [a.cartridge for a in attached]
     with contextlib.ExitStack() as stack:
         if args.conversation:
-            chat = _StoredChat(model, args, stack.enter_context(open_store()), grammar, attachments)
+            chat = _StoredChat(model, args, stack.enter_context(open_store()), grammar, attached)
             stack.callback(lambda: chat.session.close())
         else:
-            chat = _EphemeralChat(model, args, grammar, attachments)
+            chat = _EphemeralChat(model, args, grammar, [a.cartridge for a in attached])
         interactive = sys.stdin.isatty()
         if interactive:
             print(f"fucina chat · {Path(model.file.path).name} · /help for commands", file=sys.stderr)

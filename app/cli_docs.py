@@ -11,9 +11,11 @@ import time
 
 from engine.cartridge import store
 from engine.cartridge.build import Attached, attach
+from engine.cartridge.chat_documents import Restored, restore
 from engine.cartridge.ingest import read_document
 from engine.chat import template_for_model
 from engine.errors import FucinaError
+from engine.session import tokenizer_for
 from engine.tokenize import load_tokenizer
 
 
@@ -65,6 +67,27 @@ def attach_documents(model, paths, kv: str) -> list[Attached]:
     return attached
 
 
+def restore_documents(history, conversation_id: str, model) -> list[Restored]:
+    """A stored chat's documents: loaded, or (a cartridge evicted or damaged) read again with a progress bar."""
+    tokenizer = tokenizer_for(model)
+    names = {r["id"]: r["name"] for r in history.attachments(conversation_id)}
+    bar: list[TokenProgress] = []  # the document being read now
+
+    def progress(attachment_id: str, done: int, total: int) -> None:
+        if not bar or bar[0].name != names[attachment_id]:
+            if bar:
+                bar.pop().close()
+            bar.append(TokenProgress(names[attachment_id]))
+        bar[0](done, total)
+
+    try:
+        return restore(history, conversation_id, model, tokenizer, template_for_model(model.file.metadata, tokenizer),
+                       on_progress=progress)
+    finally:
+        if bar:
+            bar[0].close()
+
+
 def describe(result: Attached) -> str:
     c = result.cartridge
     how = "read" if result.built else "loaded"
@@ -97,10 +120,7 @@ def run_remove(args) -> int:
         raise FucinaError(f"no stored document's id starts with {args.id!r} (see `fucina docs list`)")
     if len(matches) > 1:
         raise FucinaError(f"{len(matches)} stored documents' ids start with {args.id!r}; give more of the id")
-    try:
-        matches[0].path.unlink()
-    except OSError as e:
-        raise FucinaError(f"cannot remove {matches[0].path}: {e.strerror or e}") from None
+    store.delete(matches[0])
     print(f"removed {matches[0].name} [{matches[0].id}]", file=sys.stderr)
     return 0
 

@@ -53,7 +53,7 @@ OnPrefill = Callable[[int, int], None]  # (prompt tokens fed, tokens to feed)
 _TOKENIZERS: "weakref.WeakKeyDictionary[Transformer, Tokenizer]" = weakref.WeakKeyDictionary()
 
 
-def _tokenizer(model: Transformer) -> Tokenizer:
+def tokenizer_for(model: Transformer) -> Tokenizer:
     if model not in _TOKENIZERS:
         _TOKENIZERS[model] = load_tokenizer(model.file.metadata)
     return _TOKENIZERS[model]
@@ -179,7 +179,8 @@ class ChatSession:
         return self.branch_fill()[0]
 
     def branch_fill(self) -> tuple[int, int]:
-        """(branch_tokens, the oldest user turns the context leaves out of it)."""
+        """(branch_tokens, the oldest user turns the context leaves out of it). Attached documents' rows are
+        not the branch's (convo.prefix_rows counts them)."""
         branch = self.messages()
         reply = 0
         if branch and branch[-1]["role"] == "assistant":
@@ -191,7 +192,7 @@ class ChatSession:
         try:
             window = self._window(branch)[0]
         except FucinaError:  # a branch no template renders, or one that cannot fit: what the cache holds
-            return self.context_used, 0
+            return self.context_used - self.convo.prefix_rows, 0
         return len(window.ids) + reply, window.left_out_turns
 
     def _window(self, branch: list[dict]) -> tuple[ContextWindow, str | None]:
@@ -338,7 +339,7 @@ class ChatSession:
             raise busy(self.id)
         try:
             options = dataclasses.replace(chat_options(sampler), speculation=self.speculation)
-            self.convo = Conversation.for_model(self.model, options, tokenizer=_tokenizer(self.model))
+            self.convo = Conversation.for_model(self.model, options, tokenizer=tokenizer_for(self.model))
             if self.attachments:
                 self.convo.attach(self.attachments)
             return self.convo.enable_persistence(self.sidecar)

@@ -13,8 +13,11 @@ from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QGuiApplication, Q
 from PySide6.QtWidgets import (QFileDialog, QFrame, QHBoxLayout, QMainWindow, QMessageBox, QProgressBar,
                                QSplitter, QStackedWidget, QVBoxLayout, QWidget)
 
+from app.gui.attachments import AttachmentBar, FileDrops, choose_documents, paperclip_button
 from app.gui.chat_view import ChatView
 from app.gui.composer import Composer
+from app.gui.document_jobs import DocumentsClient
+from app.gui.documents_dialog import DocumentsDialog
 from app.gui.icons import IconButton
 from app.gui.kernel_warmup import KernelWarmup
 from app.gui.model_picker import ModelPicker, model_label
@@ -76,12 +79,17 @@ class MainWindow(QMainWindow):
         self.load_progress.setAccessibleName("Model loading")
         self.load_progress.hide()
         self.kernel_warmup = KernelWarmup(self)
+        self.documents = DocumentsClient(self.client.worker.documents)
+        self.attachment_bar = AttachmentBar()
+        self.attach_button = paperclip_button()
+        self.file_drops = FileDrops(self)
         self._build_layout()
         self._build_menus()
         self._connect()
         if self.preferences.geometry is not None:
             self.restoreGeometry(self.preferences.geometry)
         self.client.set_speculation(self.preferences.speculation)
+        self.documents.set_disk_budget(self.preferences.disk_budget)
         self.open_conversation(conversation_id or self.preferences.last_conversation)
         self._load_initial_model(first_run_download)
 
@@ -106,6 +114,7 @@ class MainWindow(QMainWindow):
         column.setContentsMargins(0, 0, 0, 0)
         column.setSpacing(0)
         column.addWidget(header)
+        column.addWidget(self.attachment_bar)
         column.addWidget(self.chat_stack, 1)
         column.addWidget(self.composer)
         self.sidebar.setObjectName("sidebarPane")
@@ -125,6 +134,7 @@ class MainWindow(QMainWindow):
         window_column.addWidget(self.storage_banner)
         window_column.addWidget(splitter, 1)
         self.setCentralWidget(central)
+        self.composer.tools.addWidget(self.attach_button)
         self.statusBar().addWidget(self.status_line, 1)
         self.statusBar().addPermanentWidget(self.load_progress)
         self.statusBar().addPermanentWidget(self.kernel_warmup.bar)
@@ -141,6 +151,8 @@ class MainWindow(QMainWindow):
         bar = self.menuBar()
         file = bar.addMenu("&File")
         self._action(file, "New chat", self.new_chat, QKeySequence.StandardKey.New)
+        self._action(file, "Attach document…", self.choose_documents, QKeySequence.StandardKey.Open)
+        self._action(file, "Documents…", self.open_documents)
         self._action(file, "Import conversation (JSON)…", self.import_conversation)
         self._action(file, "Export conversation…", lambda: self.export_conversation(self.current_id))
         file.addSeparator()
@@ -183,6 +195,10 @@ class MainWindow(QMainWindow):
         self.settings_button.clicked.connect(self.edit_settings)
         self.storage_banner.retry_requested.connect(self.client.save_pending)
         self.sidebar.storage_failed.connect(lambda message: self.storage_banner.show_failure(message, None))
+        self.attach_button.clicked.connect(self.choose_documents)
+        self.file_drops.dropped.connect(self.attach_files)
+        self.attachment_bar.remove_requested.connect(self.documents.remove)
+        self.client.worker.documents.chips_changed.connect(self.attachment_bar.show_chips)
         self.kernel_warmup.finished.connect(lambda: self.composer.set_ready(self.model_path is not None))
         worker = self.client.worker
         worker.model_loading.connect(self._model_loading)
@@ -220,6 +236,7 @@ class MainWindow(QMainWindow):
                 conversation_id = None
         self._end_turn()
         self.current_id, self._new_chat_settings = conversation_id, {}
+        self.attachment_bar.show_notice("")
         self.preferences.last_conversation = conversation_id
         self.chat_view.clear()
         self._refresh_if_current(conversation_id)
@@ -386,6 +403,34 @@ class MainWindow(QMainWindow):
                  else "Choose another model to start chatting.")
         self.show_error("Cannot open model", f"{Path(path).name} could not be loaded:\n\n{message}\n\n{still}")
 
+    # -- documents ---------------------------------------------------------------------------------
+    def attach_files(self, paths: list[str]) -> None:
+        """Read the files into the chat on screen; documents attach before a chat's first message, so a chat
+        with turns makes way for a new one (which says so)."""
+        if not paths:
+            return
+        if self.current_id is not None or self.chat_view.messages or self.streaming:
+            self.new_chat()
+            names = ", ".join(Path(p).name for p in paths)
+            self.attachment_bar.show_notice(f"Documents attach to a chat before its first message: a new chat was "
+                                            f"started for {names}")
+        for path in paths:
+            self.documents.attach(path)
+
+    def choose_documents(self) -> None:
+        self.attach_files(choose_documents(self))
+
+    def open_documents(self) -> DocumentsDialog:
+        dialog = DocumentsDialog(self.preferences.disk_budget, self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.open()
+        return dialog
+
+    def set_disk_budget(self, budget: int) -> None:
+        if budget != self.preferences.disk_budget:
+            self.preferences.disk_budget = budget
+            self.documents.set_disk_budget(budget)
+
     # -- settings, import and export ---------------------------------------------------------------
     def current_settings(self) -> dict:
         if self.current_id is None:
@@ -397,6 +442,7 @@ class MainWindow(QMainWindow):
         dialog = SettingsDialog(self.current_settings(), self.preferences, self)
         dialog.accepted.connect(lambda: self.apply_settings(dialog.settings()))
         dialog.accepted.connect(lambda: self.set_speculation(dialog.speculation.isChecked()))
+        dialog.accepted.connect(lambda: self.set_disk_budget(dialog.disk_budget_bytes()))
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.open()
         return dialog

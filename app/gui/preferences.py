@@ -1,7 +1,7 @@
 """What the app remembers between runs: window geometry, the theme and whether the sidebar shows, the last
-conversation and model, recently used model files, named settings presets and whether replies decode
-speculatively. One INI file next to the
-history database, so a data directory (`FUCINA_HOME`) carries everything."""
+conversation and model, recently used model files, named settings presets, whether replies decode
+speculatively and the documents' disk budget. One INI file next to the history database, so a data
+directory (`FUCINA_HOME`) carries everything."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from PySide6.QtCore import QByteArray, QSettings
 
 from app.gui.theme import THEMES
+from engine.cartridge.build import DEFAULT_DISK_BUDGET
 
 RECENT_MODELS = 8
 
@@ -64,6 +65,15 @@ class Preferences:
     @speculation.setter
     def speculation(self, on: bool) -> None:
         self._settings.setValue("engine/speculation", on)
+
+    @property
+    def disk_budget(self) -> int:
+        """Bytes the documents' cartridges may take on disk (the least recently used go beyond it)."""
+        return self._settings.value("documents/disk_budget", DEFAULT_DISK_BUDGET, type=int)
+
+    @disk_budget.setter
+    def disk_budget(self, budget: int) -> None:
+        self._settings.setValue("documents/disk_budget", int(budget))
 
     @property
     def recent_models(self) -> list[str]:

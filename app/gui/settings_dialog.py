@@ -1,6 +1,6 @@
 """Per-conversation settings: system prompt, sampler, reply length, context length, what happens when the
-chat outgrows the context (the context policy) and the response format, with named presets; and the one
-setting of every chat, speculative decoding.
+chat outgrows the context (the context policy) and the response format, with named presets; and the
+settings of every chat, speculative decoding and the documents' disk budget.
 
 The dialog edits a settings dict shaped like the store's: {"system_prompt": str | None, "sampler": {...}}
 with the store's sampler keys; a seed left on "random" and a free-text response format are simply absent.
@@ -117,11 +117,24 @@ class SettingsDialog(QDialog):
                       "the same replies, faster where they repeat it. From the next reply on.")
         note.setWordWrap(True)
         note.setEnabled(False)  # the palette's muted text
+        self.disk_budget = _int(1, 1 << 20, 256)
+        self.disk_budget.setSuffix(" MiB")
+        self.disk_budget.setAccessibleName("Documents on disk")
+        self.disk_budget.setToolTip("Room for documents read into the library; beyond it the least recently "
+                                    "used are deleted (and read again when attached)")
+        self.disk_budget.setValue(max(1, preferences.disk_budget >> 20))
+        budget_row = QHBoxLayout()
+        budget_row.addWidget(QLabel("Documents on disk"))
+        budget_row.addWidget(self.disk_budget)
         box = QGroupBox("Every chat")
         column = QVBoxLayout(box)
         column.addWidget(self.speculation)
         column.addWidget(note)
+        column.addLayout(budget_row)
         return box
+
+    def disk_budget_bytes(self) -> int:
+        return self.disk_budget.value() << 20
 
     def apply(self, settings: dict) -> None:
         self.system_prompt.setPlainText(settings.get("system_prompt") or "")

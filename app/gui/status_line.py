@@ -25,7 +25,8 @@ def _speculation(status: EngineStatus) -> list[str]:
 
 
 def describe(status: EngineStatus) -> str:
-    parts = [f"context {status.context_used:,} / {status.context_size:,}"] if status.context_size else []
+    documents = f" ({status.attachment_tokens:,} in documents)" if status.attachment_tokens else ""
+    parts = [f"context {status.context_used:,} / {status.context_size:,}{documents}"] if status.context_size else []
     parts += _left_out(status.left_out_turns)
     if status.ttft_ms is not None and not status.ttft_ms:  # the turn ended before its first token
         parts.append("stopped while reading the message" if status.finish_reason == "cancelled"

@@ -18,6 +18,7 @@ from typing import Callable, Iterator
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
+from app.gui.document_jobs import DocumentAttacher
 from engine.catalog import resolve_model
 from engine.errors import FucinaError, HistoryError, StoreError
 from engine.history.store import HistoryStore
@@ -41,6 +42,7 @@ class EngineStatus:
     left_out_turns: int = 0          # oldest turns the context policy leaves out of the prompt
     spec_tokens_per_step: float | None = None  # the last reply's, when it decoded speculatively
     spec_acceptance: float | None = None       # accepted share of its drafted tokens (None: nothing drafted)
+    attachment_tokens: int = 0       # context positions the attached documents take (counted in context_used)
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,13 @@ class EngineWorker(QObject):
         self._storage_failing = False              # the last write was refused (the UI shows a banner)
         self._unsaved: list[PendingReply] = []     # refused replies of sessions closed since, oldest first
         self.speculation = False                   # decode replies speculatively (the app's preference)
+        self.documents = DocumentAttacher(self)    # attached documents (app.gui.document_jobs)
+        self.documents.fill_changed.connect(self._emit_status)
+
+    @property
+    def new_chat_settings(self) -> dict:
+        """The settings the new chat on screen will be created with."""
+        return self._pending_settings
 
     @property
     def store(self) -> HistoryStore:
@@ -131,19 +140,22 @@ class EngineWorker(QObject):
     @Slot(object)
     def open_conversation(self, conversation_id: str | None) -> None:
         self._close_session()
+        self.documents.forget_new_chat()
         self._conversation_id, self._pending_settings = conversation_id, {}
         self._open_session()
 
     def _open_session(self) -> None:
         if self.model is None:
             return
-        if self._conversation_id is not None:
-            try:
+        try:
+            attachments = self.documents.serve(self._conversation_id)
+            if self._conversation_id is not None:
                 self.session = ChatSession.open(self.store, self.model, self._conversation_id,
-                                                sidecar_dir=self._sidecar_dir, speculation=self.speculation)
-            except FucinaError as e:
-                self._report(e)
-                return
+                                                sidecar_dir=self._sidecar_dir, speculation=self.speculation,
+                                                attachments=attachments)
+        except FucinaError as e:
+            self._report(e)
+            return
         self.conversation_ready.emit(self._conversation_id)
         self._emit_status()
 
@@ -165,8 +177,10 @@ class EngineWorker(QObject):
         """The open conversation; a new chat becomes a stored conversation with its first message."""
         if self.model is not None and self.session is None and self._conversation_id is None:
             self.session = ChatSession.open(self.store, self.model, None, sidecar_dir=self._sidecar_dir,
-                                            speculation=self.speculation, **self._pending_settings)
+                                            speculation=self.speculation, **self._pending_settings,
+                                            attachments=self.documents.new_chat_cartridges())
             self._conversation_id, self._pending_settings = self.session.id, {}
+            self.documents.record(self.session.id)
             self.conversation_created.emit(self.session.id, turn)
         return self._session()
 
@@ -318,15 +332,18 @@ class EngineWorker(QObject):
 
     def _emit_status(self) -> None:
         s = self.session
-        if s is None:
-            self.status_changed.emit(EngineStatus())
+        if s is None:  # a new chat: only the documents attached to it so far
+            tokens, context = self.documents.new_chat_fill()
+            self.status_changed.emit(EngineStatus(tokens, context, attachment_tokens=tokens) if tokens
+                                     else EngineStatus())
             return
         turn = s.last_turn
         stats = turn.stats if turn is not None else None
         used, left_out = s.branch_fill()
         spec = stats and stats.spec
         self.status_changed.emit(EngineStatus(
-            context_used=used, context_size=s.context_size, resumed_positions=s.resumed_positions,
+            context_used=used + s.convo.prefix_rows, attachment_tokens=s.convo.prefix_rows,
+            context_size=s.context_size, resumed_positions=s.resumed_positions,
             ttft_ms=stats and stats.ttft_ms, decode_tps=stats and stats.decode_tps,
             reused_tokens=stats.reused_tokens if stats else 0, prefilled_tokens=stats.prefilled_tokens if stats else 0,
             finish_reason=turn and turn.finish_reason, left_out_turns=left_out,

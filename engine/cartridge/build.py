@@ -58,7 +58,7 @@ def build(model: Transformer, tokenizer: Tokenizer, template, document: Document
     if on_progress is not None:
         on_progress(len(ids), len(ids))
     return Cartridge.from_cache(cache, ids, fingerprint or model_fingerprint(model.file), document.sha256,
-                                document.name)
+                                document.name, os.path.basename(model.file.path))
 
 
 @dataclass
@@ -68,6 +68,25 @@ class Attached:
     built: bool  # False: loaded from disk, no prefill
     refused: str | None = None  # why a stored file was not used (then it was built again)
     seconds: float = 0.0
+    document: Document | None = None  # what was read (None: loaded by its hash, the file not read)
+
+
+def load_stored(model: Transformer, document: str, dtype: KvDtype | str = KvDtype.F16, *,
+                directory: str | os.PathLike | None = None) -> tuple[Cartridge | None, str | None]:
+    """The stored cartridge of a document (the SHA-256 of its text) for this model and cache type, marked as
+    used now (the library evicts the least recently used), and None when there is none; a file that is
+    damaged or foreign is refused: (None, why)."""
+    dtype = KvDtype(dtype)
+    fingerprint = model_fingerprint(model.file)
+    path = store.path_for(cartridge_id(document, fingerprint, dtype), directory)
+    if not os.path.exists(path):
+        return None, None
+    try:
+        cart = store.load(path, model.new_cache(1, dtype), fingerprint)
+    except CartridgeRefused as e:
+        return None, str(e)
+    os.utime(path)
+    return cart, None
 
 
 def attach(model: Transformer, tokenizer: Tokenizer, template, document: Document,
@@ -78,19 +97,10 @@ def attach(model: Transformer, tokenizer: Tokenizer, template, document: Documen
     built and stored (a damaged or foreign file is replaced), the least recently used others evicted to
     keep the folder within `disk_budget` bytes."""
     start = time.perf_counter()
-    dtype = KvDtype(dtype)
-    fingerprint = model_fingerprint(model.file)
-    path = store.path_for(cartridge_id(document.sha256, fingerprint, dtype), directory)
-    refused = None
-    if os.path.exists(path):
-        try:
-            cart = store.load(path, model.new_cache(1, dtype), fingerprint)
-            os.utime(path)  # used now (the library evicts the least recently used)
-            return Attached(cart, path, False, None, time.perf_counter() - start)
-        except CartridgeRefused as e:
-            refused = str(e)
-    cart = build(model, tokenizer, template, document, dtype, fingerprint=fingerprint, on_progress=on_progress,
-                 cancel=cancel)
+    cart, refused = load_stored(model, document.sha256, dtype, directory=directory)
+    if cart is not None:
+        return Attached(cart, store.path_for(cart.id, directory), False, None, time.perf_counter() - start, document)
+    cart = build(model, tokenizer, template, document, dtype, on_progress=on_progress, cancel=cancel)
     path = store.save(cart, directory)
     store.evict(disk_budget, directory, keep=path)
-    return Attached(cart, path, True, refused, time.perf_counter() - start)
+    return Attached(cart, path, True, refused, time.perf_counter() - start, document)

@@ -34,15 +34,17 @@ class Cartridge:
     document: str  # SHA-256 (hex) of the document's text
     head_dims: tuple[int, ...]  # per layer (a q8_0 row's width is in blocks, not elements)
     name: str = ""  # the document's file name
+    model: str = ""  # the model file's name, for the library's list (the fingerprint is what is checked)
 
     @classmethod
     def from_cache(cls, cache: KvCache, tokens: Sequence[int], fingerprint: bytes, document: str,
-                   name: str = "") -> "Cartridge":
+                   name: str = "", model: str = "") -> "Cartridge":
         """The rows [0, cache.len) of a cache that a prefill of `tokens` filled."""
         if len(tokens) != cache.len:
             raise ValueError(f"{len(tokens)} tokens do not describe the cache's {cache.len} rows")
         return cls([k[: cache.len].copy() for k in cache.k], [v[: cache.len].copy() for v in cache.v],
-                   cache.dtype, np.asarray(tokens, dtype=np.int64), fingerprint, document, cache.head_dims, name)
+                   cache.dtype, np.asarray(tokens, dtype=np.int64), fingerprint, document, cache.head_dims, name,
+                   model)
 
     @property
     def rows(self) -> int:

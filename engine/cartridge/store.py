@@ -54,7 +54,7 @@ def save(cart: Cartridge, directory: str | os.PathLike | None = None) -> Path:
     tensors["draft_reference"] = cart.draft_reference.astype(np.int64)
     metadata = {"format": FORMAT, "fingerprint": cart.fingerprint.hex(), "kv_dtype": cart.dtype.value,
                 "kv_heads": json.dumps([k.shape[1] for k in cart.k]), "head_dims": json.dumps(list(cart.head_dims)),
-                "rows": str(cart.rows), "document": cart.document, "name": cart.name,
+                "rows": str(cart.rows), "document": cart.document, "name": cart.name, "model": cart.model,
                 "crc32": str(_crc(tensors))}
     data = safetensors.numpy.save(tensors, metadata)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -102,7 +102,7 @@ def load(path: str | os.PathLike, like: KvCache, fingerprint: bytes) -> Cartridg
     if meta.get("crc32") != str(_crc(tensors)):
         raise CartridgeRefused(f"the cartridge {path} is damaged (its rows fail their checksum)")
     return Cartridge(k, v, like.dtype, tokens, fingerprint, meta.get("document", ""), like.head_dims,
-                     meta.get("name", ""))
+                     meta.get("name", ""), meta.get("model", ""))
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,7 @@ class StoredCartridge:
     fingerprint: str
     bytes: int
     used_at: float  # last built or attached (the file's modification time)
+    model: str = ""  # the model file's name ("" in files saved before it was recorded)
 
 
 def stored(directory: str | os.PathLike | None = None) -> list[StoredCartridge]:
@@ -129,8 +130,17 @@ def stored(directory: str | os.PathLike | None = None) -> list[StoredCartridge]:
         except (OSError, CartridgeRefused):
             continue
         out.append(StoredCartridge(path.name[: -len(SUFFIX)], path, meta.get("name", ""), int(meta.get("rows", 0)),
-                                   meta.get("kv_dtype", ""), meta.get("fingerprint", ""), st.st_size, st.st_mtime))
+                                   meta.get("kv_dtype", ""), meta.get("fingerprint", ""), st.st_size, st.st_mtime,
+                                   meta.get("model", "")))
     return sorted(out, key=lambda c: -c.used_at)
+
+
+def delete(cartridge: StoredCartridge) -> None:
+    """Remove a stored cartridge (its document is read again when it is attached next)."""
+    try:
+        cartridge.path.unlink(missing_ok=True)
+    except OSError as e:
+        raise storage_error(e, cartridge.path) from e
 
 
 def evict(budget_bytes: int, directory: str | os.PathLike | None = None, *, keep: Path | None = None) -> list[Path]:

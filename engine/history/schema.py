@@ -45,5 +45,16 @@ def _schema_v1(db: sqlite_utils.Database) -> None:
         db["messages"].enable_fts(["content"], create_triggers=True)
 
 
+def _schema_v2(db: sqlite_utils.Database) -> None:
+    # An attachment names its document by the SHA-256 of its text (what its cartridge is stored under, so a
+    # reopened chat loads the same rows without reading the file) and its tokens. Rows from before have
+    # NULLs: their file is read again. Columns checked first: a crash between ALTER and the version row
+    # re-runs this.
+    columns = {c.name for c in db["attachments"].columns}
+    for column, kind in (("document", "TEXT"), ("tokens", "INTEGER")):
+        if column not in columns:
+            db.execute(f"ALTER TABLE attachments ADD COLUMN {column} {kind}")
+
+
 # Applied in order on open; the list index + 1 is the schema version. Append, never edit.
-MIGRATIONS = [_schema_v1]
+MIGRATIONS = [_schema_v1, _schema_v2]

@@ -249,17 +249,36 @@ class HistoryStore:
 
     # -- attachments --
 
-    def add_attachment(self, conversation_id: str, name: str, kind: str, path: str) -> str:
+    def add_attachment(self, conversation_id: str, name: str, kind: str, path: str, document: str | None = None,
+                       tokens: int | None = None) -> str:
+        """`document`: the SHA-256 (hex) of the text read from `path`, which names its cartridge."""
         aid = _new_id()
         with self._tx() as conn:
             self._update_conversation(conversation_id)
-            conn.execute("INSERT INTO attachments VALUES (?, ?, ?, ?, ?, ?)",
-                         (aid, conversation_id, name, kind, str(path), _now()))
+            conn.execute("INSERT INTO attachments (id, conversation_id, name, kind, path, created_at, document, tokens)"
+                         " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                         (aid, conversation_id, name, kind, str(path), _now(), document, tokens))
         return aid
 
     def attachments(self, conversation_id: str) -> list[dict]:
+        """In the order they were attached (the order their cartridges are composed in)."""
         return list(self.db.query("SELECT * FROM attachments WHERE conversation_id = ? ORDER BY created_at, rowid",
                                   [conversation_id]))
+
+    def update_attachment(self, attachment_id: str, *, document: str, tokens: int) -> None:
+        """Its file was read again (it changed since it was attached)."""
+        with self._tx() as conn:
+            if not conn.execute("UPDATE attachments SET document = ?, tokens = ? WHERE id = ?",
+                                (document, tokens, attachment_id)).rowcount:
+                raise HistoryError(f"no attachment {attachment_id!r} in {self.path}")
+
+    def remove_attachment(self, attachment_id: str) -> None:
+        with self._tx() as conn:
+            row = conn.execute("SELECT conversation_id FROM attachments WHERE id = ?", (attachment_id,)).fetchone()
+            if row is None:
+                raise HistoryError(f"no attachment {attachment_id!r} in {self.path}")
+            conn.execute("DELETE FROM attachments WHERE id = ?", (attachment_id,))
+            self._update_conversation(row[0])
 
     # -- search --
 

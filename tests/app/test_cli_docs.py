@@ -13,17 +13,9 @@ from app.cli import main as fucina
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory):
     """A tiny random model carrying the byte-level ChatML tokenizer, with a 4096-token context."""
-    from gguf import GGUFValueType as V
+    from tests.engine.chat.conftest import write_tiny_chatml_model
 
-    from tests.engine.chat.conftest import byte_level_chatml_metadata
-    from tests.synthetic import write_tiny_model
-
-    kinds = {str: V.STRING, bool: V.BOOL, int: V.UINT32, list: V.ARRAY}
-    metadata = {k: (v, kinds[type(v)]) for k, v in byte_level_chatml_metadata().items()}
-    metadata["llama.context_length"] = (4096, V.UINT32)
-    path = tmp_path_factory.mktemp("docs") / "tiny.gguf"
-    write_tiny_model(path, "llama", vocab=len(metadata["tokenizer.ggml.tokens"][0]), metadata=metadata)
-    return str(path)
+    return str(write_tiny_chatml_model(tmp_path_factory.mktemp("docs") / "tiny.gguf", 4096))
 
 
 @pytest.fixture
@@ -55,21 +47,36 @@ def test_a_document_is_read_once_then_loaded_and_listed_and_removed(tiny_gguf, h
     assert (rebuilt["ids"], rebuilt["prompt_ids"]) == (first["ids"], first["prompt_ids"])  # load == build
 
 
-def test_a_stored_chat_reopens_warm_behind_the_same_attachments_only(tiny_gguf, home, tmp_path, monkeypatch,
-                                                                     capsys):
+def test_a_stored_chat_reopens_warm_behind_its_recorded_documents(tiny_gguf, home, tmp_path, monkeypatch, capsys):
     import re
 
     doc = tmp_path / "notes.txt"
     doc.write_text("Thursday at noon.")
 
-    def chat(conversation, *attach):
-        monkeypatch.setattr(sys, "stdin", io.StringIO("hi\n"))
-        assert fucina(["chat", tiny_gguf, "--max-tokens", "3", "--conversation", conversation, *attach]) == 0
-        return capsys.readouterr().err
+    def chat(conversation, *flags, lines="hi\n", code=0):
+        monkeypatch.setattr(sys, "stdin", io.StringIO(lines))
+        assert fucina(["chat", tiny_gguf, "--max-tokens", "3", "--temp", "0", "--conversation", conversation,
+                       *flags]) == code
+        return capsys.readouterr()
 
-    conversation = re.search(r"\(conversation (\w+):", chat("new", "--attach", str(doc))).group(1)
-    assert "resumed" in chat(conversation, "--attach", str(doc))
-    assert "resumed" not in chat(conversation)  # without the document its prefix is not this chat's
+    uninterrupted = chat("new", "--attach", str(doc), lines="hi\nmore\n").out
+    first = chat("new", "--attach", str(doc))
+    conversation = re.search(r"\(conversation (\w+):", first.err).group(1)
+    reopened = chat(conversation, lines="more\n")  # its document is stored with it: no --attach
+    assert "resumed" in reopened.err and "attached notes.txt" in reopened.err
+    assert first.out + reopened.out == uninterrupted  # the reopened chat goes on as the uninterrupted one
+    assert "resumed" in chat(conversation, "--attach", str(doc)).err  # naming the same document again is fine
+    other = tmp_path / "other.txt"
+    other.write_text("Friday.")
+    refused = chat(conversation, "--attach", str(other), code=2).err
+    assert "already has turns" in refused and "--conversation new --attach" in refused
+    restarted = re.search(r"\(new conversation (\w+)\)", chat(conversation, lines="/reset\n").err).group(1)
+    assert "attached notes.txt" in chat(restarted).err  # starting over keeps the chat's documents
+    for path in (home / "cartridges").glob("*"):
+        path.unlink()
+    doc.unlink()
+    gone = chat(conversation).err  # the document cannot come back: said, and the chat goes on without it
+    assert "warning: notes.txt was left out" in gone and "resumed" not in gone
 
 
 def test_a_damaged_cartridge_is_reported_and_read_again(tiny_gguf, home, tmp_path, capsys):

@@ -56,6 +56,8 @@ def test_status_line_says_warm_or_cold():
                         reused_tokens=120, prefilled_tokens=9)
     assert describe(turn) == ("context 150 / 4,096  ·  first token 42 ms  ·  55.5 tok/s  ·  "
                               "warm: 120 reused, 9 prefilled")
+    behind = EngineStatus(context_used=900, context_size=4096, attachment_tokens=850)
+    assert describe(behind) == "context 900 / 4,096 (850 in documents)  ·  cold start"
 
 
 def test_status_line_says_what_the_context_leaves_out_and_how_far_a_long_prompt_is_read():

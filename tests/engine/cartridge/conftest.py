@@ -47,15 +47,7 @@ def cartridges(tmp_path, monkeypatch):
 def tiny_chat_file_model(tmp_path_factory):
     """A tiny random model carrying the byte-level ChatML tokenizer in its GGUF (the session layer reads
     both from the file), with a 4096-token context."""
-    from gguf import GGUFValueType as V
-
     from engine.models import load_model
-    from tests.engine.chat.conftest import byte_level_chatml_metadata
-    from tests.synthetic import write_tiny_model
+    from tests.engine.chat.conftest import write_tiny_chatml_model
 
-    kinds = {str: V.STRING, bool: V.BOOL, int: V.UINT32, list: V.ARRAY}
-    metadata = {k: (v, kinds[type(v)]) for k, v in byte_level_chatml_metadata().items()}
-    metadata["llama.context_length"] = (4096, V.UINT32)
-    path = tmp_path_factory.mktemp("cartridge") / "tiny-chatml.gguf"
-    write_tiny_model(path, "llama", vocab=len(metadata["tokenizer.ggml.tokens"][0]), metadata=metadata)
-    return load_model(path)
+    return load_model(write_tiny_chatml_model(tmp_path_factory.mktemp("cartridge") / "tiny-chatml.gguf", 4096))

@@ -48,20 +48,27 @@ def byte_level_chatml_metadata() -> dict:
     }
 
 
-@pytest.fixture(scope="session")
-def tiny_chat_model(tmp_path_factory):
-    """A tiny random llama-family model that carries the byte-level ChatML tokenizer in its GGUF (so the
-    session layer, which reads both from the file, runs on it); ChatML is the llama family's format."""
+def write_tiny_chatml_model(path, context_length: int | None = None):
+    """A tiny random llama-family GGUF that carries the byte-level ChatML tokenizer (so the session layer,
+    which reads both from the file, runs on it); ChatML is the llama family's format."""
     from gguf import GGUFValueType as V
 
-    from engine.models import load_model
     from tests.synthetic import write_tiny_model
 
     kinds = {str: V.STRING, bool: V.BOOL, int: V.UINT32, list: V.ARRAY}
     metadata = {k: (v, kinds[type(v)]) for k, v in byte_level_chatml_metadata().items()}
-    path = tmp_path_factory.mktemp("chat") / "tiny-chatml.gguf"
+    if context_length is not None:
+        metadata["llama.context_length"] = (context_length, V.UINT32)
     write_tiny_model(path, "llama", vocab=len(metadata["tokenizer.ggml.tokens"][0]), metadata=metadata)
-    return load_model(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_model(tmp_path_factory):
+    """A tiny random model carrying the byte-level ChatML tokenizer in its GGUF."""
+    from engine.models import load_model
+
+    return load_model(write_tiny_chatml_model(tmp_path_factory.mktemp("chat") / "tiny-chatml.gguf"))
 
 
 class Script(LogitProcessor):

@@ -11,6 +11,7 @@ import pytest
 
 from engine.errors import FucinaError
 from engine.history import HistoryError, HistoryStore
+from engine.history.schema import MIGRATIONS
 
 
 @pytest.fixture
@@ -166,14 +167,37 @@ def test_import_rejects_malformed_input(store, mutate, match):
 def test_migrations_recorded_and_reopen_idempotent(tmp_path):
     path = tmp_path / "h.db"
     with HistoryStore(path) as s:
-        assert s.schema_version == 1
+        assert s.schema_version == len(MIGRATIONS)
         cid = s.create_conversation("m")
         s.add_message(cid, "user", "kept")
         assert s.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     with HistoryStore(path) as s:
-        assert s.db.execute("SELECT COUNT(*) FROM schema_version").fetchone()[0] == 1
+        assert s.db.execute("SELECT COUNT(*) FROM schema_version").fetchone()[0] == len(MIGRATIONS)
         assert [m["content"] for m in s.active_branch(cid)] == ["kept"]
         assert s.db.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+
+
+def test_a_version_1_database_keeps_its_attachments_and_gains_their_document_columns(tmp_path, monkeypatch):
+    import engine.history.store as history_store
+
+    path = tmp_path / "h.db"
+    monkeypatch.setattr(history_store, "MIGRATIONS", MIGRATIONS[:1])
+    with HistoryStore(path) as s:
+        cid = s.create_conversation("m")
+        s.db.execute("INSERT INTO attachments VALUES ('a', ?, 'notes.txt', 'text', 'notes.txt', '2000-01-01T00:00:00+00:00')", [cid])
+        s.db.conn.commit()
+    monkeypatch.undo()
+    with HistoryStore(path) as s:
+        assert s.schema_version == 2
+        [row] = s.attachments(cid)
+        assert (row["name"], row["document"], row["tokens"]) == ("notes.txt", None, None)  # read again on reopen
+        s.update_attachment("a", document="ab" * 32, tokens=40)
+        s.add_attachment(cid, "b.md", "text", "b.md", "cd" * 32, 7)
+        assert [(r["name"], r["tokens"]) for r in s.attachments(cid)] == [("notes.txt", 40), ("b.md", 7)]
+        s.remove_attachment("a")
+        assert [r["name"] for r in s.attachments(cid)] == ["b.md"]
+        with pytest.raises(HistoryError):
+            s.remove_attachment("a")
 
 
 def test_default_path_honours_fucina_home(tmp_path, monkeypatch):
