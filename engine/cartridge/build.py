@@ -68,6 +68,7 @@ class Attached:
     built: bool  # False: loaded from disk, no prefill
     refused: str | None = None  # why a stored file was not used (then it was built again)
     seconds: float = 0.0
+    chunk: int | None = None  # which chunk of a fleet (engine.cartridge.fleet) it serves, when it is one
 
 
 def attach(model: Transformer, tokenizer: Tokenizer, template, document: Document,
