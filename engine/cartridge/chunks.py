@@ -1,8 +1,9 @@
 """Cutting a document too long for one cartridge into chunks of at most a token budget each.
 
 Cuts fall on paragraph boundaries (blank lines) where a chunk can hold whole paragraphs, else on line
-boundaries, else between words; only a single word over the budget is cut inside (by characters). The
-chunks, joined, are exactly the text, so nothing of the document is lost or doubled.
+boundaries, else between words; only a single word over the budget is cut inside (by characters). A
+heading stays with the paragraph after it. The chunks, joined, are exactly the text, so nothing of the
+document is lost or doubled.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from engine.tokenize import Tokenizer
 _LEVELS = (re.compile(r".*?(?:\n[ \t]*\n\s*|\Z)", re.S),  # paragraphs
            re.compile(r".*?(?:\n|\Z)", re.S),  # lines
            re.compile(r"\S*\s*"))  # words
+_TITLE_CHARS = 80
+_ENDS = (".", "!", "?", ":", ";", ",", '"', "'", ")")
 
 
 def split_text(text: str, tokenizer: Tokenizer, budget: int) -> list[str]:
@@ -58,11 +61,31 @@ def _pieces(text: str, count, budget: int, level: int):
         yield from _by_characters(text, count, budget)
         return
     parts = [m.group(0) for m in _LEVELS[level].finditer(text) if m.group(0)]
+    if level == 0:
+        parts = _headings_joined(parts)
     if len(parts) == 1:  # nothing to cut at this level
         yield from _pieces(text, count, budget, level + 1)
         return
     for part in parts:
         yield from _pieces(part, count, budget, level + 1)
+
+
+def _headings_joined(paragraphs: list[str]) -> list[str]:
+    """A heading belongs to the paragraph after it: a chunk should not end on the title of what the next
+    one is about."""
+    out: list[str] = []
+    for p in paragraphs:
+        if out and _is_heading(out[-1]):
+            out[-1] += p
+        else:
+            out.append(p)
+    return out
+
+
+def _is_heading(paragraph: str) -> bool:
+    """A Markdown heading, or one short line that does not end a sentence (a plain-text title)."""
+    line = paragraph.strip()
+    return "\n" not in line and (line.startswith("#") or (len(line) <= _TITLE_CHARS and not line.endswith(_ENDS)))
 
 
 def _by_characters(text: str, count, budget: int):

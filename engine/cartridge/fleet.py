@@ -114,12 +114,15 @@ class FleetDocument:
         return Path(self.directory or store.cartridge_dir()) / (
             f"{key[:16]}-{fingerprint.hex()[:12]}-{self.dtype.value}.index{store.SUFFIX}")
 
-    def chosen(self, question: str) -> list[int]:
-        """The chunks served for `question`: the most similar first while they fit the budget (at most
-        `per_answer`; the best one always fits, chunks being cut to a share of it), in document order."""
-        query = embed(self.model, self.tokenizer.encode(question, add_special=True), self.dtype)
+    def ranked(self, question: str) -> list[int]:
+        """Every chunk's index, the most similar to `question` first."""
+        return self.index.ranking(embed(self.model, self.tokenizer.encode(question, add_special=True), self.dtype))
+
+    def fitting(self, ranking: list[int]) -> list[int]:
+        """The chunks served for a ranking: the best first while they fit the budget (at most `per_answer`;
+        the best one always fits, chunks being cut to a share of it), in document order."""
         picked, used = [], 0
-        for i in self.index.ranking(query):
+        for i in ranking:
             if len(picked) == self.per_answer:
                 break
             if used + self.rows[i] <= self.budget:
@@ -128,8 +131,12 @@ class FleetDocument:
         return sorted(picked)
 
     def select(self, question: str) -> list[Attached]:
-        """The chosen chunks' cartridges for `question`, in document order (loaded; built again when one was
-        evicted or damaged since the fleet was opened)."""
+        """The cartridges of the chunks served for `question`, in document order."""
+        return self.serve(self.fitting(self.ranked(question)))
+
+    def serve(self, chunks: list[int]) -> list[Attached]:
+        """These chunks' cartridges, loaded (built again when one was evicted or damaged since the fleet was
+        opened)."""
         return [replace(attach(self.model, self.tokenizer, self.template, self.chunks[i], self.dtype,
                                directory=self.directory, disk_budget=self.disk_budget), chunk=i)
-                for i in self.chosen(question)]
+                for i in chunks]

@@ -2,6 +2,8 @@
 index on disk, the cosine ranking, and a fleet answer's prefix against the real prefill of its chunks."""
 
 import os
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -40,6 +42,14 @@ def test_a_split_cuts_at_paragraphs_when_they_fit(tiny):
     long_line = next(i for i, c in enumerate(chunks) if "A long line" in c)
     assert long_line > 10 and all(c.endswith("\n\n") for c in chunks[:long_line])
     assert any(c.endswith("of ") for c in chunks[long_line:])  # a line over the budget is cut between words
+
+
+def test_a_heading_starts_the_chunk_of_its_paragraph(tiny):
+    _, tok = tiny
+    text = "".join(f"## Topic {i}\n\nThe body of topic {i} has one long sentence of words in it.\n\n" for i in range(8))
+    chunks = split_text(text, tok, 150)  # room for two topics, or one and the next heading
+    assert "".join(chunks) == text and len(chunks) == 4
+    assert all(c.startswith("## Topic") and c.rstrip().endswith("in it.") for c in chunks)
 
 
 def test_a_budget_below_one_token_is_refused(tiny):
@@ -99,69 +109,91 @@ def test_an_index_saved_and_loaded_is_bitwise_and_refused_for_another_model_or_s
         chunk_index.load(path, identity)
 
 
-def open_fleet(tiny, directory, budget=900, **kw):
+SHELVES = Document("shelves.txt", "text", TEXT.split("Section 20.")[0])  # ~1,800 tokens: a dozen chunks
+BUDGET = 900
+
+
+def open_fleet(tiny, directory, budget=BUDGET, **kw):
     model, tok = tiny
-    return FleetDocument.open(model, tok, CHATML, BIG, budget, directory=directory, **kw)
+    return FleetDocument.open(model, tok, CHATML, SHELVES, budget, directory=directory, **kw)
 
 
-def test_a_fleet_serves_the_best_chunks_that_fit_in_document_order(tiny, tmp_path):
-    fleet = open_fleet(tiny, tmp_path)
+@pytest.fixture(scope="module")
+def built(tiny_models, tmp_path_factory):
+    """A folder holding SHELVES's fleet, read once for the module; copy it before changing it."""
+    directory = tmp_path_factory.mktemp("fleet")
+    open_fleet(tiny_models(), directory)
+    return directory
+
+
+@pytest.fixture
+def fleet_dir(built, tmp_path):
+    return Path(shutil.copytree(built, tmp_path / "fleet"))
+
+
+def test_a_fleet_serves_the_best_chunks_that_fit_in_document_order(tiny, built):
+    fleet = open_fleet(tiny, built)
     assert len(fleet.chunks) > 3
-    assert "".join(c.text for c in fleet.chunks) == TEXT.strip()
+    assert "".join(c.text for c in fleet.chunks) == SHELVES.text.strip()
     served = fleet.select("How many jars of honey are on shelf 12.3?")
     assert 1 <= len(served) <= 3
     assert [a.chunk for a in served] == sorted(a.chunk for a in served)
-    assert sum(a.cartridge.rows for a in served) <= 900
+    assert sum(a.cartridge.rows for a in served) <= BUDGET
     assert all(not a.built for a in served)  # built when the fleet was opened, loaded now
     for a in served:
         assert a.cartridge.draft_reference.tolist() == prefix_ids(tiny[1], CHATML, fleet.chunks[a.chunk])
 
 
-def test_a_fleet_answers_prefix_is_bitwise_the_real_prefill_of_its_chunks(tiny, tmp_path):
+def test_a_fleet_answers_prefix_is_bitwise_the_real_prefill_of_its_chunks(tiny, built):
     model, tok = tiny
-    fleet = open_fleet(tiny, tmp_path)
-    served = [a.cartridge for a in fleet.select("What is on shelf 7.2?")]
+    fleet = open_fleet(tiny, built)
+    served = fleet.select("What is on shelf 7.2?")
     question = tok.encode("<|im_start|>user\nWhat is on shelf 7.2?<|im_end|>\n<|im_start|>assistant\n",
                           add_special=False)
-    rows = sum(c.rows for c in served)
+    rows = sum(a.cartridge.rows for a in served)
     cache = model.new_cache(rows + len(question))
-    write_composed(served, cache)
+    write_composed([a.cartridge for a in served], cache)
     direct = model.new_cache(rows + len(question))
-    for c in served:  # each chunk prefilled on its own, from position 0, then placed after the ones before it
-        own = model.new_cache(c.rows)
-        ids = prefix_ids(tok, CHATML, fleet.chunks[[a.name for a in fleet.chunks].index(c.name)])
+    for a in served:  # each chunk prefilled on its own, from position 0, then placed after the ones before it
+        ids = prefix_ids(tok, CHATML, fleet.chunks[a.chunk])
+        own = model.new_cache(len(ids))
         for s in range(0, len(ids), UBATCH):
             model.forward(ids[s: s + UBATCH], own)
         for dst, src in zip(direct.k + direct.v, own.k + own.v):
-            dst[direct.len: direct.len + c.rows] = src[: c.rows]
-        direct.len += c.rows
+            dst[direct.len: direct.len + own.len] = src[: own.len]
+        direct.len += own.len
     np.testing.assert_array_equal(model.forward_all(question, cache), model.forward_all(question, direct))
 
 
-def test_a_reopened_fleet_reads_nothing_again_and_a_foreign_index_is_rebuilt(tiny, tmp_path):
-    first = open_fleet(tiny, tmp_path)
-    [index_file] = tmp_path.glob("*.index.safetensors")
+def test_a_reopened_fleet_reads_nothing_again_and_a_foreign_index_is_rebuilt(tiny, fleet_dir):
     seen = []
-    again = open_fleet(tiny, tmp_path, on_progress=lambda done, total: seen.append(total))
+    first = open_fleet(tiny, fleet_dir, on_progress=lambda done, total: seen.append(total))
     assert set(seen) == {0}  # neither a chunk nor an embedding to compute
-    assert again.index.vectors.tobytes() == first.index.vectors.tobytes()
+    [index_file] = fleet_dir.glob("*.index.safetensors")
     index_file.write_bytes(b"not an index")
-    rebuilt = open_fleet(tiny, tmp_path)
+    rebuilt = open_fleet(tiny, fleet_dir)
     assert rebuilt.index.vectors.tobytes() == first.index.vectors.tobytes()
     assert chunk_index.load(index_file, {k: getattr(first.index, k) for k in
                                          ("fingerprint", "kv_dtype", "document", "chunk_budget", "chunks")})
 
 
-def test_an_evicted_chunk_is_read_again_when_it_is_selected(tiny, tmp_path):
-    fleet = open_fleet(tiny, tmp_path)
-    question = "What is on shelf 3.1?"
-    for path in tmp_path.glob("*.safetensors"):
+def test_an_evicted_chunk_is_read_again_when_it_is_selected(tiny, fleet_dir):
+    fleet = open_fleet(tiny, fleet_dir)
+    for path in fleet_dir.glob("*.safetensors"):
         if ".index." not in path.name:
             os.unlink(path)
-    served = fleet.select(question)
+    served = fleet.select("What is on shelf 3.1?")
     assert served and all(a.built for a in served)
 
 
 def test_a_budget_too_small_for_parts_is_a_clear_error(tiny, tmp_path):
     with pytest.raises(DocumentTooLong, match="too small"):
         open_fleet(tiny, tmp_path, budget=300)
+
+
+def test_the_served_chunks_are_the_best_that_fit_the_budget_at_most_per_answer_in_document_order():
+    fleet = FleetDocument(document=BIG, chunks=[], rows=[500, 500, 200, 100, 50], index=None, budget=900,
+                          per_answer=3, model=None, tokenizer=None, template=CHATML, dtype=None, directory=None,
+                          disk_budget=0)
+    assert fleet.fitting([1, 0, 3, 2, 4]) == [1, 2, 3]  # 1, not 0 (it no longer fits), 3, 2; then three
+    assert fleet.fitting([4, 3]) == [3, 4]
