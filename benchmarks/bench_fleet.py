@@ -1,6 +1,6 @@
 """A document larger than the context, served as a fleet of chunk cartridges: retrieval and answers.
 
-    python benchmarks/bench_fleet.py [--model qwen2.5-coder-0.5b-instruct] [--ctx 640] [--budget 384]
+    python benchmarks/bench_fleet.py [--model smollm2-135m-instruct] [--ctx 640] [--budget 480]
 
 The document is benchmarks/fleet_document.json's guide to an invented town (one section per topic, about
 3x a 640-token context on the starter models), opened as a FleetDocument for a prefix budget of --budget
@@ -56,9 +56,12 @@ def answer_chunk(fleet: FleetDocument, section: dict) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
+    parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--ctx", type=int, default=640, help="the chat's context (default 640)")
-    parser.add_argument("--budget", type=int, default=384, help="prefix tokens the served chunks may take")
+    parser.add_argument("--budget", type=int, default=480, help="prefix tokens the served chunks may take (default 480)")
+    parser.add_argument("--dir", default=None, help="the cartridge folder (default: a new temporary one, so "
+                                                    "the fleet is read from scratch)")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N questions")
     args = parser.parse_args()
     workload = json.loads(WORKLOAD.read_text())
     sections = workload["sections"]
@@ -68,10 +71,10 @@ def main() -> int:
     tok = load_tokenizer(model.file.metadata)
     template = template_for_model(model.file.metadata, tok)
     t0 = time.perf_counter()
-    fleet = FleetDocument.open(model, tok, template, document, args.budget, directory=tempfile.mkdtemp())
+    fleet = FleetDocument.open(model, tok, template, document, args.budget, directory=args.dir or tempfile.mkdtemp())
     open_s = time.perf_counter() - t0
     rows = []
-    for s in sections:
+    for s in sections[: args.limit]:
         want = answer_chunk(fleet, s)
         ranking = fleet.ranked(s["question"])
         served = fleet.fitting(ranking)
