@@ -94,7 +94,8 @@ def run_add(args) -> int:
     from app.cli_eval import open_model  # not at the top: cli_eval imports this module
 
     model = open_model(args)
-    for result in attach_documents(model, args.files, args.kv, budget=args.doc_budget or model.args.context_length // 2):
+    budget = args.doc_budget or model.args.context_length // 2
+    for result in attach_documents(model, args.files, args.kv, budget=budget):
         print(describe(result))
     return 0
 

@@ -58,7 +58,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--ctx", type=int, default=640, help="the chat's context (default 640)")
-    parser.add_argument("--budget", type=int, default=480, help="prefix tokens the served chunks may take (default 480)")
+    parser.add_argument("--budget", type=int, default=480,
+                        help="prefix tokens the served chunks may take (default 480)")
     parser.add_argument("--dir", default=None, help="the cartridge folder (default: a new temporary one, so "
                                                     "the fleet is read from scratch)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N questions")
@@ -92,7 +93,8 @@ def main() -> int:
         "document_tokens": len(tok.encode(document.text, add_special=False)), "chunks": len(fleet.chunks),
         "chunk_rows": [min(fleet.rows), max(fleet.rows)], "open_s": round(open_s, 1), "questions": n,
         "hit_top1": sum(r["top1"] for r in rows), "hit_top3": sum(r["top3"] for r in rows),
-        "hit_served": sum(r["in_served"] for r in rows), "served_per_answer": sum(map(len, (r["served"] for r in rows))) / n,
+        "hit_served": sum(r["in_served"] for r in rows),
+        "served_per_answer": round(sum(len(r["served"]) for r in rows) / n, 2),
         "correct": sum(r["correct"] for r in rows), "oracle_correct": sum(r["oracle_correct"] for r in rows)}))
     return 0
 

@@ -116,6 +116,8 @@ class FleetDocument:
 
     def ranked(self, question: str) -> list[int]:
         """Every chunk's index, the most similar to `question` first."""
+        if not question.strip():
+            raise ValueError("the chunks of a document are chosen by a question; this one is empty")
         return self.index.ranking(embed(self.model, self.tokenizer.encode(question, add_special=True), self.dtype))
 
     def fitting(self, ranking: list[int]) -> list[int]:

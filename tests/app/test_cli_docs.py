@@ -129,7 +129,7 @@ def test_a_real_model_answers_from_the_attached_document_in_a_chat(model_path, h
 
 
 LONG = "".join(f"Room {i} is painted {['red', 'blue', 'green'][i % 3]} and seats {i + 4} people.\n\n"
-               for i in range(60))
+               for i in range(30))
 
 
 def test_a_document_over_the_budget_is_served_by_the_parts_that_fit_and_reports_them(tiny_gguf, home, tmp_path,
