@@ -49,14 +49,15 @@ class TokenProgress:
             self.drawn = False
 
 
-def attach_documents(model, paths, kv: str, *, budget: int,
+def attach_documents(model, paths, kv: str, *, budget: int | None = None,
                      question: Callable[[], str] | None = None) -> list[Attached]:
     """Each file's cartridge for the model: loaded when built before, else read with a progress bar. A file
-    longer than `budget` tokens is served as a fleet (engine.cartridge.fleet): the cartridges of its parts
-    that best match the question `question()` gives (asked for only then; without one, the parts are read
-    and none is attached)."""
+    longer than `budget` tokens (default: half the model's context) is served as a fleet
+    (engine.cartridge.fleet): the cartridges of its parts that best match the question `question()` gives
+    (asked for only then; without one, the parts are read and none is attached)."""
     if not paths:
         return []
+    budget = budget or model.args.context_length // 2
     tokenizer = load_tokenizer(model.file.metadata)
     template = template_for_model(model.file.metadata, tokenizer)
     attached = []
@@ -94,8 +95,7 @@ def run_add(args) -> int:
     from app.cli_eval import open_model  # not at the top: cli_eval imports this module
 
     model = open_model(args)
-    budget = args.doc_budget or model.args.context_length // 2
-    for result in attach_documents(model, args.files, args.kv, budget=budget):
+    for result in attach_documents(model, args.files, args.kv, budget=args.doc_budget):
         print(describe(result))
     return 0
 

@@ -152,8 +152,7 @@ def run_generate(args) -> int:
 
 def generate_attached(args, model, grammar) -> int:
     """One chat turn behind the attached documents' cartridges (app.cli_docs)."""
-    attached = attach_documents(model, args.attach, args.kv, budget=args.doc_budget or model.args.context_length // 2,
-                                question=lambda: args.prompt)
+    attached = attach_documents(model, args.attach, args.kv, budget=args.doc_budget, question=lambda: args.prompt)
     prefix = composed_rows([a.cartridge for a in attached])
     tokenizer = load_tokenizer(model.file.metadata)
     # room for the prefix, the question in its template and the reply
