@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -186,8 +187,17 @@ class _StoredChat(_Chat):
 def run_chat(args) -> int:
     grammar = grammar_from_args(args)
     model = open_model(args)
+    interactive = sys.stdin.isatty()
+    lines = _lines(interactive)
+    first = []  # a document served in parts is served by the parts that match the first message
+
+    def first_message() -> str:
+        first.extend(itertools.islice((line for line in lines if line.strip()), 1))
+        return first[0].strip() if first else ""
+
     # a stored chat's cache is f16 (its stored settings have no cache type)
-    attached = attach_documents(model, args.attach, KvDtype.F16 if args.conversation else args.kv)
+    attached = attach_documents(model, args.attach, KvDtype.F16 if args.conversation else args.kv,
+                                budget=args.doc_budget or args.ctx // 2, question=first_message)
     for result in attached:
         print(f"(attached {describe(result)})", file=sys.stderr)
     with contextlib.ExitStack() as stack:
@@ -196,10 +206,9 @@ def run_chat(args) -> int:
             stack.callback(lambda: chat.session.close())
         else:
             chat = _EphemeralChat(model, args, grammar, [a.cartridge for a in attached])
-        interactive = sys.stdin.isatty()
         if interactive:
             print(f"fucina chat · {Path(model.file.path).name} · /help for commands", file=sys.stderr)
-        for line in _lines(interactive):
+        for line in itertools.chain(first, lines):
             text = line.strip()
             if not text:
                 continue

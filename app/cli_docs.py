@@ -6,12 +6,15 @@ data dir; attaching it again loads the cartridge's rows instead of reading the d
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
+from typing import Callable
 
 from engine.cartridge import store
-from engine.cartridge.build import Attached, attach
+from engine.cartridge.build import Attached, attach, prefix_ids
 from engine.cartridge.chat_documents import Restored, restore
+from engine.cartridge.fleet import FleetDocument
 from engine.cartridge.ingest import read_document
 from engine.chat import template_for_model
 from engine.errors import FucinaError
@@ -45,12 +48,18 @@ class TokenProgress:
     def close(self) -> None:
         if self.tty and self.drawn:
             self.stream.write("\n")
+            self.drawn = False
 
 
-def attach_documents(model, paths, kv: str) -> list[Attached]:
-    """Each file's cartridge for the model: loaded when built before, else read with a progress bar."""
+def attach_documents(model, paths, kv: str, *, budget: int | None = None,
+                     question: Callable[[], str] | None = None) -> list[Attached]:
+    """Each file's cartridge for the model: loaded when built before, else read with a progress bar. A file
+    longer than `budget` tokens (default: half the model's context) is served as a fleet
+    (engine.cartridge.fleet): the cartridges of its parts that best match the question `question()` gives
+    (asked for only then; without one, the parts are read and none is attached)."""
     if not paths:
         return []
+    budget = budget or model.args.context_length // 2
     tokenizer = load_tokenizer(model.file.metadata)
     template = template_for_model(model.file.metadata, tokenizer)
     attached = []
@@ -58,12 +67,22 @@ def attach_documents(model, paths, kv: str) -> list[Attached]:
         document = read_document(path)
         progress = TokenProgress(document.name)
         try:
-            result = attach(model, tokenizer, template, document, kv, on_progress=progress)
+            if len(prefix_ids(tokenizer, template, document)) <= budget:
+                results = [attach(model, tokenizer, template, document, kv, on_progress=progress)]
+            else:
+                fleet = FleetDocument.open(model, tokenizer, template, document, budget, kv, on_progress=progress)
+                progress.close()
+                print(f"({document.name} is longer than the {budget} tokens one document may take: read in "
+                      f"{len(fleet.chunks)} parts{'; the parts that match the question are served' * bool(question)})",
+                      file=sys.stderr)
+                asked = question() if question is not None else ""
+                results = fleet.select(asked) if asked.strip() else []
         finally:
             progress.close()
-        if result.refused:
-            print(f"warning: {result.refused}; it was built again", file=sys.stderr)
-        attached.append(result)
+        for result in results:
+            if result.refused:
+                print(f"warning: {result.refused}; it was built again", file=sys.stderr)
+        attached += results
     return attached
 
 
@@ -90,7 +109,7 @@ def restore_documents(history, conversation_id: str, model) -> list[Restored]:
 
 def describe(result: Attached) -> str:
     c = result.cartridge
-    how = "read" if result.built else "loaded"
+    how = ("read" if result.built else "loaded") + (" (chosen for the question)" if result.chunk is not None else "")
     return (f"{c.name}: {c.rows} tokens, {how} in {result.seconds:.2f} s "
             f"({c.byte_size() / c.rows / 1024:.1f} KiB per token) [{c.id}]")
 
@@ -99,7 +118,7 @@ def run_add(args) -> int:
     from app.cli_eval import open_model  # not at the top: cli_eval imports this module
 
     model = open_model(args)
-    for result in attach_documents(model, args.files, args.kv):
+    for result in attach_documents(model, args.files, args.kv, budget=args.doc_budget):
         print(describe(result))
     return 0
 
@@ -129,6 +148,20 @@ def add_attach_option(p) -> None:
     p.add_argument("--attach", metavar="FILE", action="append", default=[],
                    help="serve the chat behind this document (text, Markdown, code, HTML, PDF, DOCX); repeat for "
                         "several. Read once per model, then loaded (with generate: needs --chat)")
+    add_doc_budget_option(p)
+
+
+def add_doc_budget_option(p) -> None:
+    p.add_argument("--doc-budget", metavar="TOKENS", type=positive_int, default=None,
+                   help="tokens one attached document may take (default: half the context). A longer one is "
+                        "read in parts, and the parts that best match the question are served (in a chat: the "
+                        "first message)")
+
+
+def positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number of tokens, not {text!r}")
+    return int(text)
 
 
 def register(subparsers) -> None:
@@ -140,6 +173,7 @@ def register(subparsers) -> None:
     p.add_argument("--model", default=None, help="a starter model name or a .gguf path (default: the default model)")
     p.add_argument("--threads", type=int, default=None, help="kernel threads (default: $FUCINA_THREADS or all cores)")
     p.add_argument("--kv", choices=["f16", "q8_0"], default="f16", help="KV cache type")
+    add_doc_budget_option(p)
     p.set_defaults(func=run_add)
     p = sub.add_parser("list", help="the stored documents, most recently used first")
     p.set_defaults(func=run_list)

@@ -152,7 +152,7 @@ def run_generate(args) -> int:
 
 def generate_attached(args, model, grammar) -> int:
     """One chat turn behind the attached documents' cartridges (app.cli_docs)."""
-    attached = attach_documents(model, args.attach, args.kv)
+    attached = attach_documents(model, args.attach, args.kv, budget=args.doc_budget, question=lambda: args.prompt)
     prefix = composed_rows([a.cartridge for a in attached])
     tokenizer = load_tokenizer(model.file.metadata)
     # room for the prefix, the question in its template and the reply
@@ -173,7 +173,7 @@ def generate_attached(args, model, grammar) -> int:
                    "spec": None if turn.stats.spec is None else spec_stats(turn.stats.spec),
                    "attachments": [{"name": a.cartridge.name, "id": a.cartridge.id, "tokens": a.cartridge.rows,
                                     "built": a.built, "seconds": round(a.seconds, 3),
-                                    "bytes": a.cartridge.byte_size()} for a in attached]}, sys.stdout)
+                                    "bytes": a.cartridge.byte_size(), "chunk": a.chunk} for a in attached]}, sys.stdout)
     elif turn.stats.spec is not None:
         print(f"\n[{turn.stats.decode_tps:.1f} tok/s; speculation: {turn.stats.spec.summary()}]", end="",
               file=sys.stderr)

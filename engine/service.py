@@ -33,6 +33,7 @@ import numpy as np
 
 from engine.chat import ChatOptions, Conversation, Message, TurnResult, template_for_model
 from engine.chat.conversation import DecodeStep, common_prefix_len
+from engine.embedding import embed
 from engine.errors import ContextFull, FucinaError
 from engine.kv import persist as kv_persist
 from engine.kv.cache import KvDtype
@@ -227,12 +228,7 @@ class EngineService:
         if len(ids) > self.capacity:
             raise ContextFull(f"the text to embed has {len(ids)} tokens but the context holds {self.capacity}")
 
-        def pooled() -> np.ndarray:
-            hidden = self.model.hidden_states(list(ids), self.model.new_cache(len(ids), self.kv_dtype))
-            mean = hidden.mean(axis=0, dtype=np.float64)
-            return (mean / max(float(np.linalg.norm(mean)), 1e-12)).astype(np.float32)
-
-        call = _Call(pooled, concurrent.futures.Future())
+        call = _Call(lambda: embed(self.model, ids, self.kv_dtype), concurrent.futures.Future())
         self._jobs.put(call)
         return call.future
 

@@ -69,6 +69,7 @@ class Attached:
     refused: str | None = None  # why a stored file was not used (then it was built again)
     seconds: float = 0.0
     document: Document | None = None  # what was read (None: loaded by its hash, the file not read)
+    chunk: int | None = None  # which chunk of a fleet (engine.cartridge.fleet) it serves, when it is one
 
 
 def load_stored(model: Transformer, document: str, dtype: KvDtype | str = KvDtype.F16, *,

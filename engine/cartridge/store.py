@@ -55,8 +55,13 @@ def save(cart: Cartridge, directory: str | os.PathLike | None = None) -> Path:
     metadata = {"format": FORMAT, "fingerprint": cart.fingerprint.hex(), "kv_dtype": cart.dtype.value,
                 "kv_heads": json.dumps([k.shape[1] for k in cart.k]), "head_dims": json.dumps(list(cart.head_dims)),
                 "rows": str(cart.rows), "document": cart.document, "name": cart.name, "model": cart.model,
-                "crc32": str(_crc(tensors))}
-    data = safetensors.numpy.save(tensors, metadata)
+                "crc32": str(tensors_crc(tensors))}
+    return write_file(path, safetensors.numpy.save(tensors, metadata))
+
+
+def write_file(path: Path, data: bytes) -> Path:
+    """Write `data` to a temporary file and rename it over `path`: a crash never leaves half a file under
+    the name, and a StoreError (a full or read-only disk) leaves no file behind."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -99,7 +104,7 @@ def load(path: str | os.PathLike, like: KvCache, fingerprint: bytes) -> Cartridg
     v = [_rows(like, path, tensors[f"layers.{i}.v"], i, len(tokens)) for i in range(n)]
     if tokens.dtype != np.int64 or tokens.ndim != 1 or not len(tokens) or meta.get("rows") != str(len(tokens)):
         raise CartridgeRefused(f"the cartridge {path} has no valid draft_reference")
-    if meta.get("crc32") != str(_crc(tensors)):
+    if meta.get("crc32") != str(tensors_crc(tensors)):
         raise CartridgeRefused(f"the cartridge {path} is damaged (its rows fail their checksum)")
     return Cartridge(k, v, like.dtype, tokens, fingerprint, meta.get("document", ""), like.head_dims,
                      meta.get("name", ""), meta.get("model", ""))
@@ -177,7 +182,8 @@ def _rows(like: KvCache, path: Path, tensor: np.ndarray, layer: int, n: int) -> 
     return np.ascontiguousarray(rows)
 
 
-def _crc(tensors: dict) -> int:
+def tensors_crc(tensors: dict) -> int:
+    """CRC-32 of a state dict's tensor bytes, in name order (what a file's metadata records)."""
     crc = 0
     for name in sorted(tensors):
         crc = zlib.crc32(np.ascontiguousarray(tensors[name]).view(np.uint8).data, crc)

@@ -133,3 +133,34 @@ def test_a_real_model_answers_from_the_attached_document_in_a_chat(model_path, h
     assert fucina(["chat", model, "--temp", "0", "--max-tokens", "24", "--attach", str(doc)]) == 0
     out = capsys.readouterr()
     assert "4417" in out.out and "attached memo.txt" in out.err
+
+
+LONG = "".join(f"Room {i} is painted {['red', 'blue', 'green'][i % 3]} and seats {i + 4} people.\n\n"
+               for i in range(30))
+
+
+def test_a_document_over_the_budget_is_served_by_the_parts_that_fit_and_reports_them(tiny_gguf, home, tmp_path,
+                                                                                      capsys):
+    doc = tmp_path / "rooms.txt"
+    doc.write_text(LONG)
+    first = generate(capsys, tiny_gguf, "--attach", str(doc), "--doc-budget", "900")
+    parts = first["attachments"]
+    assert 1 <= len(parts) <= 3 and sum(p["tokens"] for p in parts) <= 900
+    assert [p["chunk"] for p in parts] == sorted(p["chunk"] for p in parts)
+    assert all("rooms.txt [part" in p["name"] for p in parts)
+    again = generate(capsys, tiny_gguf, "--attach", str(doc), "--doc-budget", "900")
+    assert [p["id"] for p in again["attachments"]] == [p["id"] for p in parts]
+    assert not any(p["built"] for p in again["attachments"]) and again["ids"] == first["ids"]
+    small = generate(capsys, tiny_gguf, "--attach", str(doc), "--doc-budget", "100000")  # fits whole: one cartridge
+    assert [p["chunk"] for p in small["attachments"]] == [None]
+
+
+def test_a_chat_serves_a_long_document_by_the_parts_its_first_message_matches(tiny_gguf, home, tmp_path,
+                                                                             monkeypatch, capsys):
+    doc = tmp_path / "rooms.txt"
+    doc.write_text(LONG)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Which colour is room 7?\nAnd room 8?\n"))
+    assert fucina(["chat", tiny_gguf, "--max-tokens", "3", "--doc-budget", "900", "--attach", str(doc)]) == 0
+    err = capsys.readouterr().err
+    assert "the parts that match the question are served" in err
+    assert "(attached rooms.txt [part" in err and "chosen for the question" in err
