@@ -58,7 +58,9 @@ def attention_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_keys: int, w
     return out
 
 
-_QUERY_CHUNK = 256
+# Causal prefill: a chunk of queries multiplies every key up to its last query, so smaller chunks skip
+# more of the masked half (128: 62% of the full square at 512 tokens, 256: 75%) while the GEMMs stay large.
+_QUERY_CHUNK = 128
 _u = np.uint64  # unsigned subscripts: no negative-index fix-up in the way of the loop vectorizer
 
 
