@@ -9,7 +9,7 @@ from app.gui.markdown_segments import Segment, split_markdown
 from app.gui.markdown_view import CodeBlock, MarkdownView, ProseLabel
 from app.gui.preferences import Preferences
 from app.gui.settings_dialog import SettingsDialog
-from app.gui.sidebar import group_conversations
+from app.gui.conversation_list import conversation_group
 from app.gui.status_line import describe, describe_prefill
 from app.gui.worker import EngineStatus, PrefillProgress, TextBatcher
 
@@ -38,14 +38,13 @@ def test_markdown_view_updates_in_place_while_streaming(qtbot):
     assert code.copy_button.accessibleName() == "Copy code"
 
 
-def test_conversations_group_by_date_with_pinned_first():
+def test_conversations_group_by_date_or_pinned():
     today = date(2026, 5, 20)
     at = lambda days: datetime(2026, 5, 20, 12, tzinfo=timezone.utc).astimezone() - timedelta(days=days)
     convs = [{"id": str(i), "pinned": pinned, "updated_at": at(days).isoformat()}
              for i, (pinned, days) in enumerate([(True, 40), (False, 0), (False, 1), (False, 3), (False, 90)])]
-    groups = group_conversations(convs, today)
-    assert [(heading, [c["id"] for c in cs]) for heading, cs in groups] == [
-        ("Pinned", ["0"]), ("Today", ["1"]), ("Yesterday", ["2"]), ("Previous 7 days", ["3"]), ("Older", ["4"])]
+    assert [conversation_group(c, today) for c in convs] == [
+        "Pinned", "Today", "Yesterday", "Previous 7 days", "Older"]
 
 
 def test_status_line_says_warm_or_cold():
