@@ -13,8 +13,10 @@ from typing import Callable
 from PySide6.QtCore import QTimer, Signal
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QAbstractSlider, QScrollArea, QVBoxLayout, QWidget
+from shiboken6 import isValid
 
 from app.gui.message_widget import MessageWidget
+from app.gui.thinking_indicator import ThinkingIndicator
 
 RENDER_BATCH = 40
 FOLLOW_SLACK_PX = 24
@@ -41,6 +43,7 @@ class ChatView(QScrollArea):
         self.messages: list[dict] = []
         self.widgets: list[MessageWidget] = []   # for messages[self._first:], then any pending ones
         self.streaming: MessageWidget | None = None  # the reply being written
+        self.thinking: ThinkingIndicator | None = None  # in the reply being written, until its first text
         self.busy = False                              # a reply streams: branch-changing actions wait
         self._first = 0
         self._follow = True
@@ -114,6 +117,8 @@ class ChatView(QScrollArea):
     # -- a reply in progress ---------------------------------------------------------------------
     def set_busy(self, busy: bool) -> None:
         self.busy = busy
+        if not busy:
+            self._stop_thinking()  # a turn that ended without text
         for widget in self.widgets:
             widget.set_branch_actions_enabled(not busy)
 
@@ -127,11 +132,22 @@ class ChatView(QScrollArea):
             self._append({"id": None, "role": "user", "content": user_text})
         self.streaming = self._append({"id": None, "role": "assistant", "content": "",
                                        "meta": {"response_format": response_format}})
+        self._stop_thinking()
+        self.thinking = ThinkingIndicator(self.streaming)
+        self.streaming.layout().addWidget(self.thinking)
         self.scroll_to_bottom()
 
     def append_reply(self, text: str) -> None:
         self._anchor = None  # from here on the page grows below the view, which then stays put
+        if text:
+            self._stop_thinking()
         self.streaming.set_content(self.streaming.content + text)
+
+    def _stop_thinking(self) -> None:
+        if self.thinking is not None and isValid(self.thinking):  # not gone with a reply widget cleared away
+            self.thinking.hide()
+            self.thinking.deleteLater()
+        self.thinking = None
 
     def last_reply_text(self) -> str | None:
         replies = [w for w in self.widgets if w.role == "assistant"]

@@ -155,6 +155,7 @@ class MainWindow(QMainWindow):
         worker.reply_text.connect(self._reply_text)
         worker.turn_finished.connect(self._turn_finished)
         worker.prefill_progress.connect(self._prefill_progress)
+        worker.reply_progress.connect(self._reply_progress)
         worker.branch_changed.connect(self._refresh_if_current)
         worker.branch_changed.connect(self.sidebar.conversation_changed)  # a switch moves it up the list
         worker.status_changed.connect(self.status_line.show_status)
@@ -266,6 +267,10 @@ class MainWindow(QMainWindow):
     def _prefill_progress(self, progress, turn) -> None:
         if self.streaming and turn is self.client.current_turn:
             self.status_line.show_prefill(progress)
+
+    def _reply_progress(self, progress, turn) -> None:
+        if self.streaming and turn is self.client.current_turn:
+            self.status_line.show_reply(progress)
 
     def _turn_finished(self, conversation_id: str | None, turn) -> None:
         if turn is self.client.current_turn:

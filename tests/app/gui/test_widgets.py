@@ -64,7 +64,7 @@ def test_status_line_says_what_the_context_leaves_out_and_how_far_a_long_prompt_
     stopped = EngineStatus(context_used=30, context_size=4096, ttft_ms=0.0, decode_tps=0.0,
                            prefilled_tokens=512, finish_reason="cancelled")
     assert describe(stopped) == "context 30 / 4,096  ·  stopped while reading the message"
-    assert describe_prefill(PrefillProgress(1024, 5120)) == "reading your message: 1,024 / 5,120 tokens"
+    assert describe_prefill(PrefillProgress(1024, 5120)) == "reading prompt 1,024 / 5,120 tokens"
     assert describe_prefill(PrefillProgress(5120, 5120, 1)) == \
         "context full: 1 oldest turn left out  ·  writing the reply…"
 
