@@ -5,7 +5,8 @@ reset), and selection, rename, pin, delete, search and the keyboard work on the 
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtWidgets import QApplication
 
 from app.gui.conversation_list import GROUP_ROLE, ID_ROLE, MESSAGE_ROLE, PAGE_SIZE
 from app.gui.sidebar import Sidebar
@@ -168,6 +169,23 @@ def test_search_filters_titles_and_messages_and_clearing_it_shows_the_list_again
     view.search.clear()
     qtbot.waitUntil(lambda: view.list.model() is view.conversations)
     assert view.no_matches.isHidden() and view.list.currentIndex().data(ID_ROLE) == "c00007"
+
+
+def test_the_context_menu_acts_on_the_row_under_the_pointer(qtbot, sidebar, store):
+    view = sidebar(3)
+    offered = []
+
+    def choose_pin():  # runs inside the menu's own event loop, once it shows
+        menu = QApplication.activePopupWidget()
+        offered.append([action.text() for action in menu.actions() if action.text()])
+        menu.close()
+        next(action for action in menu.actions() if action.text() == "Pin").trigger()
+
+    QTimer.singleShot(0, choose_pin)
+    model = view.list.model()
+    view.list.customContextMenuRequested.emit(view.list.visualRect(model.index(1)).center())
+    assert offered == [["Rename", "Pin", "Export…", "Delete…"]]
+    assert store.get_conversation("c00001")["pinned"] and ids(model)[0] == "c00001"
 
 
 def test_the_keyboard_opens_the_next_conversation(qtbot, sidebar):
