@@ -159,6 +159,11 @@ class ChatSession:
     def context_size(self) -> int:
         return self.convo.cache.capacity
 
+    @property
+    def reply_tokens(self) -> int:
+        """Tokens of the reply in progress so far (read between its text pieces, on the engine's thread)."""
+        return self.convo.reply_tokens
+
     def messages(self) -> list[dict]:
         """The active branch, root first."""
         return self.store.active_branch(self.id)

@@ -12,9 +12,11 @@ from typing import Callable
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import QAbstractSlider, QHBoxLayout, QScrollArea, QVBoxLayout, QWidget
+from shiboken6 import isValid
 
 from app.gui.message_widget import MessageWidget
 from app.gui.theme import SPACE_L, SPACE_XL, centred
+from app.gui.thinking_indicator import ThinkingIndicator
 
 RENDER_BATCH = 40
 FOLLOW_SLACK_PX = 24
@@ -49,9 +51,11 @@ class ChatView(QScrollArea):
         self.setWidget(container)
         self.messages: list[dict] = []
         self.widgets: list[MessageWidget] = []   # for messages[self._first:], then any pending ones
-        # The one record of a reply in progress (the window reads it): the widget it streams into, and
-        # whether one streams (branch-changing actions wait meanwhile).
+        # The one record of a reply in progress (the window reads it): the widget it streams into, the
+        # thinking mark shown in it until its first text, and whether one streams (branch-changing actions
+        # wait meanwhile).
         self.streaming: MessageWidget | None = None
+        self.thinking: ThinkingIndicator | None = None
         self.busy = False
         self._first = 0
         self._follow = True
@@ -127,6 +131,8 @@ class ChatView(QScrollArea):
     # -- a reply in progress ---------------------------------------------------------------------
     def _set_busy(self, busy: bool) -> None:
         self.busy = busy
+        if not busy:
+            self._stop_thinking()  # a turn that ended without text
         for widget in self.widgets:
             widget.set_branch_actions_enabled(not busy)
 
@@ -141,6 +147,9 @@ class ChatView(QScrollArea):
             self._append({"id": None, "role": "user", "content": user_text})
         self.streaming = self._append({"id": None, "role": "assistant", "content": "",
                                        "meta": {"response_format": response_format}})
+        self._stop_thinking()
+        self.thinking = ThinkingIndicator(self.streaming)
+        self.streaming.layout().addWidget(self.thinking)
         self.scroll_to_bottom()
         self.shown_changed.emit()
 
@@ -151,7 +160,15 @@ class ChatView(QScrollArea):
 
     def append_reply(self, text: str) -> None:
         self._anchor = None  # from here on the page grows below the view, which then stays put
+        if text:
+            self._stop_thinking()
         self.streaming.set_content(self.streaming.content + text)
+
+    def _stop_thinking(self) -> None:
+        if self.thinking is not None and isValid(self.thinking):  # not gone with a reply widget cleared away
+            self.thinking.hide()
+            self.thinking.deleteLater()
+        self.thinking = None
 
     def last_reply_text(self) -> str | None:
         replies = [w for w in self.widgets if w.role == "assistant"]

@@ -210,7 +210,9 @@ class MainWindow(QMainWindow):
         worker.reply_text.connect(self._reply_text)
         worker.turn_finished.connect(self._turn_finished)
         worker.prefill_progress.connect(self._prefill_progress)
+        worker.reply_progress.connect(self._reply_progress)
         worker.branch_changed.connect(self._refresh_if_current)
+        worker.branch_changed.connect(self.sidebar.conversation_changed)  # a switch moves it up the list
         worker.status_changed.connect(self.status_line.show_status)
         worker.failed.connect(self._engine_failed)  # a bound slot, so it runs on this (the UI) thread
         worker.storage_failed.connect(self._storage_failed)
@@ -267,6 +269,7 @@ class MainWindow(QMainWindow):
         if turn is self.client.current_turn:
             self.current_id = conversation_id
             self.preferences.last_conversation = conversation_id
+        self.sidebar.conversation_changed(conversation_id)
         self.sidebar.select(self.current_id)
 
     def delete_conversation(self, conversation_id: str) -> None:
@@ -275,10 +278,9 @@ class MainWindow(QMainWindow):
         self.client.delete_conversation(conversation_id)
 
     def _conversation_deleted(self, conversation_id: str) -> None:
+        self.sidebar.conversation_removed(conversation_id)
         if conversation_id == self.current_id:
             self._show_conversation(None)  # the engine closed it already
-        else:
-            self.sidebar.refresh()
 
     # -- turns -------------------------------------------------------------------------------------
     def send(self, text: str) -> None:
@@ -335,6 +337,10 @@ class MainWindow(QMainWindow):
         if self.streaming and turn is self.client.current_turn:
             self.status_line.show_prefill(progress)
 
+    def _reply_progress(self, progress, turn) -> None:
+        if self.streaming and turn is self.client.current_turn:
+            self.status_line.show_reply(progress)
+
     def _turn_finished(self, conversation_id: str | None, turn) -> None:
         if turn is self.client.current_turn:
             self._end_turn()
@@ -342,7 +348,8 @@ class MainWindow(QMainWindow):
                 self.chat_view.clear()
             if self.storage_banner.reply is None:  # else the view keeps the reply the store has not got yet
                 self._refresh_if_current(conversation_id)
-        self.sidebar.refresh()  # a first message titles its conversation
+        if conversation_id is not None:  # a first message titles it, and every turn moves it up the list
+            self.sidebar.conversation_changed(conversation_id)
 
     def _storage_failed(self, message: str, reply: str | None, unsent: str | None) -> None:
         self.storage_banner.show_failure(message, reply)

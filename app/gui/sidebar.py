@@ -1,46 +1,68 @@
 """The conversation list: grouped by date with pinned ones first, a search box (titles and message text),
-and new / rename / pin / export / delete. It reads the UI thread's own HistoryStore connection; changes
-that touch an open conversation's engine state (deleting it) go through the main window to the worker."""
+and new / rename / pin / export / delete. A QListView over the item models of app.gui.conversation_list,
+which read the UI thread's own HistoryStore connection a page at a time; the window tells the sidebar
+which conversation changed, and only that row changes. Changes that touch an open conversation's engine
+state (deleting it) go through the main window to the worker."""
 
 from __future__ import annotations
 
-from datetime import date, datetime
+from PySide6.QtCore import QModelIndex, QRect, QSize, Qt, QTimer, Signal
+from PySide6.QtGui import QFont, QFontMetrics, QPainter, QPalette
+from PySide6.QtWidgets import (QAbstractItemView, QLabel, QLineEdit, QListView, QMenu, QMessageBox, QPushButton,
+                               QStyledItemDelegate, QStyleOptionViewItem, QVBoxLayout, QWidget)
 
-from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QFont
-from PySide6.QtWidgets import (QLineEdit, QListWidget, QListWidgetItem, QMenu, QMessageBox, QPushButton,
-                               QVBoxLayout, QWidget)
-
+from app.gui.conversation_list import (GROUP_ROLE, ID_ROLE, MESSAGE_ROLE, UNTITLED, ConversationListModel,
+                                       SearchResultsModel)
 from engine.errors import StoreError
 from engine.history.store import HistoryStore
 
-ID_ROLE = Qt.ItemDataRole.UserRole
-MESSAGE_ROLE = Qt.ItemDataRole.UserRole + 1
 SEARCH_DELAY_MS = 150
-UNTITLED = "New conversation"
+HEADING_PADDING_PX = 10
 
 
-def date_group(updated_at: str, today: date) -> str:
-    day = datetime.fromisoformat(updated_at).astimezone().date()
-    age = (today - day).days
-    if age <= 0:
-        return "Today"
-    if age == 1:
-        return "Yesterday"
-    if age < 7:
-        return "Previous 7 days"
-    if age < 30:
-        return "Previous 30 days"
-    return "Older"
+class GroupHeadingDelegate(QStyledItemDelegate):
+    """Draws a row's group heading ("Today", "Pinned", "Messages"…) above the first row of each group."""
 
+    def heading(self, index: QModelIndex) -> str | None:
+        group = index.data(GROUP_ROLE)
+        above = index.siblingAtRow(index.row() - 1).data(GROUP_ROLE) if index.row() else None
+        return group if group != above else None
 
-def group_conversations(conversations: list[dict], today: date) -> list[tuple[str, list[dict]]]:
-    """(heading, conversations) in display order: pinned first, then by age (the store's order within)."""
-    groups: dict[str, list[dict]] = {}
-    for conv in conversations:
-        heading = "Pinned" if conv["pinned"] else date_group(conv["updated_at"], today)
-        groups.setdefault(heading, []).append(conv)
-    return list(groups.items())
+    @staticmethod
+    def _heading_font(option: QStyleOptionViewItem) -> QFont:
+        font = QFont(option.font)
+        font.setBold(True)
+        return font
+
+    def _heading_height(self, option: QStyleOptionViewItem, index: QModelIndex) -> int:
+        if self.heading(index) is None:
+            return 0
+        return QFontMetrics(self._heading_font(option)).height() + HEADING_PADDING_PX
+
+    def _item_option(self, option: QStyleOptionViewItem, index: QModelIndex) -> QStyleOptionViewItem:
+        item = QStyleOptionViewItem(option)
+        item.rect = option.rect.adjusted(0, self._heading_height(option, index), 0, 0)
+        return item
+
+    def sizeHint(self, option: QStyleOptionViewItem, index: QModelIndex) -> QSize:
+        size = super().sizeHint(option, index)
+        return QSize(size.width(), size.height() + self._heading_height(option, index))
+
+    def paint(self, painter: QPainter, option: QStyleOptionViewItem, index: QModelIndex) -> None:
+        heading = self.heading(index)
+        if heading is not None:
+            rect = QRect(option.rect)
+            rect.setHeight(self._heading_height(option, index))
+            painter.save()
+            painter.setFont(self._heading_font(option))
+            painter.setPen(option.palette.color(QPalette.ColorRole.WindowText))
+            painter.drawText(rect.adjusted(4, 0, 0, 0), Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignBottom,
+                             heading)
+            painter.restore()
+        super().paint(painter, self._item_option(option, index), index)
+
+    def updateEditorGeometry(self, editor: QWidget, option: QStyleOptionViewItem, index: QModelIndex) -> None:
+        super().updateEditorGeometry(editor, self._item_option(option, index), index)
 
 
 class Sidebar(QWidget):
@@ -55,6 +77,8 @@ class Sidebar(QWidget):
         super().__init__()
         self.store = store
         self.current_id: str | None = None
+        self.conversations = ConversationListModel(store)
+        self.results = SearchResultsModel(store)
         self.new_button = QPushButton("New chat")
         self.new_button.setAccessibleName("New chat")
         self.new_button.setToolTip("Start a new conversation (Ctrl+N)")
@@ -62,90 +86,81 @@ class Sidebar(QWidget):
         self.search.setPlaceholderText("Search (Ctrl+K)")
         self.search.setAccessibleName("Search conversations")
         self.search.setClearButtonEnabled(True)
-        self.list = QListWidget()
+        self.no_matches = QLabel("No matches")
+        self.no_matches.hide()
+        self.list = QListView()
         self.list.setAccessibleName("Conversations")
+        self.list.setItemDelegate(GroupHeadingDelegate(self.list))
+        self.list.setEditTriggers(QAbstractItemView.EditTrigger.DoubleClicked
+                                  | QAbstractItemView.EditTrigger.EditKeyPressed)
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)  # long titles elide
         self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.list.setModel(self.conversations)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(10, 10, 10, 10)
         layout.addWidget(self.new_button)
         layout.addWidget(self.search)
+        layout.addWidget(self.no_matches)
         layout.addWidget(self.list)
         self._search_timer = QTimer(self, singleShot=True, interval=SEARCH_DELAY_MS)
-        self._search_timer.timeout.connect(self.refresh)
+        self._search_timer.timeout.connect(self._show_search)
         self.search.textChanged.connect(self._search_timer.start)
         self.new_button.clicked.connect(self.new_requested)
-        self.list.itemActivated.connect(self._activated)
-        self.list.itemClicked.connect(self._activated)
-        self.list.itemChanged.connect(self._renamed)
+        self.list.activated.connect(self._activated)
+        self.list.clicked.connect(self._activated)
         self.list.customContextMenuRequested.connect(self._context_menu)
-        self.refresh()
+        for model in (self.conversations, self.results):
+            model.changed.connect(self.conversation_changed)
+            model.storage_failed.connect(self.storage_failed)
+            # a row's heading depends on the row above: a changed row may add or drop its neighbour's
+            model.dataChanged.connect(lambda first, *_: self.list.itemDelegate().sizeHintChanged.emit(first))
 
     # -- contents ----------------------------------------------------------------------------------
-    def refresh(self) -> None:
-        self.list.blockSignals(True)  # itemChanged is for the user's renames only
-        self.list.clear()
+    def conversation_changed(self, conversation_id: str) -> None:
+        """One conversation was created, renamed, pinned or written to: its row shows it."""
+        self.conversations.conversation_changed(conversation_id)
+        if self.search.text().strip():
+            self._search_timer.start()  # a search shows it again, as typing does
+        self._show_current()
+
+    def conversation_removed(self, conversation_id: str) -> None:
+        self.conversations.conversation_removed(conversation_id)
+        if self.search.text().strip():
+            self._search_timer.start()
+
+    def _show_search(self) -> None:
         query = self.search.text().strip()
         if query:
-            self._show_search(query)
-        else:
-            for heading, conversations in group_conversations(self.store.list_conversations(), date.today()):
-                self._add_heading(heading)
-                for conv in conversations:
-                    self._add_conversation(conv)
-        self.list.blockSignals(False)
-
-    def _add_heading(self, text: str) -> None:
-        item = QListWidgetItem(text)
-        item.setFlags(Qt.ItemFlag.ItemIsEnabled)  # not selectable, but not greyed out like a disabled item
-        font = QFont(self.list.font())
-        font.setBold(True)
-        item.setFont(font)
-        self.list.addItem(item)
-
-    def _add_conversation(self, conv: dict) -> None:
-        item = QListWidgetItem(conv["title"] or UNTITLED)
-        item.setData(ID_ROLE, conv["id"])
-        item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
-        item.setToolTip(conv["title"] or UNTITLED)
-        self.list.addItem(item)
-        if conv["id"] == self.current_id:
-            item.setSelected(True)
-            self.list.setCurrentItem(item)
-
-    def _show_search(self, query: str) -> None:
-        words = query.lower().split()
-        conversations = self.store.list_conversations()
-        titled = [c for c in conversations if all(w in (c["title"] or "").lower() for w in words)]
-        if titled:
-            self._add_heading("Titles")
-            for conv in titled:
-                self._add_conversation(conv)
-        hits = self.store.search(query, marks=("", ""))  # a list item shows no mark-up: brackets showed raw
-        if hits:
-            self._add_heading("Messages")
-            titles = {c["id"]: c["title"] or UNTITLED for c in conversations}
-            for hit in hits:
-                snippet = " ".join(hit["snippet"].split())
-                item = QListWidgetItem(f"{titles.get(hit['conversation_id'], UNTITLED)}\n   {snippet}")
-                item.setData(ID_ROLE, hit["conversation_id"])
-                item.setData(MESSAGE_ROLE, hit["message_id"])
-                self.list.addItem(item)
-        if not titled and not hits:
-            self._add_heading("No matches")
+            self.results.search(query)
+        model = self.results if query else self.conversations
+        if self.list.model() is not model:
+            self.list.setModel(model)
+        self.no_matches.setVisible(bool(query) and not self.results.rows)
+        self._show_current()
 
     def select(self, conversation_id: str | None) -> None:
         self.current_id = conversation_id
-        self.refresh()
+        if conversation_id is not None and self.conversations.row_of(conversation_id) is None:
+            self.conversations.conversation_changed(conversation_id)  # new, imported, or not loaded yet
+        self._show_current()
+
+    def _show_current(self) -> None:
+        model = self.list.model()
+        row = model.row_of(self.current_id)
+        if row is None:
+            self.list.clearSelection()
+            self.list.setCurrentIndex(QModelIndex())
+        else:
+            self.list.setCurrentIndex(model.index(row))
 
     def focus_search(self) -> None:
         self.search.setFocus()
         self.search.selectAll()
 
     # -- actions -----------------------------------------------------------------------------------
-    def _activated(self, item: QListWidgetItem) -> None:
-        conversation_id, message_id = item.data(ID_ROLE), item.data(MESSAGE_ROLE)
+    def _activated(self, index: QModelIndex) -> None:
+        conversation_id, message_id = index.data(ID_ROLE), index.data(MESSAGE_ROLE)
         if conversation_id is None:
             return
         if message_id is not None:
@@ -153,20 +168,15 @@ class Sidebar(QWidget):
         elif conversation_id != self.current_id:
             self.conversation_chosen.emit(conversation_id)
 
-    def _renamed(self, item: QListWidgetItem) -> None:
-        title = item.text().strip()
-        if item.data(ID_ROLE) and title:
-            self._write(lambda: self.store.rename(item.data(ID_ROLE), title))
-        self.refresh()
-
     def _context_menu(self, position) -> None:
-        item = self.list.itemAt(position)
-        conversation_id = item and item.data(ID_ROLE)
+        index = self.list.indexAt(position)
+        conversation_id = index.data(ID_ROLE)
         if not conversation_id:
             return
         pinned = self.store.get_conversation(conversation_id)["pinned"]
         menu = QMenu(self)
-        menu.addAction("Rename", lambda: self.list.editItem(item))
+        if index.flags() & Qt.ItemFlag.ItemIsEditable:  # a conversation, not a message hit
+            menu.addAction("Rename", lambda: self.list.edit(index))
         menu.addAction("Unpin" if pinned else "Pin", lambda: self.set_pinned(conversation_id, not pinned))
         menu.addAction("Export…", lambda: self.export_requested.emit(conversation_id))
         menu.addSeparator()
@@ -174,14 +184,12 @@ class Sidebar(QWidget):
         menu.exec(self.list.viewport().mapToGlobal(position))
 
     def set_pinned(self, conversation_id: str, pinned: bool) -> None:
-        self._write(lambda: self.store.set_pinned(conversation_id, pinned))
-        self.refresh()
-
-    def _write(self, change) -> None:
         try:
-            change()
+            self.store.set_pinned(conversation_id, pinned)
         except StoreError as e:  # the window's storage banner says why
             self.storage_failed.emit(str(e))
+            return
+        self.conversation_changed(conversation_id)
 
     def confirm_delete(self, conversation_id: str) -> None:
         title = self.store.get_conversation(conversation_id)["title"] or UNTITLED

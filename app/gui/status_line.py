@@ -1,13 +1,14 @@
 """The status bar's numbers: context used of available, the oldest turns the context leaves out, time to
 first token, decode speed, whether the reply continued a warm KV cache (reused positions) or had to
-prefill the history again, and for a speculative reply its tokens per step and draft acceptance; while a
-long prompt is read, how far the engine has got."""
+prefill the history again, and for a speculative reply its tokens per step and draft acceptance. While a
+turn runs it shows that turn's progress instead: how far the prompt is read (and the time left, estimated
+from the rate so far), then the reply's tokens and live decode speed."""
 
 from __future__ import annotations
 
 from PySide6.QtWidgets import QLabel
 
-from app.gui.worker import EngineStatus, PrefillProgress
+from app.gui.worker import EngineStatus, PrefillProgress, ReplyProgress
 
 SEPARATOR = "  ·  "
 
@@ -43,10 +44,31 @@ def describe(status: EngineStatus) -> str:
     return SEPARATOR.join(parts)
 
 
+def seconds_left(progress: PrefillProgress) -> float | None:
+    """The time the rest of the prompt takes at the rate read so far; None before the first slice is read."""
+    if progress.done <= 0 or progress.elapsed_s <= 0:
+        return None
+    return (progress.total - progress.done) * progress.elapsed_s / progress.done
+
+
+def _duration(seconds: float) -> str:
+    return f"~{seconds:.0f} s" if seconds < 90 else f"~{seconds / 60:.0f} min"
+
+
 def describe_prefill(progress: PrefillProgress) -> str:
-    reading = (f"reading your message: {progress.done:,} / {progress.total:,} tokens"
-               if progress.done < progress.total else "writing the reply…")
-    return SEPARATOR.join([*_left_out(progress.left_out_turns), reading])
+    if progress.done < progress.total:
+        reading = [f"reading prompt {progress.done:,} / {progress.total:,} tokens"]
+        left = seconds_left(progress)
+        reading += [] if left is None else [f"{_duration(left)} left"]
+    else:
+        reading = ["writing the reply…"]
+    return SEPARATOR.join([*_left_out(progress.left_out_turns), *reading])
+
+
+def describe_reply(progress: ReplyProgress) -> str:
+    written = f"writing the reply: {progress.tokens:,} token{'s' * (progress.tokens != 1)}"
+    speed = [] if progress.tokens_per_s is None else [f"{progress.tokens_per_s:.1f} tok/s"]
+    return SEPARATOR.join([written, *speed])
 
 
 class StatusLine(QLabel):
@@ -61,3 +83,6 @@ class StatusLine(QLabel):
 
     def show_prefill(self, progress: PrefillProgress) -> None:
         self.setText(describe_prefill(progress))
+
+    def show_reply(self, progress: ReplyProgress) -> None:
+        self.setText(describe_reply(progress))

@@ -2,10 +2,11 @@
 connection (SQLite connections belong to the thread that made them) and the open ChatSession.
 
 The UI talks to it only through queued signals (EngineClient below), so no model work ever runs on the UI
-thread. Reply text comes back coalesced to about 30 updates a second, and a long prompt's prefill reports
-its progress slice by slice. Stopping is the one call that bypasses the queue: the UI sets the turn's
-`threading.Event`, which the engine checks between tokens and between prefill slices, so a stop (or a
-conversation or model switch, which stops first) takes effect within one token or one slice.
+thread. Reply text comes back coalesced to about 30 updates a second, each batch with the tokens written so
+far and the decode rate, and a long prompt's prefill reports its progress slice by slice (with the time
+spent, for an estimate of the time left). Stopping is the one call that bypasses the queue: the UI sets the
+turn's `threading.Event`, which the engine checks between tokens and between prefill slices, so a stop (or
+a conversation or model switch, which stops first) takes effect within one token or one slice.
 """
 
 from __future__ import annotations
@@ -51,6 +52,28 @@ class PrefillProgress:
     done: int
     total: int
     left_out_turns: int = 0
+    elapsed_s: float = 0.0           # since reading began
+
+
+@dataclass(frozen=True)
+class ReplyProgress:
+    """How far the reply in progress has got: its tokens so far and the decode rate since its first one."""
+    tokens: int
+    tokens_per_s: float | None = None  # None until two batches are apart in time
+
+
+class DecodeRate:
+    """The live decode rate: tokens written since the first batch over the time since it."""
+
+    def __init__(self):
+        self._first: tuple[int, float] | None = None  # (tokens, time) at the first batch
+
+    def progress(self, tokens: int, now: float) -> ReplyProgress:
+        if self._first is None:
+            self._first = (tokens, now)
+        first_tokens, first_at = self._first
+        rate = (tokens - first_tokens) / (now - first_at) if now > first_at else None
+        return ReplyProgress(tokens, rate)
 
 
 class TextBatcher:
@@ -89,6 +112,7 @@ class EngineWorker(QObject):
     reply_text = Signal(str, object)      # the next coalesced piece of the reply, the turn
     turn_finished = Signal(object, object)  # conversation id (None: none was made), the turn; stored now
     prefill_progress = Signal(object, object)  # PrefillProgress, the turn
+    reply_progress = Signal(object, object)    # ReplyProgress, sent with each batch of reply text; the turn
     branch_changed = Signal(str)          # conversation id, after a switch or a delete
     conversation_deleted = Signal(str)
     status_changed = Signal(object)       # EngineStatus
@@ -201,11 +225,21 @@ class EngineWorker(QObject):
               text: str | None = None) -> None:
         """`text`: the message sent, handed back to the UI when the store refuses it."""
         session = None
-        batcher = TextBatcher(lambda text: self.reply_text.emit(text, cancel))
+        rate = DecodeRate()
+        reading_since: float | None = None
+
+        def reply_batch(text: str) -> None:
+            self.reply_text.emit(text, cancel)
+            self.reply_progress.emit(rate.progress(session.reply_tokens, time.monotonic()), cancel)
 
         def progress(done: int, total: int) -> None:
+            nonlocal reading_since
+            now = time.monotonic()
+            reading_since = now if reading_since is None else reading_since
             left_out = session.last_window.left_out_turns if session.last_window else 0
-            self.prefill_progress.emit(PrefillProgress(done, total, left_out), cancel)
+            self.prefill_progress.emit(PrefillProgress(done, total, left_out, now - reading_since), cancel)
+
+        batcher = TextBatcher(reply_batch)
 
         try:
             try:

@@ -127,6 +127,7 @@ class Conversation:
         self.system = self.options.system
         self.messages: list[Message] = []  # the chat as send() saw it
         self.last_turn: TurnResult | None = None
+        self.reply_tokens = 0  # tokens the reply in progress (else the last one) has so far: for a live rate
         if warm is None:
             warm = WarmState(model.new_cache(self.options.capacity, self.options.kv_dtype), [])
         if not 0 <= warm.prefix_rows <= warm.cache.len:
@@ -425,6 +426,7 @@ class _Turn:
         self._start = time.perf_counter()
         self._sampled = 0
         self._first_at = self._last_at = 0.0
+        convo.reply_tokens = 0
 
     @property
     def next_token(self) -> int:
@@ -481,6 +483,7 @@ class _Turn:
     def commit(self, token: int) -> str:
         """Add a token the history already holds to the reply; the text it completes."""
         self.ids.append(token)
+        self.convo.reply_tokens = len(self.ids)
         self.reply += self.convo.tokenizer.token_bytes(token)
         text = self.convo._decoder.push(token)
         self.parts.append(text)

@@ -115,10 +115,11 @@ class HistoryStore:
             raise HistoryError(f"no conversation {conversation_id!r} in {self.path}")
         return _conversation(rows[0])
 
-    def list_conversations(self) -> list[dict]:
-        """Pinned first, then the most recently updated."""
+    def list_conversations(self, limit: int | None = None, offset: int = 0) -> list[dict]:
+        """Pinned first, then the most recently updated; `limit` from `offset` on: one page of a long list."""
         return [_conversation(r) for r in self.db.query(
-            "SELECT * FROM conversations ORDER BY pinned DESC, updated_at DESC, rowid DESC")]
+            "SELECT * FROM conversations ORDER BY pinned DESC, updated_at DESC, rowid DESC LIMIT ? OFFSET ?",
+            [-1 if limit is None else limit, offset])]
 
     def rename(self, conversation_id: str, title: str) -> None:
         title = check_text(title, "title")

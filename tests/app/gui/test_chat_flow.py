@@ -4,6 +4,7 @@ sidecar)."""
 
 from PySide6.QtCore import Qt
 
+from app.gui.conversation_list import MESSAGE_ROLE
 from tests.app.gui.conftest import TURN_TIMEOUT_MS
 
 GREEDY = {"system_prompt": None, "sampler": {"temperature": 0.0, "max_tokens": 12}}
@@ -36,8 +37,8 @@ def test_reply_streams_into_the_view(qtbot, open_window):
     assert role == "assistant" and "Paris" in reply
     assert reply.startswith(updates[0])
     assert "tok/s" in window.status_line.text()
-    titles = [window.sidebar.list.item(i).text() for i in range(window.sidebar.list.count())]
-    assert "What is the capital of France?" in titles
+    titles = window.sidebar.list.model()
+    assert "What is the capital of France?" in [titles.index(i).data() for i in range(titles.rowCount())]
 
 
 def test_stop_mid_reply_keeps_the_partial_reply(qtbot, open_window):
@@ -96,6 +97,12 @@ def test_regenerate_edit_switch_and_delete(qtbot, open_window):
     assert window.chat_view.widgets[1].position_label.text() == "2/2"
 
 
+def message_hits(view):
+    """The indexes of a search's message hits (not its title matches) in the sidebar's list."""
+    model = view.model()
+    return [model.index(i) for i in range(model.rowCount()) if model.index(i).data(MESSAGE_ROLE)]
+
+
 def test_search_finds_a_message_and_jumps_to_it(qtbot, open_window):
     window = open_window()
     window.apply_settings(GREEDY)
@@ -106,11 +113,9 @@ def test_search_finds_a_message_and_jumps_to_it(qtbot, open_window):
     assert window.sidebar.search.hasFocus()
     qtbot.keyClicks(window.sidebar.search, "zebras")
     hits = window.sidebar.list
-    qtbot.waitUntil(lambda: any(hits.item(i).text() == "Messages" for i in range(hits.count())))
-    hit = next(hits.item(i) for i in range(hits.count()) if "zebras" in hits.item(i).text() and hits.item(i).data(
-        Qt.ItemDataRole.UserRole + 1))
-    rect = hits.visualItemRect(hit)
-    qtbot.mouseClick(hits.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())
+    qtbot.waitUntil(lambda: bool(message_hits(hits)))
+    hit = next(index for index in message_hits(hits) if "zebras" in index.data())
+    qtbot.mouseClick(hits.viewport(), Qt.MouseButton.LeftButton, pos=hits.visualRect(hit).center())
     qtbot.waitUntil(lambda: [w.content for w in window.chat_view.widgets][:1] == ["Tell me about zebras."])
 
 
@@ -127,10 +132,10 @@ def test_a_search_hit_opens_its_chat_scrolled_to_the_message_and_highlights_it(q
     window.new_chat()
     window.sidebar.search.setText("eratosthenes")
     hits = window.sidebar.list
-    qtbot.waitUntil(lambda: any(hits.item(i).data(Qt.ItemDataRole.UserRole + 1) for i in range(hits.count())))
-    hit = next(hits.item(i) for i in range(hits.count()) if hits.item(i).data(Qt.ItemDataRole.UserRole + 1))
-    assert "Sieve of Eratosthenes" in hit.text() and "[" not in hit.text()
-    qtbot.mouseClick(hits.viewport(), Qt.MouseButton.LeftButton, pos=hits.visualItemRect(hit).center())
+    qtbot.waitUntil(lambda: bool(message_hits(hits)))
+    [hit] = message_hits(hits)
+    assert "Sieve of Eratosthenes" in hit.data() and "[" not in hit.data()
+    qtbot.mouseClick(hits.viewport(), Qt.MouseButton.LeftButton, pos=hits.visualRect(hit).center())
     view = window.chat_view
     found = next(w for w in view.widgets if w.message_id == target)
 

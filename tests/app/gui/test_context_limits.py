@@ -48,7 +48,8 @@ def test_a_long_prompt_shows_its_progress_and_stops_on_stop(qtbot, open_window):
     window.composer.send_button.click()
     qtbot.waitUntil(lambda: any(p.done >= 512 for p in progress), timeout=TURN_TIMEOUT_MS)
     total = progress[0].total
-    assert total > 1536 and "reading your message:" in window.status_line.text()
+    assert total > 1536 and "reading prompt " in window.status_line.text()
+    assert progress[0].elapsed_s == 0 < progress[-1].elapsed_s  # the time read so far, for the time left
     window.composer.stop_button.click()
     wait_idle(qtbot, window)
     turn = window.client.worker.session.last_turn

@@ -9,7 +9,7 @@ from app.gui.markdown_segments import Segment, split_markdown
 from app.gui.markdown_view import CodeBlock, MarkdownView, ProseLabel
 from app.gui.preferences import Preferences
 from app.gui.settings_dialog import SettingsDialog
-from app.gui.sidebar import group_conversations
+from app.gui.conversation_list import conversation_group
 from app.gui.status_line import describe, describe_prefill
 from app.gui.worker import EngineStatus, PrefillProgress, TextBatcher
 
@@ -38,14 +38,13 @@ def test_markdown_view_updates_in_place_while_streaming(qtbot):
     assert code.copy_button.accessibleName() == "Copy code"
 
 
-def test_conversations_group_by_date_with_pinned_first():
+def test_conversations_group_by_date_or_pinned():
     today = date(2026, 5, 20)
     at = lambda days: datetime(2026, 5, 20, 12, tzinfo=timezone.utc).astimezone() - timedelta(days=days)
     convs = [{"id": str(i), "pinned": pinned, "updated_at": at(days).isoformat()}
              for i, (pinned, days) in enumerate([(True, 40), (False, 0), (False, 1), (False, 3), (False, 90)])]
-    groups = group_conversations(convs, today)
-    assert [(heading, [c["id"] for c in cs]) for heading, cs in groups] == [
-        ("Pinned", ["0"]), ("Today", ["1"]), ("Yesterday", ["2"]), ("Previous 7 days", ["3"]), ("Older", ["4"])]
+    assert [conversation_group(c, today) for c in convs] == [
+        "Pinned", "Today", "Yesterday", "Previous 7 days", "Older"]
 
 
 def test_status_line_says_warm_or_cold():
@@ -67,7 +66,7 @@ def test_status_line_says_what_the_context_leaves_out_and_how_far_a_long_prompt_
     stopped = EngineStatus(context_used=30, context_size=4096, ttft_ms=0.0, decode_tps=0.0,
                            prefilled_tokens=512, finish_reason="cancelled")
     assert describe(stopped) == "context 30 / 4,096  ·  stopped while reading the message"
-    assert describe_prefill(PrefillProgress(1024, 5120)) == "reading your message: 1,024 / 5,120 tokens"
+    assert describe_prefill(PrefillProgress(1024, 5120)) == "reading prompt 1,024 / 5,120 tokens"
     assert describe_prefill(PrefillProgress(5120, 5120, 1)) == \
         "context full: 1 oldest turn left out  ·  writing the reply…"
 

@@ -10,6 +10,7 @@ from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtGui import QGuiApplication, QImage
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 
+from app.gui.conversation_list import GROUP_ROLE
 from app.gui.main_window import MainWindow
 from app.gui.model_picker import ModelPicker
 from tests.app.gui.conftest import TURN_TIMEOUT_MS
@@ -19,8 +20,15 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def sidebar_titles(window):
-    items = window.sidebar.list
-    return [items.item(i).text() for i in range(items.count())]
+    """The sidebar's rows as shown: each group's heading, then its conversations."""
+    model, shown, group = window.sidebar.list.model(), [], None
+    for row in range(model.rowCount()):
+        index = model.index(row)
+        if index.data(GROUP_ROLE) != group:
+            group = index.data(GROUP_ROLE)
+            shown.append(group)
+        shown.append(index.data())
+    return shown
 
 
 def test_shortcuts_sidebar_and_export_import(qtbot, open_window, tmp_path, monkeypatch):
@@ -41,8 +49,8 @@ def test_shortcuts_sidebar_and_export_import(qtbot, open_window, tmp_path, monke
 
     window.sidebar.set_pinned(first, True)
     assert sidebar_titles(window) == ["Pinned", "Hello there", "Today", "Second chat"]
-    item = window.sidebar.list.item(1)
-    item.setText("Greetings")  # what an in-place rename ends with
+    model = window.sidebar.list.model()
+    assert model.setData(model.index(0), "Greetings")  # what an in-place rename ends with
     assert window.store.get_conversation(first)["title"] == "Greetings"
 
     exported = tmp_path / "greetings.json"

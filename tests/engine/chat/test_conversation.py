@@ -67,6 +67,17 @@ def test_token_budget_leaves_the_last_token_to_the_next_prefill(tiny_chat):
     assert c.last_turn.stats.prefilled_tokens == 1 + new
 
 
+def test_reply_tokens_counts_the_reply_as_it_streams_even_through_a_held_back_character(tiny_chat):
+    model, tok = tiny_chat
+    end = tok.token_id("<|im_end|>")
+    c = chat(tiny_chat, processor=Script(ids(tok, "café!") + [end], ids(tok, "ok") + [end]))
+    seen = [(piece, c.reply_tokens) for piece in c.send("hi")]
+    # "é" is two byte tokens: the first completes no text, so the count runs ahead of the pieces
+    assert seen == [("c", 1), ("a", 2), ("f", 3), ("é", 5), ("!", 6)]
+    assert c.reply_tokens == len(c.last_turn.token_ids) == 6
+    assert [count for _, count in ((p, c.reply_tokens) for p in c.send("again"))] == [1, 2]  # from 0 again
+
+
 def test_stop_sequences_and_extra_stop_ids(tiny_chat):
     model, tok = tiny_chat
     c = chat(tiny_chat, stop_sequences=("xyz", "lo"), processor=Script(ids(tok, "Hello there")))

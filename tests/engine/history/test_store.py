@@ -42,6 +42,15 @@ def test_conversation_crud(store):
         store.get_conversation(b)
 
 
+def test_conversations_list_a_page_at_a_time_in_the_same_order(store):
+    ids = [store.create_conversation("m", title=str(i)) for i in range(5)]
+    store.set_pinned(ids[0], True)
+    order = [c["id"] for c in store.list_conversations()]
+    assert order == [ids[0], ids[4], ids[3], ids[2], ids[1]]
+    pages = [[c["id"] for c in store.list_conversations(limit=2, offset=at)] for at in (0, 2, 4, 6)]
+    assert pages == [order[:2], order[2:4], order[4:], []]
+
+
 def test_first_user_message_titles_the_conversation(store):
     cid = store.create_conversation("m")
     store.add_message(cid, "system", "You are helpful.")
