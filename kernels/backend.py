@@ -183,6 +183,16 @@ class Backend(Protocol):
         """A fused row-wise forward of these layers, or None (the engine composes the ops)."""
 
 
+def kv_rows_f32(dtype: str, stored: np.ndarray) -> np.ndarray:
+    """Storage-form KV rows [..., width] as float32 [..., head_dim] (NumPy; off the hot path)."""
+    if dtype == "f16":
+        return stored.view(np.float16).astype(np.float32)
+    blocks = np.ascontiguousarray(stored).reshape(*stored.shape[:-1], -1, Q8_0_BLOCK_BYTES)
+    scales = blocks[..., :2].copy().view(np.float16).astype(np.float32)
+    values = blocks[..., 2:].view(np.int8).astype(np.float32) * scales
+    return values.reshape(*stored.shape[:-1], -1)
+
+
 # -- selection ----------------------------------------------------------------------------------------
 
 
