@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 import time
 
+from app.cli_backend import add_backend_option
 from engine.cartridge import store
 from engine.cartridge.build import Attached, attach
 from engine.cartridge.ingest import read_document
@@ -119,6 +120,7 @@ def register(subparsers) -> None:
     # the model is an option here: the files are the positional arguments
     p.add_argument("--model", default=None, help="a starter model name or a .gguf path (default: the default model)")
     p.add_argument("--threads", type=int, default=None, help="kernel threads (default: $FUCINA_THREADS or all cores)")
+    add_backend_option(p)
     p.add_argument("--kv", choices=["f16", "q8_0"], default="f16", help="KV cache type")
     p.set_defaults(func=run_add)
     p = sub.add_parser("list", help="the stored documents, most recently used first")
