@@ -47,6 +47,10 @@ class BackendUnavailable(RuntimeError):
     """A backend cannot start here (no device, driver or package); the message says which and why."""
 
 
+class UnsupportedKvDtype(ValueError):
+    """A backend does not keep KV caches of this dtype (kv_store)."""
+
+
 class BackendFallbackWarning(UserWarning):
     """A requested backend could not start and the CPU runs instead."""
 

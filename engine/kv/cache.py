@@ -16,8 +16,8 @@ from typing import Sequence
 
 import numpy as np
 
-from engine.errors import KvCacheHeadDimNotBlockAligned, KvCacheOverflow, KvCacheShapeMismatch
-from kernels.backend import Q8_0_BLOCK, Backend, cpu_backend, kv_rows_f32
+from engine.errors import KvCacheHeadDimNotBlockAligned, KvCacheOverflow, KvCacheShapeMismatch, KvDtypeUnsupported
+from kernels.backend import Q8_0_BLOCK, Backend, UnsupportedKvDtype, cpu_backend, kv_rows_f32
 
 
 class KvDtype(str, Enum):
@@ -44,7 +44,10 @@ class KvCache:
                     f"a q8_0 KV cache needs head_dim to be a multiple of {Q8_0_BLOCK}; this model has {bad[0]}"
                 )
         self.backend = backend or cpu_backend()
-        self.store = self.backend.kv_store(self.kv_heads, self.head_dims, self.capacity, self.dtype.value)
+        try:
+            self.store = self.backend.kv_store(self.kv_heads, self.head_dims, self.capacity, self.dtype.value)
+        except UnsupportedKvDtype as e:
+            raise KvDtypeUnsupported(f"{e}: use the f16 KV cache (--kv f16) or the cpu backend") from None
 
     @classmethod
     def uniform(cls, n_layers: int, kv_heads: int, head_dim: int, capacity: int,

@@ -1,0 +1,91 @@
+"""The CUDA backend's checks, run in a child process under numba-cuda's simulator (test_cuda_sim.py starts
+it: NUMBA_ENABLE_CUDASIM must be set before numba.cuda is first imported). Prints one JSON object.
+
+Shapes are tiny: the simulator runs every CUDA thread as a Python thread.
+"""
+
+import contextlib
+import io
+import json
+import os
+import sys
+import tempfile
+
+import numpy as np
+from gguf.constants import GGMLQuantizationType as T
+
+from app.cli import main
+from kernels.backend import select_backend
+from kernels.cpu import quant
+from tests.quant_weights import random_weight
+from tests.synthetic import write_tiny_model
+
+FORMATS = (T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)
+OUT = 4
+DECODE_ROWS, PREFILL_ROWS = 2, 5  # above 4 rows a prefill product takes the tiled kernel
+
+
+def _format(qtype, cpu, cuda_be, rng) -> dict:
+    cols = 256 if qtype in (T.Q4_K, T.Q5_K, T.Q6_K) else 32
+    raw = random_weight(qtype, OUT, cols, rng)
+    bias = rng.standard_normal(OUT).astype(np.float32)
+    x = rng.standard_normal((PREFILL_ROWS, cols)).astype(np.float32)
+    w_cpu = cpu.upload_weight(int(qtype), raw, OUT, cols, bias)
+    w_dev = cuda_be.upload_weight(int(qtype), raw, OUT, cols, bias)
+    # exact: the CPU's own decoding of the blocks, multiplied in float64
+    dense = quant.dequantize(int(qtype), raw).astype(np.float64)
+    exact = x @ dense.T + bias
+    # the size of a float32 sum's rounding: each of `cols` additions may lose half an ulp of the running sum
+    bound = cols * 2.0 ** -24 * (np.abs(x) @ np.abs(dense).T + np.abs(bias))
+    x_dev = _to_device(x)
+    rows = cuda_be.to_host(cuda_be.linear([w_dev], _to_device(x[:DECODE_ROWS]), True)[0])
+    prefill = cuda_be.to_host(cuda_be.linear([w_dev], x_dev, False)[0])
+    ids = np.array([3, 0, 3])
+    return {
+        "row_wise_excess": float(np.max(np.abs(rows - exact[:DECODE_ROWS]) - bound[:DECODE_ROWS])),
+        "prefill_excess": float(np.max(np.abs(prefill - exact) - bound)),
+        "embed_gap": float(np.max(np.abs(cuda_be.to_host(cuda_be.embed(w_dev, ids, 0.5))
+                                          - cpu.embed(w_cpu, ids, 0.5)))),
+    }
+
+
+def _to_device(a):
+    from numba import cuda
+
+    return cuda.to_device(np.ascontiguousarray(a))
+
+
+def _eval(path, backend: str, how: str) -> np.ndarray:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = main(["eval", path, "--ids", "1,5,7,9,2", "--top", "8", "--backend", backend, "--path", how, "--json"])
+    assert rc == 0, rc
+    rows = json.loads(out.getvalue())["positions"]
+    return np.array([r["top_logits"] for r in rows]), np.array([r["top_ids"] for r in rows])
+
+
+def _model(arch: str, how: str, directory: str) -> dict:
+    path = os.path.join(directory, f"{arch}.gguf")
+    write_tiny_model(path, arch, n_layers=2, n_embd=32, n_head=2, n_head_kv=1, n_ff=32, qtype=T.F16,
+                     tokenizer=True, window=3)
+    cpu_logits, cpu_ids = _eval(path, "cpu", how)
+    dev_logits, dev_ids = _eval(path, "cuda", how)
+    return {"max_gap": float(np.max(np.abs(cpu_logits[:, 0] - dev_logits[:, 0]))),
+            "top1_agree": bool(np.array_equal(cpu_ids[:, 0], dev_ids[:, 0])),
+            "scale": float(np.max(np.abs(cpu_logits)))}
+
+
+def run() -> dict:
+    assert os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+    rng = np.random.default_rng(7)
+    cpu, cuda_be = select_backend("cpu"), select_backend("cuda")
+    assert cuda_be.name == "cuda", "the simulator did not start the cuda backend"
+    formats = {qtype.name: _format(qtype, cpu, cuda_be, rng) for qtype in FORMATS}
+    with tempfile.TemporaryDirectory() as d:
+        # qwen2: biases, the prefill path; gemma3: q/k and post norms, GELU, a sliding window, row-wise decode
+        models = {f"{arch}-{how}": _model(arch, how, d) for arch, how in (("qwen2", "prefill"), ("gemma3", "decode"))}
+    return {"formats": formats, "models": models}
+
+
+if __name__ == "__main__":
+    json.dump(run(), sys.stdout)
