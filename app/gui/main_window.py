@@ -27,6 +27,7 @@ from engine.errors import FucinaError, StoreError
 from engine.history.store import HistoryStore
 from engine.history.validate import read_export
 from engine.paths import data_dir
+from engine.runtime import configure_backend
 
 PREFERENCES_FILE = "gui.ini"
 
@@ -41,6 +42,9 @@ class MainWindow(QMainWindow):
         db_path = HistoryStore.default_path()
         self.store = HistoryStore(db_path)
         self.preferences = Preferences(data_dir() / PREFERENCES_FILE)
+        # before the first model loads; a backend that cannot start says so once and the CPU runs
+        configure_backend(self.preferences.backend,
+                          lambda message: QMessageBox(QMessageBox.Icon.Warning, "Backend", message, parent=self).open())
         self.client = EngineClient(db_path)
         self.current_id: str | None = None
         self.model_path: str | None = None       # the model the engine has loaded
@@ -345,6 +349,7 @@ class MainWindow(QMainWindow):
         dialog = SettingsDialog(self.current_settings(), self.preferences, self)
         dialog.accepted.connect(lambda: self.apply_settings(dialog.settings()))
         dialog.accepted.connect(lambda: self.set_speculation(dialog.speculation.isChecked()))
+        dialog.accepted.connect(lambda: setattr(self.preferences, "backend", dialog.backend.currentText()))
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.open()
         return dialog

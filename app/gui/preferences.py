@@ -1,5 +1,5 @@
 """What the app remembers between runs: window geometry, the last conversation and model, recently used
-model files, named settings presets and whether replies decode speculatively. One INI file next to the
+model files, named settings presets, whether replies decode speculatively and where the model runs. One INI file next to the
 history database, so a data directory (`FUCINA_HOME`) carries everything."""
 
 from __future__ import annotations
@@ -43,6 +43,15 @@ class Preferences:
     @speculation.setter
     def speculation(self, on: bool) -> None:
         self._settings.setValue("engine/speculation", on)
+
+    @property
+    def backend(self) -> str:
+        """Where models run: "auto" (a CUDA GPU when present, Metal on macOS, else the CPU), "cpu", "cuda", "gpu"."""
+        return self._settings.value("engine/backend", "auto")
+
+    @backend.setter
+    def backend(self, name: str) -> None:
+        self._settings.setValue("engine/backend", name)
 
     @property
     def recent_models(self) -> list[str]:

@@ -1,7 +1,7 @@
 """The status bar's numbers: context used of available, the oldest turns the context leaves out, time to
 first token, decode speed, whether the reply continued a warm KV cache (reused positions) or had to
-prefill the history again, and for a speculative reply its tokens per step and draft acceptance; while a
-long prompt is read, how far the engine has got."""
+prefill the history again, for a speculative reply its tokens per step and draft acceptance, and the
+backend the model runs on; while a long prompt is read, how far the engine has got."""
 
 from __future__ import annotations
 
@@ -39,6 +39,8 @@ def describe(status: EngineStatus) -> str:
     elif status.context_size:
         parts.append(f"resumed warm ({status.resumed_positions:,} positions)" if status.resumed_positions
                      else "cold start")
+    if status.backend:
+        parts.append(f"on {status.backend}")
     return SEPARATOR.join(parts)
 
 

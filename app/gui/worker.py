@@ -41,6 +41,7 @@ class EngineStatus:
     left_out_turns: int = 0          # oldest turns the context policy leaves out of the prompt
     spec_tokens_per_step: float | None = None  # the last reply's, when it decoded speculatively
     spec_acceptance: float | None = None       # accepted share of its drafted tokens (None: nothing drafted)
+    backend: str = ""                # where the model runs ("cpu", "cuda", "gpu")
 
 
 @dataclass(frozen=True)
@@ -331,7 +332,8 @@ class EngineWorker(QObject):
             reused_tokens=stats.reused_tokens if stats else 0, prefilled_tokens=stats.prefilled_tokens if stats else 0,
             finish_reason=turn and turn.finish_reason, left_out_turns=left_out,
             spec_tokens_per_step=spec.tokens_per_step() if spec and spec.steps else None,
-            spec_acceptance=spec.acceptance_rate() if spec and spec.drafted else None))
+            spec_acceptance=spec.acceptance_rate() if spec and spec.drafted else None,
+            backend=self.model.backend.name))
 
     @Slot()
     def shutdown(self) -> None:
