@@ -75,6 +75,16 @@ def _model(arch: str, how: str, directory: str) -> dict:
             "scale": float(np.max(np.abs(cpu_logits)))}
 
 
+def _q8_0_cache_refused(directory: str) -> str:
+    path = os.path.join(directory, "q8.gguf")
+    write_tiny_model(path, "llama", n_layers=1, n_embd=32, n_head=1, n_head_kv=1, n_ff=32, qtype=T.F16,
+                     tokenizer=True)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = main(["eval", path, "--ids", "1", "--backend", "cuda", "--kv", "q8_0"])
+    return f"{rc} {err.getvalue().strip()}"
+
+
 def run() -> dict:
     assert os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
     rng = np.random.default_rng(7)
@@ -84,7 +94,8 @@ def run() -> dict:
     with tempfile.TemporaryDirectory() as d:
         # qwen2: biases, the prefill path; gemma3: q/k and post norms, GELU, a sliding window, row-wise decode
         models = {f"{arch}-{how}": _model(arch, how, d) for arch, how in (("qwen2", "prefill"), ("gemma3", "decode"))}
-    return {"formats": formats, "models": models}
+        refused = _q8_0_cache_refused(d)
+    return {"formats": formats, "models": models, "q8_0_cache": refused}
 
 
 if __name__ == "__main__":

@@ -50,3 +50,8 @@ def test_tiny_model_through_the_cli_agrees_with_the_cpu(results, case):
     r = results["models"][case]
     assert r["top1_agree"], r
     assert r["max_gap"] <= 1e-3, r
+
+
+def test_a_q8_0_cache_on_the_device_is_a_user_error(results):
+    assert results["q8_0_cache"] == ("2 error: the cuda backend keeps an f16 KV cache, not q8_0: use the f16 KV "
+                                     "cache (--kv f16) or the cpu backend")
