@@ -150,7 +150,8 @@ class Backend(Protocol):
         """A float32 vector (norm weight) kept resident."""
 
     def kv_store(self, kv_heads: Sequence[int], head_dims: Sequence[int], capacity: int, dtype: str) -> KvStore:
-        """Storage for `capacity` positions of every layer (zeroed)."""
+        """Storage for `capacity` positions of every layer (zeroed); UnsupportedKvDtype for a dtype this backend
+        does not keep."""
 
     # -- ops on activations
     def embed(self, w: Weight, ids: np.ndarray, scale: float) -> Act:

@@ -1,5 +1,5 @@
-"""CudaBackend: the ops of kernels.backend as numba-cuda kernels, weights and the f16 KV cache in device
-memory.
+"""CudaBackend: the ops of kernels.backend as numba-cuda kernels, weights and the KV cache (f16 or q8_0) in
+device memory.
 
 A forward moves the token ids and positions to the device and the logits (or the hidden states) back;
 everything in between stays there. Formats without a CUDA kernel are widened to F32 once, at upload.
@@ -17,9 +17,9 @@ from typing import Sequence
 import numpy as np
 from gguf.constants import GGMLQuantizationType as T
 
-from kernels.backend import AttentionShape, BackendUnavailable, Segment, UnsupportedKvDtype
+from kernels.backend import Q8_0_BLOCK, Q8_0_BLOCK_BYTES, AttentionShape, BackendUnavailable, Segment
 from kernels.cpu import quant as cpu_quant
-from kernels.cpu.backend import CpuBackend
+from kernels.cpu.backend import CpuBackend, CpuKvStore
 from kernels.cuda import kernels as k
 from kernels.cuda.formats import DECODERS, FLOAT_VIEWS
 
@@ -42,40 +42,73 @@ class CudaWeight:
 
 
 class CudaKvStore:
-    """Per layer, K and V as device float16 [capacity, kv_heads, head_dim]."""
+    """Per layer, K and V in device memory: f16 as float16 [capacity, kv_heads, head_dim]; q8_0 as int8
+    values [capacity, kv_heads, head_dim] and float16 scales [capacity, kv_heads, head_dim / 32], which
+    read and write interleave into GGML's block_q8_0 bytes."""
 
-    dtype = "f16"
+    def __init__(self, kv_heads: Sequence[int], head_dims: Sequence[int], capacity: int, dtype: str):
+        self.dtype, self.capacity = dtype, capacity
+        self._cpu = CpuKvStore([1], [head_dims[0]], 1, dtype)  # its encoder, for write_f32
+        values = np.float16 if dtype == "f16" else np.int8
+        # per layer and for K then V: (values, scales); an f16 cache passes its values as the unused scales
+        self.layers = [[self._alloc(capacity, h, d, values) for _ in "kv"] for h, d in zip(kv_heads, head_dims)]
+        self.widths = [d if dtype == "f16" else d // Q8_0_BLOCK * Q8_0_BLOCK_BYTES for d in head_dims]
 
-    def __init__(self, kv_heads: Sequence[int], head_dims: Sequence[int], capacity: int):
-        zeros = [np.zeros((capacity, h, d), np.float16) for h, d in zip(kv_heads, head_dims)]
-        self.k = [cuda.to_device(z) for z in zeros]
-        self.v = [cuda.to_device(z) for z in zeros]
+    def _alloc(self, capacity: int, heads: int, head_dim: int, values) -> tuple:
+        v = cuda.to_device(np.zeros((capacity, heads, head_dim), values))
+        if self.dtype == "f16":
+            return v, v
+        return v, cuda.to_device(np.zeros((capacity, heads, head_dim // Q8_0_BLOCK), np.float16))
 
     def row_layout(self, layer: int):
-        return np.dtype(np.uint16), tuple(self.k[layer].shape[1:])
+        dtype = np.uint16 if self.dtype == "f16" else np.uint8
+        return np.dtype(dtype), (self.layers[layer][0][0].shape[1], self.widths[layer])
 
     def write_f32(self, layer: int, start: int, k_rows: np.ndarray, v_rows: np.ndarray) -> None:
-        self.write(layer, start, k_rows.astype(np.float16).view(np.uint16), v_rows.astype(np.float16).view(np.uint16))
+        self.write(layer, start, self._cpu.encode(k_rows), self._cpu.encode(v_rows))
 
     def write(self, layer: int, start: int, k_rows: np.ndarray, v_rows: np.ndarray) -> None:
-        if len(k_rows):
-            self.k[layer][start : start + len(k_rows)].copy_to_device(np.ascontiguousarray(k_rows).view(np.float16))
-            self.v[layer][start : start + len(v_rows)].copy_to_device(np.ascontiguousarray(v_rows).view(np.float16))
+        for (values, scales), rows in zip(self.layers[layer], (k_rows, v_rows)):
+            if not len(rows):
+                continue
+            end = start + len(rows)
+            if self.dtype == "f16":
+                values[start:end].copy_to_device(np.ascontiguousarray(rows).view(np.float16))
+                continue
+            blocks = np.ascontiguousarray(rows).reshape(*rows.shape[:2], -1, Q8_0_BLOCK_BYTES)
+            values[start:end].copy_to_device(np.ascontiguousarray(blocks[..., 2:]).view(np.int8)
+                                             .reshape(len(rows), *values.shape[1:]))
+            scales[start:end].copy_to_device(np.ascontiguousarray(blocks[..., :2]).view(np.float16)[..., 0])
 
     def read(self, layer: int, start: int, end: int):
+        dtype, shape = self.row_layout(layer)
         if end <= start:
-            empty = np.zeros((0, *self.k[layer].shape[1:]), np.uint16)
-            return empty, empty.copy()
-        return (self.k[layer][start:end].copy_to_host().view(np.uint16),
-                self.v[layer][start:end].copy_to_host().view(np.uint16))
+            return np.zeros((0, *shape), dtype), np.zeros((0, *shape), dtype)
+        out = []
+        for values, scales in self.layers[layer]:
+            if self.dtype == "f16":
+                out.append(values[start:end].copy_to_host().view(np.uint16))
+                continue
+            q = values[start:end].copy_to_host().view(np.uint8).reshape(end - start, shape[0], -1, Q8_0_BLOCK)
+            d = scales[start:end].copy_to_host().view(np.uint8).reshape(end - start, shape[0], -1, 2)
+            out.append(np.concatenate([d, q], axis=-1).reshape(end - start, *shape))
+        return out[0], out[1]
 
     def copy_from(self, src: "CudaKvStore", start: int, end: int) -> None:
-        if end > start:
-            for dst_l, src_l in zip(self.k + self.v, src.k + src.v):
-                dst_l[start:end].copy_to_device(src_l[start:end])
+        if end <= start:
+            return
+        for dst_layer, src_layer in zip(self.layers, src.layers):
+            for (dst_values, dst_scales), (src_values, src_scales) in zip(dst_layer, src_layer):
+                dst_values[start:end].copy_to_device(src_values[start:end])
+                if self.dtype != "f16":
+                    dst_scales[start:end].copy_to_device(src_scales[start:end])
 
-    def nbytes(self) -> int:
-        return sum(a.size * 2 for a in self.k + self.v)
+    def nbytes(self) -> int:  # what the device holds, the storage form's size (q8_0 scales included)
+        total = 0
+        for layer in range(len(self.layers)):
+            dtype, (heads, width) = self.row_layout(layer)
+            total += 2 * self.capacity * heads * width * dtype.itemsize
+        return total
 
 
 def _blocks(cols: int, per: int) -> int:
@@ -103,9 +136,7 @@ class CudaBackend:
         return cuda.to_device(np.ascontiguousarray(v, dtype=np.float32))
 
     def kv_store(self, kv_heads, head_dims, capacity, dtype) -> CudaKvStore:
-        if dtype != "f16":
-            raise UnsupportedKvDtype(f"the cuda backend keeps an f16 KV cache, not {dtype}")
-        return CudaKvStore(kv_heads, head_dims, capacity)
+        return CudaKvStore(kv_heads, head_dims, capacity, dtype)
 
     def embed(self, w: CudaWeight, ids: np.ndarray, scale: float):
         out = cuda.device_array((len(ids), w.in_dim), np.float32)
@@ -167,10 +198,11 @@ class CudaBackend:
         out = cuda.device_array(q.shape, np.float32)
         for s in segments:
             r0, r1 = s.row_start, s.row_end
-            kc, vc = s.store.k[layer], s.store.v[layer]
-            k.kv_write[(r1 - r0, shape.n_kv), k.THREADS](key[r0:r1], value[r0:r1], kc, vc, s.pos0)
-            k.attention[r1 - r0, shape.n_head](q[r0:r1], kc, vc, s.pos0, shape.window, np.float32(shape.scale),
-                                                 out[r0:r1])
+            kv_write, attend = k.cache_kernels(s.store.dtype == "q8_0")
+            (kc, ks), (vc, vs) = s.store.layers[layer]
+            kv_write[r1 - r0, shape.n_kv](key[r0:r1], value[r0:r1], kc, ks, vc, vs, s.pos0)
+            attend[r1 - r0, shape.n_head](q[r0:r1], kc, ks, vc, vs, s.pos0, shape.window, np.float32(shape.scale),
+                                          out[r0:r1])
         return out
 
     def take_rows(self, x, rows: Sequence[int]):

@@ -13,7 +13,7 @@ reads the weight rows coalesced and is the next step.
 import functools
 import math
 
-from numba import cuda, float32
+from numba import cuda, float32, int32
 
 from kernels.cuda.formats import DECODERS
 
@@ -124,41 +124,73 @@ def take_rows(x, rows, out):
         out[i, c] = x[rows[i], c]
 
 
-@cuda.jit
-def kv_write(k, v, kc, vc, pos0):
-    """Rows i of k, v [rows, kv_heads * head_dim] to f16 cache rows pos0 + i ([capacity, kv_heads, head_dim])."""
-    i, h = cuda.blockIdx.x, cuda.blockIdx.y
-    d = kc.shape[2]
-    for c in range(cuda.threadIdx.x, d, cuda.blockDim.x):
-        kc[pos0 + i, h, c] = k[i, h * d + c]
-        vc[pos0 + i, h, c] = v[i, h * d + c]
+@functools.cache
+def cache_kernels(q8_0: bool):
+    """(kv_write, attention) for an f16 cache (values [capacity, kv_heads, head_dim], the scales unused) or a
+    q8_0 one (int8 values and one f16 scale per 32 of them, [capacity, kv_heads, head_dim / 32])."""
+    if q8_0:
+        @cuda.jit(device=True, inline=True)
+        def write_head(x, o, d, values, scales, pos, h):
+            """Quantize x[o:o + d] as GGML's block_q8_0 does: scale = max|x| / 127, round half away from 0."""
+            for b in range(d // 32):
+                amax = float32(0)
+                for j in range(32):
+                    amax = max(amax, abs(x[o + b * 32 + j]))
+                scale = amax / float32(127)
+                inv = float32(1) / scale if scale != 0 else float32(0)
+                scales[pos, h, b] = scale
+                for j in range(32):
+                    v = x[o + b * 32 + j] * inv
+                    values[pos, h, b * 32 + j] = int32(v + math.copysign(float32(0.5), v))  # toward 0
 
+        @cuda.jit(device=True, inline=True)
+        def read(values, scales, j, h, c):
+            return float32(values[j, h, c]) * float32(scales[j, h, c // 32])
+    else:
+        @cuda.jit(device=True, inline=True)
+        def write_head(x, o, d, values, scales, pos, h):
+            for c in range(d):
+                values[pos, h, c] = x[o + c]
 
-@cuda.jit
-def attention(q, kc, vc, pos0, window, scale, out):
-    """Thread (row i, head h): softmax(scale * q . k) v over the keys row i sees (positions up to pos0 + i,
-    the last `window` of them when window > 0), in one pass with a running maximum."""
-    i, h = cuda.blockIdx.x, cuda.threadIdx.x
-    n_head, d = cuda.blockDim.x, kc.shape[2]
-    kvh = h // (n_head // kc.shape[1])
-    pos = pos0 + i
-    start = pos - window + 1 if window > 0 and pos + 1 > window else 0
-    base = h * d
-    for c in range(d):
-        out[i, base + c] = float32(0)
-    top, total = float32(-math.inf), float32(0)
-    for j in range(start, pos + 1):
-        s = float32(0)
+        @cuda.jit(device=True, inline=True)
+        def read(values, scales, j, h, c):
+            return float32(values[j, h, c])
+
+    @cuda.jit
+    def kv_write(k, v, kc, ks, vc, vs, pos0):
+        """Thread (row i, kv head h): rows i of k, v [rows, kv_heads * head_dim] to cache position pos0 + i."""
+        i, h = cuda.blockIdx.x, cuda.threadIdx.x
+        d = kc.shape[2]
+        write_head(k[i], h * d, d, kc, ks, pos0 + i, h)
+        write_head(v[i], h * d, d, vc, vs, pos0 + i, h)
+
+    @cuda.jit
+    def attention(q, kc, ks, vc, vs, pos0, window, scale, out):
+        """Thread (row i, head h): softmax(scale * q . k) v over the keys row i sees (positions up to pos0 + i,
+        the last `window` of them when window > 0), in one pass with a running maximum."""
+        i, h = cuda.blockIdx.x, cuda.threadIdx.x
+        n_head, d = cuda.blockDim.x, kc.shape[2]
+        kvh = h // (n_head // kc.shape[1])
+        pos = pos0 + i
+        start = pos - window + 1 if window > 0 and pos + 1 > window else 0
+        base = h * d
         for c in range(d):
-            s += q[i, base + c] * float32(kc[j, kvh, c])
-        s *= scale
-        new_top = max(top, s)
-        rescale = math.exp(top - new_top)
-        p = math.exp(s - new_top)
-        total = total * rescale + p
+            out[i, base + c] = float32(0)
+        top, total = float32(-math.inf), float32(0)
+        for j in range(start, pos + 1):
+            s = float32(0)
+            for c in range(d):
+                s += q[i, base + c] * read(kc, ks, j, kvh, c)
+            s *= scale
+            new_top = max(top, s)
+            rescale = math.exp(top - new_top)
+            p = math.exp(s - new_top)
+            total = total * rescale + p
+            for c in range(d):
+                out[i, base + c] = out[i, base + c] * rescale + p * read(vc, vs, j, kvh, c)
+            top = new_top
+        inv = float32(1) / total
         for c in range(d):
-            out[i, base + c] = out[i, base + c] * rescale + p * float32(vc[j, kvh, c])
-        top = new_top
-    inv = float32(1) / total
-    for c in range(d):
-        out[i, base + c] *= inv
+            out[i, base + c] *= inv
+
+    return kv_write, attention

@@ -5,9 +5,10 @@ import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType as T
 
-from engine.errors import KvCacheShapeMismatch
+from engine.errors import KvCacheShapeMismatch, KvDtypeUnsupported
 from engine.kv.cache import KvCache
 from engine.models import load_model
+from kernels.backend import UnsupportedKvDtype
 from kernels.cpu.backend import CpuBackend
 from tests.synthetic import write_tiny_model
 
@@ -48,3 +49,17 @@ def test_a_cache_on_another_backend_is_refused(tiny):
     other = KvCache(a.n_head_kv, [a.head_dim] * a.n_layers, 16, backend=ComposingBackend())
     with pytest.raises(KvCacheShapeMismatch, match="lives on the composing backend; this model runs on the cpu"):
         model.forward([1, 2], other)
+
+
+class F16OnlyBackend(CpuBackend):
+    name = "f16-only"
+
+    def kv_store(self, kv_heads, head_dims, capacity, dtype):
+        if dtype != "f16":
+            raise UnsupportedKvDtype(f"the f16-only backend keeps an f16 KV cache, not {dtype}")
+        return super().kv_store(kv_heads, head_dims, capacity, dtype)
+
+
+def test_a_cache_type_the_backend_does_not_keep_is_a_user_error():
+    with pytest.raises(KvDtypeUnsupported, match=r"not q8_0: use the f16 KV cache \(--kv f16\) or the cpu backend"):
+        KvCache([2], [32], 8, "q8_0", F16OnlyBackend())
