@@ -15,6 +15,7 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType as T
 
 from app.cli import main
+from engine.models import load_model
 import kernels.backend as seam
 from kernels.backend import select_backend
 from kernels.cpu import quant
@@ -99,6 +100,21 @@ def _q8_0_cache(cpu, cuda_be, rng) -> dict:
             "layout": [str(store.row_layout(0)[0]), list(store.row_layout(0)[1])] == ["uint8", [2, 68]]}
 
 
+def _row_wise_bits(cuda_be, directory: str) -> bool:
+    """Rows fed together on the device get the bits of feeding them one at a time (what verification needs)."""
+    path = os.path.join(directory, "gemma3-rows.gguf")
+    write_tiny_model(path, "gemma3", n_layers=1, n_embd=32, n_head=2, n_head_kv=1, n_ff=32, vocab=32,
+                     qtype=T.Q4_0, window=3)
+    model = load_model(path, cuda_be)
+    one, together = model.new_cache(8), model.new_cache(8)
+    model.forward([1, 2], one)
+    model.forward([1, 2], together)
+    alone = np.stack([model.forward([t], one) for t in (5, 6, 7)])
+    rows = model.forward_rows([5, 6, 7], together)
+    return bool(np.array_equal(rows, alone)) and all(
+        np.array_equal(together.read_rows(0, 0, 5)[i], one.read_rows(0, 0, 5)[i]) for i in (0, 1))
+
+
 def run() -> dict:
     assert os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
     rng = np.random.default_rng(7)
@@ -110,7 +126,9 @@ def run() -> dict:
         # row-wise decode
         models = {f"{arch}-{how}-{kv}": _model(arch, how, kv, d)
                   for arch, how, kv in (("qwen2", "prefill", "q8_0"), ("gemma3", "decode", "f16"))}
-    return {"formats": formats, "models": models, "q8_0_cache": _q8_0_cache(cpu, cuda_be, rng)}
+        row_wise = _row_wise_bits(cuda_be, d)
+    return {"formats": formats, "models": models, "row_wise_bits": row_wise,
+            "q8_0_cache": _q8_0_cache(cpu, cuda_be, rng)}
 
 
 if __name__ == "__main__":

@@ -56,3 +56,7 @@ def test_tiny_model_through_the_cli_agrees_with_the_cpu(results, case):
 
 def test_a_q8_0_cache_on_the_device_stores_ggml_blocks(results):
     assert results["q8_0_cache"] == {"round_trip": True, "quantized_as_cpu": True, "layout": True}
+
+
+def test_rows_fed_together_on_the_device_get_their_one_row_bits(results):
+    assert results["row_wise_bits"] is True
