@@ -40,7 +40,6 @@ Act = Any  # a backend's float32 [rows, cols] activation (NumPy on the CPU, devi
 BACKENDS = ("auto", "cpu", "cuda", "gpu")
 Q8_0_BLOCK = 32  # values per block_q8_0 (f16 scale + 32 int8): a q8_0 KV row's head_dim must be a multiple
 Q8_0_BLOCK_BYTES = 2 + Q8_0_BLOCK
-KV_DTYPES = ("f16", "q8_0")
 
 
 class BackendUnavailable(RuntimeError):
