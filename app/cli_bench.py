@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+from app.cli_backend import add_backend_option, use_backend
 from app.cli_eval import resolve_model_path
 from app.cli_sampling import add_sampler_options, sampler_config
 from engine.bench import PEERS, benchmark, rows_throughput
@@ -30,6 +31,7 @@ def run_bench(args) -> int:
     if args.cold_start:
         return _run_cold_start(args)
     threads = configure_threads(args.threads)
+    use_backend(args)
     path = resolve_model_path(args.model)
     log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr, flush=True))
     if args.reopen:
@@ -140,6 +142,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("bench", help="measure prefill/decode speed, optionally against llama.cpp")
     p.add_argument("model", help="a starter model name or a path to a .gguf file")
     p.add_argument("--threads", type=int, default=None, help="kernel threads (default: $FUCINA_THREADS or all cores)")
+    add_backend_option(p)
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--gen-tokens", type=int, default=128)
     p.add_argument("--runs", type=int, default=5)

@@ -11,6 +11,7 @@ import sys
 import time
 from typing import Callable
 
+from app.cli_backend import add_backend_option
 from engine.cartridge import store
 from engine.cartridge.build import Attached, attach, prefix_ids
 from engine.cartridge.chat_documents import Restored, restore
@@ -172,6 +173,7 @@ def register(subparsers) -> None:
     # the model is an option here: the files are the positional arguments
     p.add_argument("--model", default=None, help="a starter model name or a .gguf path (default: the default model)")
     p.add_argument("--threads", type=int, default=None, help="kernel threads (default: $FUCINA_THREADS or all cores)")
+    add_backend_option(p)
     p.add_argument("--kv", choices=["f16", "q8_0"], default="f16", help="KV cache type")
     add_doc_budget_option(p)
     p.set_defaults(func=run_add)

@@ -7,6 +7,7 @@ import json
 import sys
 import time
 
+from app.cli_backend import add_backend_option, use_backend
 from app.cli_docs import add_attach_option, attach_documents
 from app.cli_models import ProgressBar
 from app.cli_sampling import add_grammar_options, add_sampler_options, grammar_from_args, sampler_config
@@ -41,6 +42,7 @@ def add_model_options(p, optional: bool = False) -> None:
     else:
         p.add_argument("model", help="a starter model name or a path to a .gguf file")
     p.add_argument("--threads", type=int, default=None, help="kernel threads (default: $FUCINA_THREADS or all cores)")
+    add_backend_option(p)
     p.add_argument("--kv", choices=["f16", "q8_0"], default="f16", help="KV cache type")
 
 
@@ -52,6 +54,7 @@ def resolve_model_path(name: str):
 
 def open_model(args):
     configure_threads(args.threads)
+    use_backend(args)
     return load_model(resolve_model_path(args.model or default_model_name()))
 
 

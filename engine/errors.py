@@ -45,6 +45,10 @@ class KvCacheHeadDimNotBlockAligned(KvCacheError):
     """A q8_0 cache needs head_dim to be a multiple of 32."""
 
 
+class KvDtypeUnsupported(KvCacheError):
+    """The backend the model runs on does not keep KV caches of this type."""
+
+
 class KvSidecarLocked(KvCacheError):
     """A KV sidecar that another process kept locked for longer than a write takes."""
 

@@ -1,11 +1,13 @@
-"""Process-wide engine settings: how many threads the kernels use."""
+"""Process-wide engine settings: how many threads the kernels use, and which backend runs them."""
 
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 import numba
 
+from kernels.backend import BACKENDS, Backend, cpu_backend, select_backend  # noqa: F401 (BACKENDS: the names the app offers)
 from kernels.cpu import quant
 
 from engine.errors import FucinaError
@@ -26,3 +28,19 @@ def configure_threads(n: int | None = None) -> int:
         raise FucinaError(f"thread count must be between 1 and {cores}, got {n}")
     quant.set_num_threads(n)  # numba's thread count is per calling thread; quant remembers it for all
     return n
+
+
+_backend: Backend | None = None  # None: the CPU, until a command or the app chooses
+
+
+def configure_backend(name: str = "auto", on_fallback: Callable[[str], None] | None = None) -> Backend:
+    """Run models loaded from now on on the backend `name` ("auto", "cpu", "cuda", "gpu"); one that cannot
+    start falls back to the CPU and `on_fallback` gets the message saying why."""
+    global _backend
+    _backend = select_backend(name, on_fallback)
+    return _backend
+
+
+def model_backend() -> Backend:
+    """The backend load_model puts a model on."""
+    return _backend or cpu_backend()

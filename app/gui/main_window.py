@@ -34,6 +34,7 @@ from engine.errors import FucinaError, StoreError
 from engine.history.store import HistoryStore
 from engine.history.validate import read_export
 from engine.paths import data_dir
+from engine.runtime import configure_backend
 
 PREFERENCES_FILE = "gui.ini"
 THEME_NAMES = {"system": "Follow the system", "light": "Light", "dark": "Dark"}
@@ -54,6 +55,9 @@ class MainWindow(QMainWindow):
         db_path = HistoryStore.default_path()
         self.store = HistoryStore(db_path)
         self.preferences, self.theme = preferences, theme
+        # before the first model loads; a backend that cannot start says so once and the CPU runs
+        configure_backend(self.preferences.backend,
+                          lambda message: QMessageBox(QMessageBox.Icon.Warning, "Backend", message, parent=self).open())
         self.client = EngineClient(db_path)
         self.current_id: str | None = None
         self.model_path: str | None = None       # the model the engine has loaded
@@ -450,6 +454,7 @@ class MainWindow(QMainWindow):
         dialog.accepted.connect(lambda: self.apply_settings(dialog.settings()))
         dialog.accepted.connect(lambda: self.set_speculation(dialog.speculation.isChecked()))
         dialog.accepted.connect(lambda: self.set_disk_budget(dialog.disk_budget_bytes()))
+        dialog.accepted.connect(lambda: setattr(self.preferences, "backend", dialog.backend.currentText()))
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.open()
         return dialog

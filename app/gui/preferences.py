@@ -1,7 +1,7 @@
 """What the app remembers between runs: window geometry, the theme and whether the sidebar shows, the last
 conversation and model, recently used model files, named settings presets, whether replies decode
-speculatively and the documents' disk budget. One INI file next to the history database, so a data
-directory (`FUCINA_HOME`) carries everything."""
+speculatively, the documents' disk budget and where the model runs. One INI file next to the history
+database, so a data directory (`FUCINA_HOME`) carries everything."""
 
 from __future__ import annotations
 
@@ -74,6 +74,15 @@ class Preferences:
     @disk_budget.setter
     def disk_budget(self, budget: int) -> None:
         self._settings.setValue("documents/disk_budget", int(budget))
+
+    @property
+    def backend(self) -> str:
+        """Where models run: "auto" (a CUDA GPU when present, Metal on macOS, else the CPU), "cpu", "cuda", "gpu"."""
+        return self._settings.value("engine/backend", "auto")
+
+    @backend.setter
+    def backend(self, name: str) -> None:
+        self._settings.setValue("engine/backend", name)
 
     @property
     def recent_models(self) -> list[str]:

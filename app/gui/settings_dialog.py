@@ -1,6 +1,6 @@
 """Per-conversation settings: system prompt, sampler, reply length, context length, what happens when the
 chat outgrows the context (the context policy) and the response format, with named presets; and the
-settings of every chat, speculative decoding and the documents' disk budget.
+settings of every chat, speculative decoding, the documents' disk budget and the backend the model runs on.
 
 The dialog edits a settings dict shaped like the store's: {"system_prompt": str | None, "sampler": {...}}
 with the store's sampler keys; a seed left on "random" and a free-text response format are simply absent.
@@ -15,6 +15,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, 
 from app.gui.preferences import Preferences
 from app.gui.response_format import ResponseFormatEditor
 from engine.chat.window import DEFAULT_POLICY
+from engine.runtime import BACKENDS
 from engine.sampling import CHAT_DEFAULTS
 from engine.session import DEFAULT_CONTEXT, DEFAULT_MAX_TOKENS
 
@@ -126,11 +127,19 @@ class SettingsDialog(QDialog):
         budget_row = QHBoxLayout()
         budget_row.addWidget(QLabel("Documents on disk"))
         budget_row.addWidget(self.disk_budget)
+        self.backend = QComboBox()
+        self.backend.setAccessibleName("Backend")
+        self.backend.addItems(BACKENDS)
+        self.backend.setCurrentText(preferences.backend)
+        backend_row = QHBoxLayout()
+        backend_row.addWidget(QLabel("Run the model on (from the next start)"))
+        backend_row.addWidget(self.backend)
         box = QGroupBox("Every chat")
         column = QVBoxLayout(box)
         column.addWidget(self.speculation)
         column.addWidget(note)
         column.addLayout(budget_row)
+        column.addLayout(backend_row)
         return box
 
     def disk_budget_bytes(self) -> int:

@@ -1,8 +1,8 @@
 """The status bar's numbers: context used of available, the oldest turns the context leaves out, time to
 first token, decode speed, whether the reply continued a warm KV cache (reused positions) or had to
-prefill the history again, and for a speculative reply its tokens per step and draft acceptance. While a
-turn runs it shows that turn's progress instead: how far the prompt is read (and the time left, estimated
-from the rate so far), then the reply's tokens and live decode speed."""
+prefill the history again, for a speculative reply its tokens per step and draft acceptance, and the
+backend the model runs on. While a turn runs it shows that turn's progress instead: how far the prompt is
+read (and the time left, estimated from the rate so far), then the reply's tokens and live decode speed."""
 
 from __future__ import annotations
 
@@ -41,6 +41,8 @@ def describe(status: EngineStatus) -> str:
     elif status.context_size:
         parts.append(f"resumed warm ({status.resumed_positions:,} positions)" if status.resumed_positions
                      else "cold start")
+    if status.backend:
+        parts.append(f"on {status.backend}")
     return SEPARATOR.join(parts)
 
 

@@ -44,6 +44,7 @@ class EngineStatus:
     spec_tokens_per_step: float | None = None  # the last reply's, when it decoded speculatively
     spec_acceptance: float | None = None       # accepted share of its drafted tokens (None: nothing drafted)
     attachment_tokens: int = 0       # context positions the attached documents take (counted in context_used)
+    backend: str = ""                # where the model runs ("cpu", "cuda", "gpu")
 
 
 @dataclass(frozen=True)
@@ -382,7 +383,8 @@ class EngineWorker(QObject):
             reused_tokens=stats.reused_tokens if stats else 0, prefilled_tokens=stats.prefilled_tokens if stats else 0,
             finish_reason=turn and turn.finish_reason, left_out_turns=left_out,
             spec_tokens_per_step=spec.tokens_per_step() if spec and spec.steps else None,
-            spec_acceptance=spec.acceptance_rate() if spec and spec.drafted else None))
+            spec_acceptance=spec.acceptance_rate() if spec and spec.drafted else None,
+            backend=self.model.backend.name))
 
     @Slot()
     def shutdown(self) -> None:

@@ -42,8 +42,9 @@ class Cartridge:
         """The rows [0, cache.len) of a cache that a prefill of `tokens` filled."""
         if len(tokens) != cache.len:
             raise ValueError(f"{len(tokens)} tokens do not describe the cache's {cache.len} rows")
-        return cls([k[: cache.len].copy() for k in cache.k], [v[: cache.len].copy() for v in cache.v],
-                   cache.dtype, np.asarray(tokens, dtype=np.int64), fingerprint, document, cache.head_dims, name,
+        rows = [cache.read_rows(layer, 0, cache.len) for layer in range(cache.n_layers)]
+        return cls([k.copy() for k, _ in rows], [v.copy() for _, v in rows], cache.dtype,
+                   np.asarray(tokens, dtype=np.int64), fingerprint, document, cache.head_dims, name,
                    model)
 
     @property
@@ -70,8 +71,8 @@ class Cartridge:
         if end > cache.capacity:
             raise ContextFull(f"the attached documents take {end} positions but the chat's context holds "
                               f"{cache.capacity}")
-        for dst, src in zip(cache.k + cache.v, self.k + self.v):
-            dst[cache.len: end] = src
+        for layer, (k, v) in enumerate(zip(self.k, self.v)):
+            cache.write_rows(layer, cache.len, k, v)
         cache.len = end
 
 

@@ -174,11 +174,11 @@ def _tensor(dtype: KvDtype, rows: np.ndarray) -> np.ndarray:
 
 def _rows(like: KvCache, path: Path, tensor: np.ndarray, layer: int, n: int) -> np.ndarray:
     """A layer's tensor as cache rows, when its shape and type are this cache's."""
-    want = like.k[layer]
+    dtype, shape = like.row_layout(layer)
     rows = tensor.view(np.uint16) if tensor.dtype == np.float16 else tensor
-    if rows.dtype != want.dtype or rows.shape != (n, *want.shape[1:]):
+    if rows.dtype != dtype or rows.shape != (n, *shape):
         raise CartridgeRefused(f"the cartridge {path} has layer {layer} rows of shape {tensor.shape} "
-                               f"({tensor.dtype}); this model's cache needs [{n}, {want.shape[1]}, ...] rows")
+                               f"({tensor.dtype}); this model's cache needs [{n}, {shape[0]}, ...] rows")
     return np.ascontiguousarray(rows)
 
 

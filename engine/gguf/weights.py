@@ -1,9 +1,10 @@
 """GGUF tensors bound as typed linear weights, kept in source precision (spec 13.2).
 
 A `LinearWeight` is the tensor's raw GGUF bytes (a zero-copy view of the file's
-mmap) plus its GGML type; the kernels read the blocks directly. Nothing is
-widened to f32 at load. A `LinearGroup` holds several weights that share an
-input (q/k/v, gate/up); the row-wise kernel runs them as one pass without copying their bytes.
+mmap) plus its GGML type, uploaded once to the model's backend (kernels.backend),
+whose kernels read the blocks directly. Nothing is widened to f32 at load. A
+`LinearGroup` holds several weights that share an input (q/k/v, gate/up); the
+backend runs them as one pass.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import numpy as np
 
 from engine.errors import UnsupportedWeightType, WeightShapeError
 from engine.gguf.reader import GGUFFile, ggml_type_name
-from kernels.cpu import quant
+from kernels.backend import Backend, Weight
 
 _FLOAT_VECTOR_TYPES = {0: np.float32, 1: np.float16}  # 1-D norms and biases
 
@@ -20,56 +21,55 @@ _FLOAT_VECTOR_TYPES = {0: np.float32, 1: np.float16}  # 1-D norms and biases
 class LinearWeight:
     """y = x @ W.T for W [out, in] stored as GGUF blocks."""
 
-    def __init__(self, name: str, qtype: int, raw: np.ndarray, out_dim: int, in_dim: int):
+    def __init__(self, name: str, qtype: int, raw: np.ndarray, out_dim: int, in_dim: int, backend: Backend,
+                 bias: np.ndarray | None = None):
         self.name = name
         self.qtype = qtype
         self.raw = raw
         self.out_dim = out_dim
         self.in_dim = in_dim
+        self.backend = backend
+        self.handle: Weight = backend.upload_weight(qtype, raw, out_dim, in_dim, bias)
 
     @classmethod
-    def load(cls, file: GGUFFile, name: str, out_dim: int, in_dim: int) -> "LinearWeight":
+    def load(cls, file: GGUFFile, name: str, out_dim: int, in_dim: int, backend: Backend,
+             bias: str | None = None) -> "LinearWeight":
+        """The tensor `name` (with the 1-D tensor `bias` added to its products, when named)."""
         info = file.tensor(name)
         if info.shape != (out_dim, in_dim):
             raise WeightShapeError(
                 f"{file.path}: tensor {name!r} has shape {list(info.shape)}, expected [{out_dim}, {in_dim}] (out, in)"
             )
-        raw = file.raw(info)
-        if not quant.has_native_kernel(info.ggml_type):
-            try:  # the generic path supports whatever gguf.quants can dequantize
-                quant.dequantize(info.ggml_type, raw, 0, 1)
-            except quant.UnsupportedQuantType:
-                raise UnsupportedWeightType(
-                    f"{file.path}: tensor {name!r} has GGML type {info.type_name}, which has no kernel"
-                ) from None
-        return cls(name, info.ggml_type, raw, out_dim, in_dim)
+        if not backend.supports(info.ggml_type):
+            raise UnsupportedWeightType(
+                f"{file.path}: tensor {name!r} has GGML type {info.type_name}, which has no kernel"
+            )
+        bias_values = None if bias is None else load_vector(file, bias, out_dim)
+        return cls(name, info.ggml_type, file.raw(info), out_dim, in_dim, backend, bias_values)
 
     @property
     def type_name(self) -> str:
         return ggml_type_name(self.qtype)
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        """x [n, in] -> [n, out], the prefill product (kernels.cpu.quant.matmul)."""
-        return quant.matmul(self.qtype, self.raw, x)
+    def __call__(self, x, row_wise: bool = False):
+        """x [n, in] -> [n, out] as backend activations; row_wise: row i bitwise what x[i] alone gives,
+        else the prefill product."""
+        return self.backend.linear([self.handle], x, row_wise)[0]
 
-    def row_wise(self, x: np.ndarray) -> np.ndarray:
-        """x [n, in] -> [n, out] row-wise: row i bitwise what x[i] alone gives (see kernels.cpu.quant.rows)."""
-        return quant.rows(self.qtype, self.raw, x)
-
-    def rows(self, ids: np.ndarray) -> np.ndarray:
-        """Dequantized rows (the embedding lookup), float32 [len(ids), in]."""
-        return quant.gather_rows(self.qtype, self.raw, np.asarray(ids, dtype=np.int64))
+    def rows(self, ids: np.ndarray, scale: float = 1.0):
+        """Dequantized rows times scale (the embedding lookup), an activation [len(ids), in]."""
+        return self.backend.embed(self.handle, np.asarray(ids, dtype=np.int64), scale)
 
 
 class LinearGroup:
-    """Weights applied to the same input (q/k/v, gate/up): the row-wise kernel runs them as one pass;
-    in prefill each is its own GEMM."""
+    """Weights applied to the same input (q/k/v, gate/up), one backend call for all of them."""
 
     def __init__(self, parts: list[LinearWeight]):
         self.parts = parts
+        self.backend = parts[0].backend
 
-    def __call__(self, x: np.ndarray) -> list[np.ndarray]:
-        return [p(x) for p in self.parts]
+    def __call__(self, x, row_wise: bool = False) -> list:
+        return self.backend.linear([p.handle for p in self.parts], x, row_wise)
 
 
 def load_vector(file: GGUFFile, name: str, length: int) -> np.ndarray:

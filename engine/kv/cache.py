@@ -1,10 +1,12 @@
 """Per-layer post-RoPE key/value store for autoregressive decoding (spec 13.4).
 
-Each layer holds one preallocated [capacity, kv_heads, head_dim] array for K and
-one for V. f16 (default) rows are stored as uint16 bit patterns, which the
-attention kernels widen in-register; q8_0 rows as GGML block_q8_0 bytes. The
-cache has no window logic: windowed models mask at read time, which keeps
-`truncate` (the rewind primitive) a single integer store.
+The rows live in the model's backend (a kernels.backend KvStore: host arrays on
+the CPU, device memory elsewhere); this class keeps the length and the checks.
+Each layer holds `capacity` positions of K and of V. f16 (default) rows are
+stored as uint16 bit patterns, which the attention kernels widen in-register;
+q8_0 rows as GGML block_q8_0 bytes. The cache has no window logic: windowed
+models mask at read time, which keeps `truncate` (the rewind primitive) a
+single integer store.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from typing import Sequence
 
 import numpy as np
 
-from engine.errors import KvCacheHeadDimNotBlockAligned, KvCacheOverflow, KvCacheShapeMismatch
-from kernels.cpu import q8_0
+from engine.errors import KvCacheHeadDimNotBlockAligned, KvCacheOverflow, KvCacheShapeMismatch, KvDtypeUnsupported
+from kernels.backend import Q8_0_BLOCK, Backend, UnsupportedKvDtype, cpu_backend, kv_rows_f32
 
 
 class KvDtype(str, Enum):
@@ -25,7 +27,7 @@ class KvDtype(str, Enum):
 
 class KvCache:
     def __init__(self, kv_heads: Sequence[int], head_dims: Sequence[int], capacity: int,
-                 dtype: KvDtype | str = KvDtype.F16):
+                 dtype: KvDtype | str = KvDtype.F16, backend: Backend | None = None):
         if len(kv_heads) != len(head_dims):
             raise KvCacheShapeMismatch(f"{len(kv_heads)} kv_heads entries but {len(head_dims)} head_dims entries")
         if capacity <= 0:
@@ -36,35 +38,58 @@ class KvCache:
         self.capacity = int(capacity)
         self.len = 0
         if self.dtype is KvDtype.Q8_0:
-            bad = [d for d in self.head_dims if d % q8_0.BLOCK]
+            bad = [d for d in self.head_dims if d % Q8_0_BLOCK]
             if bad:
                 raise KvCacheHeadDimNotBlockAligned(
-                    f"a q8_0 KV cache needs head_dim to be a multiple of {q8_0.BLOCK}; this model has {bad[0]}"
+                    f"a q8_0 KV cache needs head_dim to be a multiple of {Q8_0_BLOCK}; this model has {bad[0]}"
                 )
-        self.k = [self._alloc(h, d) for h, d in zip(self.kv_heads, self.head_dims)]
-        self.v = [self._alloc(h, d) for h, d in zip(self.kv_heads, self.head_dims)]
+        self.backend = backend or cpu_backend()
+        try:
+            self.store = self.backend.kv_store(self.kv_heads, self.head_dims, self.capacity, self.dtype.value)
+        except UnsupportedKvDtype as e:
+            raise KvDtypeUnsupported(f"{e}: use the f16 KV cache (--kv f16) or the cpu backend") from None
 
     @classmethod
     def uniform(cls, n_layers: int, kv_heads: int, head_dim: int, capacity: int,
                 dtype: KvDtype | str = KvDtype.F16) -> "KvCache":
         return cls([kv_heads] * n_layers, [head_dim] * n_layers, capacity, dtype)
 
-    def _alloc(self, kv_heads: int, head_dim: int) -> np.ndarray:
-        if self.dtype is KvDtype.F16:
-            return np.zeros((self.capacity, kv_heads, head_dim), dtype=np.uint16)
-        return np.zeros((self.capacity, kv_heads, head_dim // q8_0.BLOCK * q8_0.BLOCK_BYTES), dtype=np.uint8)
-
     @property
     def n_layers(self) -> int:
-        return len(self.k)
+        return len(self.kv_heads)
+
+    @property
+    def k(self) -> list[np.ndarray]:
+        """Every layer's K rows [capacity, kv_heads, width] in storage form (a cache in host memory only)."""
+        return self.store.k
+
+    @property
+    def v(self) -> list[np.ndarray]:
+        return self.store.v
 
     def geometry(self) -> tuple:
         return (self.dtype.value, self.kv_heads, self.head_dims)
 
-    def _encode(self, rows: np.ndarray) -> np.ndarray:
-        if self.dtype is KvDtype.F16:
-            return rows.astype(np.float16).view(np.uint16)
-        return q8_0.quantize(rows)
+    def row_layout(self, layer: int) -> tuple[np.dtype, tuple[int, int]]:
+        """One position of a layer in storage form: (dtype, (kv_heads, width))."""
+        return self.store.row_layout(layer)
+
+    def read_rows(self, layer: int, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        """Positions [start, end) of a layer (within len) as storage-form host arrays (K, V)."""
+        if not 0 <= start <= end <= self.len:
+            raise KvCacheShapeMismatch(f"rows [{start}, {end}) are outside the cache's {self.len} rows")
+        return self.store.read(layer, start, end)
+
+    def write_rows(self, layer: int, start: int, k_rows: np.ndarray, v_rows: np.ndarray) -> None:
+        """Store storage-form rows (what read_rows returns) at positions start..; does not advance."""
+        dtype, shape = self.row_layout(layer)
+        for name, rows in (("K", k_rows), ("V", v_rows)):
+            if rows.dtype != dtype or rows.shape[1:] != shape or len(rows) != len(k_rows):
+                raise KvCacheShapeMismatch(f"layer {layer} {name} rows are {rows.dtype} {rows.shape}; the cache "
+                                           f"stores {dtype} [m, {shape[0]}, {shape[1]}]")
+        if start + len(k_rows) > self.capacity:
+            raise KvCacheOverflow(f"rows up to {start + len(k_rows)} exceed the cache's capacity of {self.capacity}")
+        self.store.write(layer, start, k_rows, v_rows)
 
     def append_layer(self, layer: int, k_rows: np.ndarray, v_rows: np.ndarray) -> None:
         """Write f32 rows [m, kv_heads, head_dim] at offset len. Does not advance: call
@@ -82,8 +107,7 @@ class KvCache:
             raise KvCacheOverflow(
                 f"KV cache full: {self.len} + {m} positions exceed its capacity of {self.capacity}"
             )
-        self.k[layer][self.len : self.len + m] = self._encode(k_rows)
-        self.v[layer][self.len : self.len + m] = self._encode(v_rows)
+        self.store.write_f32(layer, self.len, k_rows, v_rows)
 
     def advance(self, m: int) -> None:
         if self.len + m > self.capacity:
@@ -100,35 +124,29 @@ class KvCache:
 
     def copy_rows(self, src: "KvCache", start: int, end: int) -> None:
         """Copy positions [start, end) of a same-geometry cache to the same positions here."""
-        if src.geometry() != self.geometry():
-            raise KvCacheShapeMismatch("copy_rows between caches of different dtype or geometry")
+        if src.geometry() != self.geometry() or src.backend is not self.backend:
+            raise KvCacheShapeMismatch("copy_rows between caches of different dtype, geometry or backend")
         if self.len != start:
             raise KvCacheShapeMismatch(f"copy_rows must append in order: cache len is {self.len}, start is {start}")
         if end > src.len or end < start:
             raise KvCacheShapeMismatch(f"copy_rows range [{start}, {end}) is outside the source's {src.len} rows")
         if end > self.capacity:
             raise KvCacheOverflow(f"copy_rows to {end} exceeds capacity {self.capacity}")
-        for dst_l, src_l in zip(self.k + self.v, src.k + src.v):
-            dst_l[start:end] = src_l[start:end]
+        self.store.copy_from(src.store, start, end)
         self.len = end
 
     def keys(self, layer: int, n: int | None = None) -> np.ndarray:
         """Stored K rows [0, n) in storage form (uint16 f16 bits or q8_0 blocks)."""
-        return self.k[layer][: self.len if n is None else n]
+        return self.store.read(layer, 0, self.len if n is None else n)[0]
 
     def values(self, layer: int, n: int | None = None) -> np.ndarray:
-        return self.v[layer][: self.len if n is None else n]
+        return self.store.read(layer, 0, self.len if n is None else n)[1]
 
     def keys_f32(self, layer: int, n: int) -> np.ndarray:
-        return self._decode(self.k[layer][:n], layer)
+        return kv_rows_f32(self.dtype.value, self.keys(layer, n))
 
     def values_f32(self, layer: int, n: int) -> np.ndarray:
-        return self._decode(self.v[layer][:n], layer)
-
-    def _decode(self, stored: np.ndarray, layer: int) -> np.ndarray:
-        if self.dtype is KvDtype.F16:
-            return stored.view(np.float16).astype(np.float32)
-        return q8_0.dequantize(stored)
+        return kv_rows_f32(self.dtype.value, self.values(layer, n))
 
     def byte_size(self) -> int:
-        return sum(a.nbytes for a in self.k + self.v)
+        return self.store.nbytes()

@@ -219,8 +219,7 @@ def load(path, cache: KvCache, fingerprint: bytes) -> Loaded | None:
             or np.any(tokens[prefix_rows:] == PREFIX_TOKEN):
         return None
     for layer in range(cache.n_layers):
-        cache.k[layer][:len(records)] = records[f"k{layer}"]
-        cache.v[layer][:len(records)] = records[f"v{layer}"]
+        cache.write_rows(layer, 0, records[f"k{layer}"], records[f"v{layer}"])
     cache.len = len(records)
     return Loaded([int(t) for t in tokens[prefix_rows:]], prefix_rows)
 
@@ -229,7 +228,8 @@ def _header(cache: KvCache, fingerprint: bytes, prefix_rows: int, count: int) ->
     if len(fingerprint) != 32 or prefix_rows < 0:
         raise ValueError("a sidecar needs a 32-byte model fingerprint and a non-negative prefix_rows")
     body = _FIXED.pack(fingerprint, _DTYPE_CODES[cache.dtype], cache.n_layers)
-    body += b"".join(struct.pack("<II", k.shape[1], k.shape[2] * k.itemsize) for k in cache.k)
+    layouts = (cache.row_layout(layer) for layer in range(cache.n_layers))
+    body += b"".join(struct.pack("<II", heads, width * dtype.itemsize) for dtype, (heads, width) in layouts)
     body += struct.pack("<Q", prefix_rows)
     return _with_count(MAGIC + _COUNT.pack(0, 0) + body, count)
 
@@ -274,9 +274,9 @@ def _holds(f: BinaryIO, header_len: int, record: np.ndarray, position: int) -> b
 
 def _record_dtype(cache: KvCache) -> np.dtype:
     fields = [("token", "<u4")]
-    for layer, (k, v) in enumerate(zip(cache.k, cache.v)):
-        fields += [(f"k{layer}", k.dtype.newbyteorder("<"), k.shape[1:]),
-                   (f"v{layer}", v.dtype.newbyteorder("<"), v.shape[1:])]
+    for layer in range(cache.n_layers):
+        dtype, shape = cache.row_layout(layer)
+        fields += [(f"k{layer}", dtype.newbyteorder("<"), shape), (f"v{layer}", dtype.newbyteorder("<"), shape)]
     return np.dtype(fields + [("crc", "<u4")])
 
 
@@ -287,8 +287,7 @@ def _records(cache: KvCache, tokens: Sequence[int], prefix_rows: int, start: int
     ids[prefix_rows:] = tokens
     out["token"] = ids[start:]
     for layer in range(cache.n_layers):
-        out[f"k{layer}"] = cache.k[layer][start:cache.len]
-        out[f"v{layer}"] = cache.v[layer][start:cache.len]
+        out[f"k{layer}"], out[f"v{layer}"] = cache.read_rows(layer, start, cache.len)
     return out
 
 

@@ -11,11 +11,14 @@ from engine.gguf.reader import GGUFFile, open_gguf
 from engine.models import gemma3, llama, qwen2, qwen3
 from engine.models.transformer import Transformer
 from engine.models.validate import check_args, check_layer_count, check_weights
+from engine.runtime import model_backend
+from kernels.backend import Backend
 
 FAMILIES = {m.ARCH: m.model_args for m in (llama, qwen2, qwen3, gemma3)}
 
 
-def build_model(file: GGUFFile) -> Transformer:
+def build_model(file: GGUFFile, backend: Backend | None = None) -> Transformer:
+    """The model of a GGUF file on `backend` (default: the one engine.runtime.configure_backend chose)."""
     arch = file.architecture
     try:
         model_args = FAMILIES[arch]
@@ -27,13 +30,13 @@ def build_model(file: GGUFFile) -> Transformer:
     args = model_args(file)
     check_args(file, args)
     check_weights(file)
-    return Transformer(file, args)
+    return Transformer(file, args, backend or model_backend())
 
 
-def load_model(path: str | os.PathLike) -> Transformer:
+def load_model(path: str | os.PathLike, backend: Backend | None = None) -> Transformer:
     file = open_gguf(path)
     try:
-        return build_model(file)
+        return build_model(file, backend)
     except Exception:
         file.close()
         raise

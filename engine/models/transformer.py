@@ -9,34 +9,35 @@ run once over the rows of every segment together (one weight pass), while
 attention runs per segment against its own cache. A plain forward is one
 segment; a batched decode step is one single-token segment per conversation.
 
+Every op runs on the model's backend (kernels.backend: the CPU's Numba kernels,
+or a device), which holds the weights and the KV caches; this file names none.
+
 Two paths compute a forward, and `Transformer._forward` is the one place that
 chooses between them:
 - row-wise (decode, speculative verification, batched decode): every row gets
   exactly the bits it would get if it were fed alone, one token at a time, so a
-  verified draft, a batched stream and a plain decode agree bit for bit. The
-  whole stack of layers runs in one kernel call (kernels.cpu.decode) that still
-  reads each weight once for all rows.
-- prefill (prompts, teacher-forced scoring): `Block.__call__`, dequantized
-  weight tiles and BLAS for many rows, much faster on long prompts, with numerics
-  that depend on the batch shape (deterministic for a given shape).
+  verified draft, a batched stream and a plain decode agree bit for bit. A
+  backend with a fused row stack runs the whole stack of layers in one call
+  (the CPU's reads each weight once for all rows); otherwise `Block.__call__`
+  composes the row-wise ops.
+- prefill (prompts, teacher-forced scoring): `Block.__call__`, on the CPU
+  dequantized weight tiles and BLAS for many rows, much faster on long prompts,
+  with numerics that depend on the batch shape (deterministic for a given shape).
 """
 
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-from numba import typed
 
 from engine.errors import ConfigError, InvalidTokenId, KvCacheOverflow, KvCacheShapeMismatch
 from engine.gguf.reader import GGUFFile
 from engine.gguf.weights import LinearGroup, LinearWeight, load_vector
 from engine.kv.cache import KvCache, KvDtype
-from kernels.cpu import decode, ops, quant
-from kernels.cpu.attention import attention_prefill
+from kernels.backend import AttentionShape, Backend, LayerSpec, Segment, cpu_backend
 
 
 @dataclass
@@ -66,134 +67,104 @@ class ModelArgs:
 
 
 class Attention:
-    def __init__(self, file: GGUFFile, args: ModelArgs, layer: int):
+    def __init__(self, file: GGUFFile, args: ModelArgs, layer: int, backend: Backend):
         p = f"blk.{layer}."
         hd, nh, nkv = args.head_dim, args.n_head, args.n_head_kv[layer]
         if nkv <= 0 or nh % nkv:
             raise ConfigError(f"layer {layer}: {nh} attention heads are not a multiple of {nkv} kv heads")
-        self.n_head, self.n_head_kv, self.head_dim = nh, nkv, hd
+        self.backend = backend
+        self.shape = AttentionShape(n_head=nh, n_kv=nkv, head_dim=hd, window=int(args.window[layer]),
+                                    scale=float(args.attn_scale))
+
+        def bias(name):
+            return p + name if args.qkv_bias else None
+
         self.qkv = LinearGroup([
-            LinearWeight.load(file, p + "attn_q.weight", nh * hd, args.n_embd),
-            LinearWeight.load(file, p + "attn_k.weight", nkv * hd, args.n_embd),
-            LinearWeight.load(file, p + "attn_v.weight", nkv * hd, args.n_embd),
+            LinearWeight.load(file, p + "attn_q.weight", nh * hd, args.n_embd, backend, bias("attn_q.bias")),
+            LinearWeight.load(file, p + "attn_k.weight", nkv * hd, args.n_embd, backend, bias("attn_k.bias")),
+            LinearWeight.load(file, p + "attn_v.weight", nkv * hd, args.n_embd, backend, bias("attn_v.bias")),
         ])
-        self.bias = None
-        if args.qkv_bias:
-            self.bias = (load_vector(file, p + "attn_q.bias", nh * hd),
-                         load_vector(file, p + "attn_k.bias", nkv * hd),
-                         load_vector(file, p + "attn_v.bias", nkv * hd))
         self.q_norm = self.k_norm = None
         if args.qk_norm:
-            self.q_norm = load_vector(file, p + "attn_q_norm.weight", hd)
-            self.k_norm = load_vector(file, p + "attn_k_norm.weight", hd)
-        self.wo = LinearWeight.load(file, p + "attn_output.weight", args.n_embd, nh * hd)
+            self.q_norm = backend.upload_vector(load_vector(file, p + "attn_q_norm.weight", hd))
+            self.k_norm = backend.upload_vector(load_vector(file, p + "attn_k_norm.weight", hd))
+        self.wo = LinearWeight.load(file, p + "attn_output.weight", args.n_embd, nh * hd, backend)
         self.layer = layer
         self.eps = args.norm_eps
-        self.window = args.window[layer]
-        self.rope_base = args.rope_base[layer]
+        self.rope_base = float(args.rope_base[layer])
         self.rope_dims = args.rope_dims
-        self.rope_neox = args.rope_neox
-        self.scale = args.attn_scale
+        self.rope_neox = bool(args.rope_neox)
 
-    def __call__(self, h: np.ndarray, segments: Sequence[tuple[int, int, KvCache]]) -> np.ndarray:
-        """h [rows, n_embd]; segments: (row_start, row_end, cache) with the rows' positions
-        continuing at cache.len."""
-        n = h.shape[0]
-        q, k, v = self.qkv(h)
-        if self.bias is not None:
-            q += self.bias[0]
-            k += self.bias[1]
-            v += self.bias[2]
-        q = q.reshape(n, self.n_head, self.head_dim)
-        k = k.reshape(n, self.n_head_kv, self.head_dim)
-        v = v.reshape(n, self.n_head_kv, self.head_dim)
+    def __call__(self, h, segments: Sequence[Segment], positions: np.ndarray, row_wise: bool):
+        """h [rows, n_embd]; segments: the rows of each cache, at positions[row]."""
+        be, hd = self.backend, self.shape.head_dim
+        q, k, v = self.qkv(h, row_wise)
         if self.q_norm is not None:
-            q = ops.rmsnorm(q, self.q_norm, self.eps)
-            k = ops.rmsnorm(k, self.k_norm, self.eps)
-        out = np.empty_like(q)
-        for r0, r1, cache in segments:
-            pos0 = cache.len
-            positions = np.arange(pos0, pos0 + (r1 - r0))
-            qs, ks = q[r0:r1], k[r0:r1]
-            ops.rope(qs, positions, self.rope_dims, self.rope_base, self.rope_neox)
-            ops.rope(ks, positions, self.rope_dims, self.rope_base, self.rope_neox)
-            cache.append_layer(self.layer, ks, v[r0:r1])
-            n_keys = pos0 + (r1 - r0)
-            out[r0:r1] = attention_prefill(qs, cache.keys_f32(self.layer, n_keys),
-                                           cache.values_f32(self.layer, n_keys), pos0, self.window, self.scale)
-        return self.wo(out.reshape(n, -1))
+            q = be.rmsnorm(q, self.q_norm, self.eps)
+            k = be.rmsnorm(k, self.k_norm, self.eps)
+        be.rope(q, positions, hd, self.rope_dims, self.rope_base, self.rope_neox)
+        be.rope(k, positions, hd, self.rope_dims, self.rope_base, self.rope_neox)
+        out = be.attention(q, k, v, segments, self.layer, self.shape, row_wise)
+        return self.wo(out, row_wise)
 
 
 class MLP:
-    def __init__(self, file: GGUFFile, args: ModelArgs, layer: int):
+    def __init__(self, file: GGUFFile, args: ModelArgs, layer: int, backend: Backend):
         p = f"blk.{layer}."
+        self.backend = backend
         self.gate_up = LinearGroup([
-            LinearWeight.load(file, p + "ffn_gate.weight", args.n_ff, args.n_embd),
-            LinearWeight.load(file, p + "ffn_up.weight", args.n_ff, args.n_embd),
+            LinearWeight.load(file, p + "ffn_gate.weight", args.n_ff, args.n_embd, backend),
+            LinearWeight.load(file, p + "ffn_up.weight", args.n_ff, args.n_embd, backend),
         ])
-        self.down = LinearWeight.load(file, p + "ffn_down.weight", args.n_embd, args.n_ff)
-        self.act = ops.gelu_mul if args.activation == "gelu" else ops.silu_mul
+        self.down = LinearWeight.load(file, p + "ffn_down.weight", args.n_embd, args.n_ff, backend)
+        self.activation = "gelu" if args.activation == "gelu" else "silu"
 
-    def __call__(self, h: np.ndarray) -> np.ndarray:
-        gate, up = self.gate_up(h)
-        return self.down(self.act(gate, up))
+    def __call__(self, h, row_wise: bool):
+        gate, up = self.gate_up(h, row_wise)
+        return self.down(self.backend.gated(self.activation, gate, up), row_wise)
 
 
 class Block:
-    def __init__(self, file: GGUFFile, args: ModelArgs, layer: int):
+    def __init__(self, file: GGUFFile, args: ModelArgs, layer: int, backend: Backend):
         p = f"blk.{layer}."
         e = args.n_embd
+        self.backend = backend
         self.eps = args.norm_eps
-        self.attn_norm = load_vector(file, p + "attn_norm.weight", e)
-        self.attn = Attention(file, args, layer)
-        self.ffn_norm = load_vector(file, p + "ffn_norm.weight", e)
-        self.mlp = MLP(file, args, layer)
+
+        def vector(name):
+            return backend.upload_vector(load_vector(file, p + name, e))
+
+        self.attn_norm = vector("attn_norm.weight")
+        self.attn = Attention(file, args, layer, backend)
+        self.ffn_norm = vector("ffn_norm.weight")
+        self.mlp = MLP(file, args, layer, backend)
         self.post_attn_norm = self.post_ffn_norm = None
         if args.post_norms:
-            self.post_attn_norm = load_vector(file, p + "post_attention_norm.weight", e)
-            self.post_ffn_norm = load_vector(file, p + "post_ffw_norm.weight", e)
+            self.post_attn_norm = vector("post_attention_norm.weight")
+            self.post_ffn_norm = vector("post_ffw_norm.weight")
 
-        self.kernel_layer = self._kernel_layer(args)
-
-    def _kernel_layer(self, args: ModelArgs) -> decode.Layer | None:
-        """This layer as the row-wise kernel reads it, or None when a weight has no native kernel (such
-        a model feeds rows one at a time through the prefill path instead)."""
+    def spec(self) -> LayerSpec:
+        """This layer as a backend's fused row stack reads it."""
         attn, mlp = self.attn, self.mlp
-        if not all(quant.has_native_kernel(p.qtype) for p in [*attn.qkv.parts, attn.wo, *mlp.gate_up.parts,
-                                                                mlp.down]):
-            return None
+        return LayerSpec(
+            qkv=tuple(p.handle for p in attn.qkv.parts), out=attn.wo.handle,
+            gate_up=tuple(p.handle for p in mlp.gate_up.parts), down=mlp.down.handle,
+            attn_norm=self.attn_norm, ffn_norm=self.ffn_norm, post_attn_norm=self.post_attn_norm,
+            post_ffn_norm=self.post_ffn_norm, q_norm=attn.q_norm, k_norm=attn.k_norm, attention=attn.shape,
+            rope_dims=attn.rope_dims, rope_neox=attn.rope_neox, rope_base=attn.rope_base,
+            activation=mlp.activation, eps=float(self.eps))
 
-        def weights(parts):
-            return (tuple(quant.kernel_weight(p.qtype, p.raw) for p in parts),
-                    np.array([p.qtype for p in parts], np.int64))
-
-        def vector(v):
-            return np.zeros(0, np.float32) if v is None else v
-
-        (qkv, qkv_types), (out, out_types) = weights(attn.qkv.parts), weights([attn.wo])
-        (gate_up, gate_up_types), (down, down_types) = weights(mlp.gate_up.parts), weights([mlp.down])
-        q_bias, k_bias, v_bias = attn.bias or (None,) * 3
-        return decode.Layer(
-            qkv=qkv, qkv_types=qkv_types, out=out, out_types=out_types, gate_up=gate_up,
-            gate_up_types=gate_up_types, down=down, down_types=down_types,
-            attn_norm=self.attn_norm, ffn_norm=self.ffn_norm, post_attn_norm=vector(self.post_attn_norm),
-            post_ffn_norm=vector(self.post_ffn_norm), q_norm=vector(attn.q_norm), k_norm=vector(attn.k_norm),
-            q_bias=vector(q_bias), k_bias=vector(k_bias), v_bias=vector(v_bias),
-            n_head=attn.n_head, n_kv=attn.n_head_kv, head_dim=attn.head_dim, rope_dims=attn.rope_dims,
-            rope_neox=bool(attn.rope_neox), rope_base=float(attn.rope_base),
-            activation=ops.GELU if args.activation == "gelu" else ops.SILU, window=int(attn.window),
-            eps=float(self.eps), attn_scale=float(attn.scale))
-
-    def __call__(self, x: np.ndarray, segments) -> np.ndarray:
-        """The prefill path: x [rows, n_embd] of every segment through this layer."""
-        a = self.attn(ops.rmsnorm(x, self.attn_norm, self.eps), segments)
+    def __call__(self, x, segments: Sequence[Segment], positions: np.ndarray, row_wise: bool):
+        """x [rows, n_embd] of every segment through this layer, its ops row-wise or prefill."""
+        be = self.backend
+        a = self.attn(be.rmsnorm(x, self.attn_norm, self.eps), segments, positions, row_wise)
         if self.post_attn_norm is not None:
-            a = ops.rmsnorm(a, self.post_attn_norm, self.eps)
-        x = x + a
-        f = self.mlp(ops.rmsnorm(x, self.ffn_norm, self.eps))
+            a = be.rmsnorm(a, self.post_attn_norm, self.eps)
+        x = be.add(x, a)
+        f = self.mlp(be.rmsnorm(x, self.ffn_norm, self.eps), row_wise)
         if self.post_ffn_norm is not None:
-            f = ops.rmsnorm(f, self.post_ffn_norm, self.eps)
-        return x + f
+            f = be.rmsnorm(f, self.post_ffn_norm, self.eps)
+        return be.add(x, f)
 
 
 # Prompts are fed in slices of at most this many tokens, so activations stay bounded
@@ -207,20 +178,18 @@ ROWS_MAX = 64
 class Transformer:
     """The model interface used by chat, speculation and cartridges."""
 
-    def __init__(self, file: GGUFFile, args: ModelArgs):
+    def __init__(self, file: GGUFFile, args: ModelArgs, backend: Backend | None = None):
         self.file = file
         self.args = args
-        self.embed = LinearWeight.load(file, "token_embd.weight", args.vocab_size, args.n_embd)
-        self.blocks = [Block(file, args, i) for i in range(args.n_layers)]
-        self.norm = load_vector(file, "output_norm.weight", args.n_embd)
+        self.backend = be = backend or cpu_backend()
+        self.embed = LinearWeight.load(file, "token_embd.weight", args.vocab_size, args.n_embd, be)
+        self.blocks = [Block(file, args, i, be) for i in range(args.n_layers)]
+        self.norm = be.upload_vector(load_vector(file, "output_norm.weight", args.n_embd))
         # tied embeddings when the file has no separate output matrix
-        self.output = (LinearWeight.load(file, "output.weight", args.vocab_size, args.n_embd)
+        self.output = (LinearWeight.load(file, "output.weight", args.vocab_size, args.n_embd, be)
                        if "output.weight" in file.tensors else self.embed)
-        # the row-wise kernel's view of the layers; None when a weight type has no native kernel
-        self._kernel_layers = None
-        if all(b.kernel_layer is not None for b in self.blocks):
-            self._kernel_layers = typed.List([b.kernel_layer for b in self.blocks])
-        self._cache_views: "weakref.WeakKeyDictionary[KvCache, tuple]" = weakref.WeakKeyDictionary()
+        # the backend's fused row-wise stack of the layers; None: the row-wise ops are composed
+        self._row_stack = be.row_stack([b.spec() for b in self.blocks])
 
     @property
     def vocab_size(self) -> int:
@@ -232,7 +201,7 @@ class Transformer:
 
     def new_cache(self, capacity: int, dtype: KvDtype | str = KvDtype.F16) -> KvCache:
         a = self.args
-        return KvCache(a.n_head_kv, [a.head_dim] * a.n_layers, capacity, dtype)
+        return KvCache(a.n_head_kv, [a.head_dim] * a.n_layers, capacity, dtype, self.backend)
 
     # -- the model interface ----------------------------------------------------------------------------
 
@@ -278,36 +247,27 @@ class Transformer:
         normed hidden states instead, without `head`). row_wise None: a single row is a decode step
         (row-wise), more are a prefill."""
         segments = self._segments(token_spans, caches)
-        n = segments[-1][1]
+        n = segments[-1].row_end
         if row_wise is None:
             row_wise = n == 1
+        be = self.backend
         x = self._embed(token_spans, n)
-        if not row_wise:
+        if row_wise and self._row_stack is not None:
+            self._row_stack.forward(x, segments)
+        else:
+            positions = np.concatenate([np.arange(s.pos0, s.pos0 + s.row_end - s.row_start) for s in segments])
             for block in self.blocks:
-                x = block(x, segments)
-        elif self._kernel_layers is not None:
-            self._rows_kernel(x, segments)
-        else:  # no native kernel for some weight: one row at a time through the prefill path
-            x = np.concatenate([self._one_row(x[r : r + 1], cache) for r0, r1, cache in segments
-                                for r in range(r0, r1)])
-        if not row_wise or self._kernel_layers is not None:
-            for r0, r1, cache in segments:
-                cache.advance(r1 - r0)
+                x = block(x, segments, positions, row_wise)
+        for cache, s in zip(caches, segments):
+            cache.advance(s.row_end - s.row_start)
         if not all_rows:
-            x = x[[r1 - 1 for _, r1, _ in segments]]
-        h = ops.rmsnorm(x, self.norm, self.args.norm_eps)
+            x = be.take_rows(x, [s.row_end - 1 for s in segments])
+        h = be.rmsnorm(x, self.norm, self.args.norm_eps)
         if not head:
-            return h
-        return self.output.row_wise(h) if row_wise else self.output(h)
+            return be.to_host(h)
+        return be.to_host(self.output(h, row_wise))
 
-    def _one_row(self, row: np.ndarray, cache: KvCache) -> np.ndarray:
-        """One row through the prefill path's layers, the cache advanced past it."""
-        for block in self.blocks:
-            row = block(row, [(0, 1, cache)])
-        cache.advance(1)
-        return row
-
-    def _segments(self, token_spans, caches) -> list[tuple[int, int, KvCache]]:
+    def _segments(self, token_spans, caches) -> list[Segment]:
         if len(token_spans) != len(caches) or len({id(c) for c in caches}) != len(caches):
             raise ValueError("each segment needs its own cache")
         segments, r = [], 0
@@ -316,7 +276,7 @@ class Transformer:
             if len(toks) == 0:
                 raise ValueError("empty token span")
             self._check_room(len(toks), cache)
-            segments.append((r, r + len(toks), cache))
+            segments.append(Segment(r, r + len(toks), cache.store, cache.len))
             r += len(toks)
         return segments
 
@@ -325,39 +285,15 @@ class Transformer:
         if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
             bad = ids[(ids < 0) | (ids >= self.vocab_size)][0]
             raise InvalidTokenId(f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})")
-        x = self.embed.rows(ids)
-        if self.args.embed_scale != 1.0:
-            x *= np.float32(self.args.embed_scale)
-        return x
-
-    def _rows_kernel(self, x: np.ndarray, segments) -> None:
-        """x [rows, n_embd] += every layer's outputs through the row-wise kernel; writes each row's K/V."""
-        slots = np.empty(x.shape[0], np.int64)
-        positions = np.empty(x.shape[0], np.int64)
-        if len(segments) == 1:
-            kcs, vcs = self._views(segments[0][2])
-        else:
-            kcs, vcs = typed.List(), typed.List()
-            for _, _, cache in segments:
-                k, v = self._views(cache)
-                kcs.extend(k)
-                vcs.extend(v)
-        for slot, (r0, r1, cache) in enumerate(segments):
-            slots[r0:r1] = slot
-            positions[r0:r1] = np.arange(cache.len, cache.len + (r1 - r0))
-        decode.forward_rows(x, self._kernel_layers, kcs, vcs, slots, positions, quant.threads())
-
-    def _views(self, cache: KvCache) -> tuple:
-        """The cache's per-layer K and V arrays as the kernel takes them (built once per cache)."""
-        views = self._cache_views.get(cache)
-        if views is None:
-            views = self._cache_views[cache] = (typed.List(cache.k), typed.List(cache.v))
-        return views
+        return self.embed.rows(ids, self.args.embed_scale)
 
     def _check_cache(self, cache: KvCache) -> None:
         a = self.args
         if cache.kv_heads != tuple(a.n_head_kv) or cache.head_dims != (a.head_dim,) * a.n_layers:
             raise KvCacheShapeMismatch("the KV cache was made for a different model geometry")
+        if cache.backend is not self.backend:
+            raise KvCacheShapeMismatch(f"the KV cache lives on the {cache.backend.name} backend; this model runs "
+                                       f"on the {self.backend.name} backend")
 
     @staticmethod
     def _check_room(n: int, cache: KvCache) -> None:

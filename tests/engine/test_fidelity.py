@@ -1,6 +1,8 @@
 """Parity with llama.cpp on the starter models, through `fucina eval` (golden/README.md's bars)."""
 
 import json
+import os
+
 import numpy as np
 import pytest
 
@@ -9,6 +11,8 @@ from app.cli import main as fucina
 from tests.golden import GOLDEN, GOLDEN_STEM as MODELS
 
 CASES = [(m, g + suffix) for m, g in MODELS.items() for suffix in ("", ".long")]
+# the CPU unless a hardware check names another backend (benchmarks/cuda_check.sh)
+BACKEND = os.environ.get("FUCINA_TEST_BACKEND", "cpu")
 
 
 def golden_positions(golden_file: str):
@@ -22,7 +26,7 @@ def fidelity(model_file, ids, ref_ids, ref_logits, kv, capsys, path="prefill"):
     """(agreement at margin > 0.5, agreement at margin > 1.0, mean |Δlogit| over the reference top-k)."""
     k = len(ref_ids[0])
     assert fucina(["eval", str(model_file), "--ids", ",".join(map(str, ids)), "--top", "64",
-                   "--kv", kv, "--path", path, "--json"]) == 0
+                   "--kv", kv, "--path", path, "--backend", BACKEND, "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["positions"]
     assert len(rows) == len(ids)
     agree = {0.5: [], 1.0: []}

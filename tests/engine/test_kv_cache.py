@@ -79,3 +79,33 @@ def test_q8_0_storage_is_ggml_block_q8_0():
     c.advance(4)
     assert np.array_equal(c.keys(0).reshape(-1), quants.quantize(x.reshape(-1, 64), T.Q8_0).reshape(-1))
     assert c.byte_size() == 2 * 4 * 2 * 64 // 32 * 34
+
+
+@pytest.mark.parametrize("dtype", ["f16", "q8_0"])
+def test_rows_read_and_written_in_storage_form_round_trip(dtype):
+    src = KvCache.uniform(2, 2, 32, 8, dtype)
+    for layer in range(2):
+        src.append_layer(layer, rows(3, value=layer + 0.5), rows(3, value=-layer - 0.25))
+    src.advance(3)
+    dst = KvCache.uniform(2, 2, 32, 8, dtype)
+    for layer in range(2):
+        k, v = src.read_rows(layer, 1, 3)
+        assert (k.dtype, k.shape[1:]) == (src.row_layout(layer)[0], src.row_layout(layer)[1])
+        dst.write_rows(layer, 0, k, v)
+    dst.advance(2)
+    for layer in range(2):
+        np.testing.assert_array_equal(dst.keys(layer), src.keys(layer)[1:3])
+        np.testing.assert_array_equal(dst.values(layer), src.values(layer)[1:3])
+
+
+def test_row_reads_and_writes_outside_the_cache_are_refused():
+    c = KvCache.uniform(1, 2, 32, 4)
+    c.append_layer(0, rows(2), rows(2))
+    c.advance(2)
+    with pytest.raises(KvCacheShapeMismatch, match=r"rows \[1, 3\) are outside the cache's 2 rows"):
+        c.read_rows(0, 1, 3)
+    k, v = c.read_rows(0, 0, 2)
+    with pytest.raises(KvCacheOverflow, match="capacity of 4"):
+        c.write_rows(0, 3, k, v)
+    with pytest.raises(KvCacheShapeMismatch, match="the cache stores uint16"):
+        c.write_rows(0, 0, k.astype(np.float32), v)

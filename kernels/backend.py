@@ -1,0 +1,255 @@
+"""The seam between the engine and the kernels: what a compute backend implements, and which one runs.
+
+The engine (engine/models/transformer.py, engine/gguf/weights.py, engine/kv/) talks only to this
+protocol; `kernels.cpu.backend.CpuBackend` is the Numba code behind it, `kernels.cuda` and `kernels.gpu`
+put the same ops on a device. A family file never names a backend.
+
+Arrays. An *activation* (`Act`) is a backend's own float32 matrix [rows, cols]: a NumPy array on the CPU,
+device memory elsewhere. The engine only passes activations from one op to the next; host data crosses the
+seam as token ids and positions (int64 NumPy arrays) going in and `to_host` coming out (logits, hidden
+states). Weights are uploaded once, in their GGUF block format, and stay resident (`Weight` handles).
+
+Row-wise vs prefill. `linear` and `attention` take `row_wise`: True gives every row the bits it would get
+alone (decode, speculative verification, batched decode); False may use faster batch-shape-dependent
+numerics (prefill). A backend may also offer `row_stack`, the whole stack of layers row-wise in one call
+(the CPU does: per-op calls cost more than the arithmetic on small models); without it the engine composes
+the ops below with row_wise=True.
+
+KV cache. A backend owns its KV storage (`KvStore`, one per conversation cache); the engine's KvCache
+keeps the length and the checks. Rows cross the seam in *storage form*: f16 as uint16 bit patterns
+[m, kv_heads, head_dim], q8_0 as GGML block_q8_0 bytes [m, kv_heads, head_dim / 32 * 34] (what sidecars
+and cartridges store, byte-identical across backends).
+
+Selection: `select_backend("auto" | "cpu" | "cuda" | "gpu")`. A backend lives in `kernels.<name>.backend`
+and exposes `create_backend() -> Backend` (raising BackendUnavailable when it cannot start) and
+`device_present() -> bool` (cheap, for "auto").
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+
+Act = Any  # a backend's float32 [rows, cols] activation (NumPy on the CPU, device memory elsewhere)
+
+BACKENDS = ("auto", "cpu", "cuda", "gpu")
+Q8_0_BLOCK = 32  # values per block_q8_0 (f16 scale + 32 int8): a q8_0 KV row's head_dim must be a multiple
+Q8_0_BLOCK_BYTES = 2 + Q8_0_BLOCK
+
+
+class BackendUnavailable(RuntimeError):
+    """A backend cannot start here (no device, driver or package); the message says which and why."""
+
+
+class UnsupportedKvDtype(ValueError):
+    """A backend does not keep KV caches of this dtype (kv_store)."""
+
+
+class BackendFallbackWarning(UserWarning):
+    """A requested backend could not start and the CPU runs instead."""
+
+
+class Weight(Protocol):
+    """A resident weight W [out_dim, in_dim] in its GGUF block format, with an optional bias [out_dim]."""
+
+    qtype: int
+    out_dim: int
+    in_dim: int
+
+
+class KvStore(Protocol):
+    """One cache's K/V rows for every layer, in the backend's memory. Positions are absolute rows."""
+
+    dtype: str  # "f16" or "q8_0"
+
+    def row_layout(self, layer: int) -> tuple[np.dtype, tuple[int, int]]:
+        """The storage form of one position of a layer: (dtype, (kv_heads, width))."""
+
+    def write_f32(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> None:
+        """Encode float32 host rows [m, kv_heads, head_dim] into positions [start, start + m)."""
+
+    def write(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> None:
+        """Store storage-form host rows [m, kv_heads, width] at positions [start, start + m)."""
+
+    def read(self, layer: int, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        """Positions [start, end) of a layer as storage-form host arrays (K, V); do not keep them past a write."""
+
+    def copy_from(self, src: "KvStore", start: int, end: int) -> None:
+        """Positions [start, end) of every layer of a same-geometry store of this backend, to the same rows."""
+
+    def nbytes(self) -> int:
+        """Bytes held for K and V together."""
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Rows [row_start, row_end) of a forward's activations belong to one cache, at positions pos0.."""
+
+    row_start: int
+    row_end: int
+    store: KvStore
+    pos0: int
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    n_head: int
+    n_kv: int
+    head_dim: int
+    window: int  # sliding window; 0 = global attention
+    scale: float
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One decoder layer as a backend's fused row-wise stack reads it (weights and vectors uploaded;
+    None leaves a step out). Biases ride on the q/k/v weights."""
+
+    qkv: tuple[Weight, Weight, Weight]
+    out: Weight
+    gate_up: tuple[Weight, Weight]
+    down: Weight
+    attn_norm: Any
+    ffn_norm: Any
+    post_attn_norm: Any | None  # Gemma's norms after attention and FFN
+    post_ffn_norm: Any | None
+    q_norm: Any | None  # per-head q/k norms
+    k_norm: Any | None
+    attention: AttentionShape
+    rope_dims: int
+    rope_neox: bool
+    rope_base: float
+    activation: str  # "silu" or "gelu" (tanh), gating the up projection
+    eps: float
+
+
+class RowStack(Protocol):
+    def forward(self, x: Act, segments: Sequence[Segment]) -> None:
+        """x [rows, n_embd] += every layer's attention and FFN outputs, row-wise, in place; writes every row's
+        K/V at its position (does not advance the caches)."""
+
+
+class Backend(Protocol):
+    name: str  # "cpu", "cuda", "gpu": what the status line and the CLI show
+
+    # -- resident data
+    def supports(self, qtype: int) -> bool:
+        """Whether upload_weight takes this GGML type (natively or by converting it once at upload)."""
+
+    def upload_weight(self, qtype: int, raw: np.ndarray, out_dim: int, in_dim: int,
+                      bias: np.ndarray | None = None) -> Weight:
+        """raw: uint8 [out_dim, row_bytes] GGUF blocks (may be a view of the file's mmap, read-only)."""
+
+    def upload_vector(self, v: np.ndarray) -> Any:
+        """A float32 vector (norm weight) kept resident."""
+
+    def kv_store(self, kv_heads: Sequence[int], head_dims: Sequence[int], capacity: int, dtype: str) -> KvStore:
+        """Storage for `capacity` positions of every layer (zeroed); UnsupportedKvDtype for a dtype this backend
+        does not keep."""
+
+    # -- ops on activations
+    def embed(self, w: Weight, ids: np.ndarray, scale: float) -> Act:
+        """Rows W[ids] * scale as an activation [len(ids), in_dim] (ids checked by the caller)."""
+
+    def linear(self, ws: Sequence[Weight], x: Act, row_wise: bool) -> list[Act]:
+        """[x @ W.T + bias for W in ws]: weights sharing an input (q/k/v, gate/up) run as one pass."""
+
+    def rmsnorm(self, x: Act, w: Any, eps: float) -> Act:
+        """x * rsqrt(mean(x^2) + eps) * w over every run of len(w) values of each row (a row, or a head)."""
+
+    def rope(self, x: Act, positions: np.ndarray, head_dim: int, n_rot: int, base: float, neox: bool) -> None:
+        """In place: rotate the first n_rot dims of every head of x [rows, heads * head_dim], row i at
+        positions[i]; neox pairs dim i with i + n_rot/2, else 2i with 2i+1."""
+
+    def gated(self, activation: str, gate: Act, up: Act) -> Act:
+        """activation(gate) * up; activation "silu" or "gelu" (tanh approximation)."""
+
+    def add(self, x: Act, y: Act) -> Act:
+        """x + y (a residual)."""
+
+    def attention(self, q: Act, k: Act, v: Act, segments: Sequence[Segment], layer: int, shape: AttentionShape,
+                  row_wise: bool) -> Act:
+        """Write each segment's k/v rows [rows, n_kv * head_dim] (post-RoPE) to its store at pos0.., then
+        causal (and windowed) attention of its q rows over its store: [rows, n_head * head_dim]."""
+
+    def take_rows(self, x: Act, rows: Sequence[int]) -> Act:
+        """x[rows] (each segment's last row before the output head)."""
+
+    def to_host(self, x: Act) -> np.ndarray:
+        """The activation as a float32 NumPy array (logits, hidden states)."""
+
+    def row_stack(self, layers: Sequence[LayerSpec]) -> RowStack | None:
+        """A fused row-wise forward of these layers, or None (the engine composes the ops)."""
+
+
+def kv_rows_f32(dtype: str, stored: np.ndarray) -> np.ndarray:
+    """Storage-form KV rows [..., width] as float32 [..., head_dim] (NumPy; off the hot path)."""
+    if dtype == "f16":
+        return stored.view(np.float16).astype(np.float32)
+    blocks = np.ascontiguousarray(stored).reshape(*stored.shape[:-1], -1, Q8_0_BLOCK_BYTES)
+    scales = blocks[..., :2].copy().view(np.float16).astype(np.float32)
+    values = blocks[..., 2:].view(np.int8).astype(np.float32) * scales
+    return values.reshape(*stored.shape[:-1], -1)
+
+
+# -- selection ----------------------------------------------------------------------------------------
+
+
+_started: dict[str, Backend] = {}
+
+
+def _module(name: str):
+    return importlib.import_module(f"kernels.{name}.backend")
+
+
+def _create(name: str) -> Backend:
+    try:
+        return _module(name).create_backend()
+    except ImportError as e:
+        raise BackendUnavailable(f"the {name} backend is not installed ({e})") from None
+
+
+def _auto_choice() -> str:
+    """CUDA when a device is present, Metal (the wgpu backend) on macOS, else the CPU."""
+    for name, wanted in (("cuda", True), ("gpu", sys.platform == "darwin")):
+        if not wanted:
+            continue
+        try:
+            if _module(name).device_present():
+                return name
+        except ImportError:
+            continue
+    return "cpu"
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, BackendFallbackWarning, stacklevel=3)
+
+
+def select_backend(name: str = "auto", on_fallback: Callable[[str], None] | None = None) -> Backend:
+    """The backend `name` asks for, started once per process. One that cannot start falls back to the
+    CPU; `on_fallback` gets the one message saying so (default: a BackendFallbackWarning)."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    if name in _started:
+        return _started[name]
+    choice = _auto_choice() if name == "auto" else name
+    try:
+        backend = _started[choice] if choice in _started else _create(choice)
+    except BackendUnavailable as e:
+        if choice == "cpu":
+            raise
+        (on_fallback or _warn)(f"the {choice} backend could not start, running on the CPU: {e}")
+        backend = select_backend("cpu")
+    _started[choice] = _started[name] = backend
+    return backend
+
+
+def cpu_backend() -> Backend:
+    """The CPU backend (what a cache or a model made without naming a backend uses)."""
+    return select_backend("cpu")

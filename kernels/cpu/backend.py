@@ -1,0 +1,215 @@
+"""CpuBackend: the Numba kernels of this package behind the seam of kernels.backend.
+
+Activations are NumPy float32 arrays; a weight is its GGUF bytes (a view of the file's mmap); the KV store
+is one preallocated NumPy array per layer for K and one for V. Row-wise forwards of models whose weights
+all have native kernels run the whole layer stack in one kernel call (kernels.cpu.decode).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+from numba import typed
+
+from kernels.backend import Q8_0_BLOCK, Q8_0_BLOCK_BYTES, AttentionShape, LayerSpec, Segment
+from kernels.cpu import decode, ops, q8_0, quant
+from kernels.cpu import quant_generic as generic
+from kernels.cpu.attention import attention_prefill
+
+_ACTIVATIONS = {"silu": ops.SILU, "gelu": ops.GELU}
+
+
+@dataclass(frozen=True)
+class CpuWeight:
+    qtype: int
+    raw: np.ndarray  # uint8 [out_dim, row_bytes]
+    out_dim: int
+    in_dim: int
+    bias: np.ndarray | None
+
+
+class CpuKvStore:
+    """Per layer, K and V as [capacity, kv_heads, width] arrays: f16 bit patterns (uint16) or q8_0 blocks."""
+
+    def __init__(self, kv_heads: Sequence[int], head_dims: Sequence[int], capacity: int, dtype: str):
+        self.dtype = dtype
+        self.k = [self._alloc(capacity, h, d) for h, d in zip(kv_heads, head_dims)]
+        self.v = [self._alloc(capacity, h, d) for h, d in zip(kv_heads, head_dims)]
+        self._views = None  # the per-layer arrays as the row-wise kernel takes them, built on first use
+
+    def _alloc(self, capacity: int, kv_heads: int, head_dim: int) -> np.ndarray:
+        if self.dtype == "f16":
+            return np.zeros((capacity, kv_heads, head_dim), dtype=np.uint16)
+        return np.zeros((capacity, kv_heads, head_dim // Q8_0_BLOCK * Q8_0_BLOCK_BYTES), dtype=np.uint8)
+
+    def row_layout(self, layer: int):
+        return self.k[layer].dtype, self.k[layer].shape[1:]
+
+    def encode(self, rows: np.ndarray) -> np.ndarray:
+        if self.dtype == "f16":
+            return rows.astype(np.float16).view(np.uint16)
+        return q8_0.quantize(rows)
+
+    def decode(self, stored: np.ndarray) -> np.ndarray:
+        if self.dtype == "f16":
+            return stored.view(np.float16).astype(np.float32)
+        return q8_0.dequantize(stored)
+
+    def write_f32(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> None:
+        self.write(layer, start, self.encode(k), self.encode(v))
+
+    def write(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> None:
+        self.k[layer][start : start + len(k)] = k
+        self.v[layer][start : start + len(v)] = v
+
+    def read(self, layer: int, start: int, end: int):
+        return self.k[layer][start:end], self.v[layer][start:end]
+
+    def copy_from(self, src: "CpuKvStore", start: int, end: int) -> None:
+        for dst_l, src_l in zip(self.k + self.v, src.k + src.v):
+            dst_l[start:end] = src_l[start:end]
+
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.k + self.v)
+
+    def kernel_views(self) -> tuple:
+        if self._views is None:
+            self._views = (typed.List(self.k), typed.List(self.v))
+        return self._views
+
+
+class CpuRowStack:
+    """Every layer row-wise in one kernel call (kernels.cpu.decode.forward_rows)."""
+
+    def __init__(self, layers: list):
+        self.layers = typed.List(layers)
+
+    def forward(self, x: np.ndarray, segments: Sequence[Segment]) -> None:
+        slots = np.empty(x.shape[0], np.int64)
+        positions = np.empty(x.shape[0], np.int64)
+        if len(segments) == 1:
+            kcs, vcs = segments[0].store.kernel_views()
+        else:
+            kcs, vcs = typed.List(), typed.List()
+            for s in segments:
+                k, v = s.store.kernel_views()
+                kcs.extend(k)
+                vcs.extend(v)
+        for slot, s in enumerate(segments):
+            slots[s.row_start : s.row_end] = slot
+            positions[s.row_start : s.row_end] = np.arange(s.pos0, s.pos0 + (s.row_end - s.row_start))
+        decode.forward_rows(x, self.layers, kcs, vcs, slots, positions, quant.threads())
+
+
+class CpuBackend:
+    name = "cpu"
+
+    def supports(self, qtype: int) -> bool:
+        # the generic path takes whatever gguf.quants can dequantize
+        return quant.has_native_kernel(qtype) or generic.supports(qtype)
+
+    def upload_weight(self, qtype, raw, out_dim, in_dim, bias=None) -> CpuWeight:
+        return CpuWeight(qtype, raw, out_dim, in_dim, bias)
+
+    def upload_vector(self, v: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(v, dtype=np.float32)
+
+    def kv_store(self, kv_heads, head_dims, capacity, dtype) -> CpuKvStore:
+        return CpuKvStore(kv_heads, head_dims, capacity, dtype)
+
+    def embed(self, w: CpuWeight, ids: np.ndarray, scale: float) -> np.ndarray:
+        x = quant.gather_rows(w.qtype, w.raw, np.asarray(ids, dtype=np.int64))
+        if scale != 1.0:
+            x *= np.float32(scale)
+        return x
+
+    def linear(self, ws: Sequence[CpuWeight], x: np.ndarray, row_wise: bool) -> list[np.ndarray]:
+        product = quant.rows if row_wise else quant.matmul
+        ys = [product(w.qtype, w.raw, x) for w in ws]
+        for w, y in zip(ws, ys):
+            if w.bias is not None:
+                y += w.bias
+        return ys
+
+    def rmsnorm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+        n = x.shape[0]
+        return ops.rmsnorm(x.reshape(n, -1, w.shape[0]), w, eps).reshape(n, -1)
+
+    def rope(self, x, positions, head_dim, n_rot, base, neox) -> None:
+        ops.rope(x.reshape(x.shape[0], -1, head_dim), positions, n_rot, base, neox)
+
+    def gated(self, activation: str, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        return ops.gelu_mul(gate, up) if activation == "gelu" else ops.silu_mul(gate, up)
+
+    def add(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        return x + y
+
+    def attention(self, q, k, v, segments: Sequence[Segment], layer: int, shape: AttentionShape,
+                  row_wise: bool) -> np.ndarray:
+        n, hd = q.shape[0], shape.head_dim
+        q3 = q.reshape(n, shape.n_head, hd)
+        k3, v3 = k.reshape(n, shape.n_kv, hd), v.reshape(n, shape.n_kv, hd)
+        out = np.empty_like(q3)
+        for s in segments:
+            r0, r1, store = s.row_start, s.row_end, s.store
+            store.write_f32(layer, s.pos0, k3[r0:r1], v3[r0:r1])
+            # row-wise: each row attends as a one-row prefill would, over the keys up to its own position
+            spans = [(r, r + 1) for r in range(r0, r1)] if row_wise else [(r0, r1)]
+            for a, b in spans:
+                pos0 = s.pos0 + (a - r0)
+                n_keys = pos0 + (b - a)
+                keys, values = store.read(layer, 0, n_keys)
+                out[a:b] = attention_prefill(q3[a:b], store.decode(keys), store.decode(values), pos0,
+                                             shape.window, shape.scale)
+        return out.reshape(n, -1)
+
+    def take_rows(self, x: np.ndarray, rows: Sequence[int]) -> np.ndarray:
+        return x[list(rows)]
+
+    def to_host(self, x: np.ndarray) -> np.ndarray:
+        return x
+
+    def row_stack(self, layers: Sequence[LayerSpec]) -> CpuRowStack | None:
+        kernel_layers = [_kernel_layer(spec) for spec in layers]
+        if any(k is None for k in kernel_layers):
+            return None
+        return CpuRowStack(kernel_layers)
+
+
+def _kernel_layer(spec: LayerSpec) -> decode.Layer | None:
+    """A layer as the row-wise kernel reads it, or None when a weight has no native kernel."""
+    parts = [*spec.qkv, spec.out, *spec.gate_up, spec.down]
+    if not all(quant.has_native_kernel(p.qtype) for p in parts):
+        return None
+
+    def weights(parts):
+        return (tuple(quant.kernel_weight(p.qtype, p.raw) for p in parts),
+                np.array([p.qtype for p in parts], np.int64))
+
+    def vector(v):
+        return np.zeros(0, np.float32) if v is None else v
+
+    (qkv, qkv_types), (out, out_types) = weights(spec.qkv), weights([spec.out])
+    (gate_up, gate_up_types), (down, down_types) = weights(spec.gate_up), weights([spec.down])
+    q_bias, k_bias, v_bias = (p.bias for p in spec.qkv)
+    a = spec.attention
+    return decode.Layer(
+        qkv=qkv, qkv_types=qkv_types, out=out, out_types=out_types, gate_up=gate_up,
+        gate_up_types=gate_up_types, down=down, down_types=down_types,
+        attn_norm=spec.attn_norm, ffn_norm=spec.ffn_norm, post_attn_norm=vector(spec.post_attn_norm),
+        post_ffn_norm=vector(spec.post_ffn_norm), q_norm=vector(spec.q_norm), k_norm=vector(spec.k_norm),
+        q_bias=vector(q_bias), k_bias=vector(k_bias), v_bias=vector(v_bias),
+        n_head=a.n_head, n_kv=a.n_kv, head_dim=a.head_dim, rope_dims=spec.rope_dims,
+        rope_neox=bool(spec.rope_neox), rope_base=float(spec.rope_base),
+        activation=_ACTIVATIONS[spec.activation], window=int(a.window),
+        eps=float(spec.eps), attn_scale=float(a.scale))
+
+
+def create_backend() -> CpuBackend:
+    return CpuBackend()
+
+
+def device_present() -> bool:
+    return True
