@@ -1,0 +1,142 @@
+"""The GPU kernels, one function per op: each queues a dispatch on the device (results come back on read).
+
+Weights are GGUF bytes uploaded once (`upload_weight`) and read in their block format by the shaders.
+Activations are f32 buffers laid out row-major; ops that act on part of a fused row (q/k/v inside one qkv
+row, gate/up) take the row stride and the offset of their part, in floats.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
+
+from kernels.gpu.device import WORKGROUP, Gpu, shader
+
+# GGML type -> the shader file that reads its blocks
+FORMATS = {T.F32: "f32", T.F16: "f16", T.BF16: "bf16", T.Q4_0: "q4_0", T.Q4_1: "q4_1", T.Q8_0: "q8_0",
+           T.Q4_K: "q4_k", T.Q6_K: "q6_k"}
+SILU, GELU = 0, 1
+_MATMUL_TILE = 8  # input rows per workgroup (matmul.wgsl's MT)
+_ROW_GROUPS = 32768  # output rows per dispatch dimension before folding into z
+
+
+class UnsupportedGpuWeight(ValueError):
+    """A weight whose GGML type no shader reads."""
+
+
+def supports(qtype: int) -> bool:
+    return qtype in FORMATS
+
+
+@dataclass
+class Weight:
+    """A GGUF weight resident on the device."""
+
+    qtype: int
+    rows: int
+    cols: int
+    row_bytes: int
+    buffer: object
+
+
+def upload_weight(gpu: Gpu, qtype: int, raw: np.ndarray) -> Weight:
+    """raw: the weight's GGUF bytes, uint8 [rows, row_bytes]."""
+    if qtype not in FORMATS:
+        raise UnsupportedGpuWeight(f"GGML type {T(qtype).name} has no GPU kernel")
+    if raw.nbytes > gpu.max_binding:
+        raise UnsupportedGpuWeight(f"a {raw.nbytes}-byte weight exceeds the device's {gpu.max_binding}-byte "
+                                   f"storage binding limit")
+    block_elems, block_bytes = GGML_QUANT_SIZES[T(qtype)]
+    rows, row_bytes = raw.shape
+    return Weight(int(qtype), rows, row_bytes // block_bytes * block_elems, row_bytes, gpu.upload(raw))
+
+
+def _block_pipeline(gpu: Gpu, op: str, qtype: int):
+    name = FORMATS[T(qtype)]
+    return gpu.pipeline(f"{op}_{name}", shader("blocks") + shader(name) + shader(op))
+
+
+def _params(*fields) -> np.ndarray:
+    """A uniform block of u32 and f32 fields in order (floats given as np.float32)."""
+    return np.array([np.float32(f).view(np.uint32) if isinstance(f, np.float32) else f for f in fields],
+                    np.uint32)
+
+
+def _elementwise_groups(total: int) -> tuple[int, int, int]:
+    groups = -(-total // WORKGROUP)
+    x = min(groups, 65535)
+    return x, -(-groups // x), 1
+
+
+def matmul(gpu: Gpu, w: Weight, x, m: int, y, out_stride: int | None = None, out_offset: int = 0) -> None:
+    """y[r, out_offset + i] = (x[r] @ W.T)[i] for the m rows of x [m, cols]; y rows out_stride apart."""
+    groups = min(w.rows, _ROW_GROUPS)
+    params = _params(w.rows, w.cols, m, w.row_bytes, w.rows if out_stride is None else out_stride, out_offset,
+                     groups)
+    gpu.dispatch(_block_pipeline(gpu, "matmul", w.qtype), params, [w.buffer, x, y],
+                 (groups, -(-m // _MATMUL_TILE), -(-w.rows // groups)))
+
+
+def get_rows(gpu: Gpu, w: Weight, ids, n: int, out, scale: float = 1.0) -> None:
+    """out [n, cols] = W[ids] (ids a u32 buffer), times scale."""
+    gpu.dispatch(_block_pipeline(gpu, "get_rows", w.qtype), _params(w.cols, w.row_bytes, np.float32(scale)),
+                 [w.buffer, ids, out], (n, 1, 1))
+
+
+def rmsnorm(gpu: Gpu, x, weight, out, n: int, rows: int, eps: float, *, heads: int = 1,
+            stride: int | None = None, offset: int = 0) -> None:
+    """RMSNorm over each n-float vector: `rows` rows of `heads` vectors each, rows `stride` floats apart."""
+    stride = n * heads if stride is None else stride
+    gpu.dispatch(gpu.pipeline("rmsnorm", shader("rmsnorm")), _params(n, heads, stride, offset, np.float32(eps)),
+                 [x, weight, out], (heads, rows, 1))
+
+
+def rope_table(gpu: Gpu, n_rot: int, base: float, positions: int):
+    """cos/sin [positions, n_rot / 2, 2] for RoPE, computed in double precision as the CPU kernel does."""
+    half = n_rot // 2
+    inv = base ** (-2.0 * np.arange(half) / n_rot)
+    theta = np.arange(positions)[:, None] * inv[None, :]
+    return gpu.upload(np.stack([np.cos(theta), np.sin(theta)], axis=-1).astype(np.float32))
+
+
+def rope(gpu: Gpu, x, table, n: int, heads: int, head_dim: int, n_rot: int, neox: bool, pos0: int, *,
+         stride: int | None = None, offset: int = 0) -> None:
+    """Rotate the first n_rot dims of each head of n rows at positions pos0.., in place."""
+    stride = heads * head_dim if stride is None else stride
+    half = n_rot // 2
+    params = _params(heads, head_dim, half, int(neox), stride, offset, pos0, n)
+    gpu.dispatch(gpu.pipeline("rope", shader("rope")), params, [x, table],
+                 (-(-(n * heads * half) // WORKGROUP), 1, 1))
+
+
+def gated(gpu: Gpu, gate_up, out, m: int, n: int, act: int) -> None:
+    """out [m, n] = act(gate) * up from the fused rows gate_up [m, 2n] (SILU or GELU)."""
+    gpu.dispatch(gpu.pipeline("gated", shader("gated")), _params(n, m * n, act), [gate_up, out],
+                 _elementwise_groups(m * n))
+
+
+def add(gpu: Gpu, x, y, total: int) -> None:
+    """x += y over `total` floats."""
+    gpu.dispatch(gpu.pipeline("add", shader("add")), _params(total), [x, y], _elementwise_groups(total))
+
+
+def kv_store(gpu: Gpu, kv_dtype: str, src, k_cache, v_cache, n: int, width: int, row0: int, *, stride: int,
+             k_offset: int, v_offset: int) -> None:
+    """Cache rows row0.. = the k and v parts (width floats each) of n rows of src."""
+    pipeline = gpu.pipeline(f"kv_store_{kv_dtype}", shader(f"kv_store_{kv_dtype}") + shader("kv_store"))
+    gpu.dispatch(pipeline, _params(width, n, stride, k_offset, v_offset, row0), [src, k_cache, v_cache],
+                 _elementwise_groups(n * width // 2))
+
+
+def attention(gpu: Gpu, kv_dtype: str, q, k_cache, v_cache, scores, out, n: int, n_head: int, kv_heads: int,
+              head_dim: int, pos0: int, window: int, scale: float, *, q_stride: int | None = None,
+              q_offset: int = 0) -> None:
+    """out [n, n_head * head_dim] = attention of n query rows at positions pos0.. over cache rows
+    [0, pos0 + n). scores: scratch of at least n * n_head * (pos0 + n) floats."""
+    q_stride = n_head * head_dim if q_stride is None else q_stride
+    pipeline = gpu.pipeline(f"attention_{kv_dtype}", shader(f"kv_{kv_dtype}") + shader("attention"))
+    params = _params(n_head, n_head // kv_heads, head_dim, kv_heads, pos0, window, q_stride, q_offset, pos0 + n,
+                     np.float32(scale))
+    gpu.dispatch(pipeline, params, [q, k_cache, v_cache, scores, out], (n_head, n, 1))

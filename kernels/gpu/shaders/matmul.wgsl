@@ -1,0 +1,60 @@
+// y[r, row] = sum_c W[row, c] * x[r, c] for up to MT input rows per workgroup, reading W in its GGUF format
+// (a format file before this one defines UNIT and unit_values). Workgroup (row, tile of MT input rows); its
+// threads split the row's units and reduce through workgroup memory. Output row r is written at
+// y[r * out_stride + out_offset + row], so a group of weights fills one fused output.
+
+struct Params {
+    rows: u32,
+    cols: u32,
+    m: u32,
+    row_bytes: u32,
+    out_stride: u32,
+    out_offset: u32,
+    row_groups: u32,  // workgroups along x per tile (rows fold over x and z past 65535)
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> w: array<u32>;
+@group(0) @binding(2) var<storage, read> x: array<f32>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+
+const MT: u32 = 8u;
+var<workgroup> partial: array<f32, 512>;  // MT * WG
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) g: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let row = g.z * p.row_groups + g.x;
+    let r0 = g.y * MT;
+    let nr = min(MT, p.m - r0);
+    var acc: array<f32, MT>;
+    if (row < p.rows) {
+        let base = row * p.row_bytes;
+        let units = p.cols / UNIT;
+        for (var u = t; u < units; u += WG) {
+            var v = unit_values(base, u);
+            for (var r = 0u; r < nr; r++) {
+                let xo = (r0 + r) * p.cols + u * UNIT;
+                var s = 0.0;
+                for (var i = 0u; i < UNIT; i++) {
+                    s += v[i] * x[xo + i];
+                }
+                acc[r] += s;
+            }
+        }
+    }
+    for (var r = 0u; r < MT; r++) {
+        partial[r * WG + t] = acc[r];
+    }
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (t < s) {
+            for (var r = 0u; r < MT; r++) {
+                partial[r * WG + t] += partial[r * WG + t + s];
+            }
+        }
+        workgroupBarrier();
+    }
+    if (row < p.rows && t < nr) {
+        y[(r0 + t) * p.out_stride + p.out_offset + row] = partial[t * WG];
+    }
+}

@@ -1,0 +1,153 @@
+"""The WGSL kernels against gguf.quants' dequantizers and the CPU kernels, on small synthetic shapes."""
+
+import numpy as np
+import pytest
+from gguf import quants
+from gguf.constants import GGMLQuantizationType as T
+
+from kernels.cpu import ops as cpu_ops
+from kernels.cpu.attention import attention_decode, attention_prefill
+from kernels.gpu import ops
+from tests.quant_weights import random_weight
+
+# Columns: several blocks; float formats at widths that are no multiple of 16 (odd f16 rows start mid-word).
+COLS = {T.F32: 37, T.F16: 53, T.BF16: 40, T.Q4_0: 160, T.Q4_1: 96, T.Q8_0: 224, T.Q4_K: 512, T.Q6_K: 768}
+ROWS = 7
+
+
+def _upload_case(gpu, qtype, seed=0):
+    rng = np.random.default_rng(seed + int(qtype))
+    w = random_weight(qtype, ROWS, COLS[qtype], rng)
+    return ops.upload_weight(gpu, qtype, w), quants.dequantize(w, qtype).astype(np.float64), rng
+
+
+@pytest.mark.parametrize("m", [1, 11])  # a decode row; more rows than one workgroup's tile of 8
+@pytest.mark.parametrize("qtype", list(COLS), ids=lambda t: t.name)
+def test_matmul_reads_the_blocks(gpu, qtype, m):
+    w, W, rng = _upload_case(gpu, qtype)
+    X = rng.standard_normal((m, W.shape[1]), dtype=np.float32)
+    y = gpu.empty(m * ROWS * 4)
+    ops.matmul(gpu, w, gpu.upload(X), m, y)
+    got = gpu.read(y, np.float32, (m, ROWS))
+    bound = 2e-6 * np.sqrt(W.shape[1]) * (np.abs(X) @ np.abs(W).T) + 1e-30
+    assert np.all(np.abs(got - X @ W.T) <= bound)
+
+
+def test_matmul_fills_its_part_of_a_fused_output(gpu):
+    w, W, rng = _upload_case(gpu, T.Q8_0)
+    X = rng.standard_normal((2, W.shape[1]), dtype=np.float32)
+    y = gpu.upload(np.full((2, 10), -1.0, np.float32))
+    ops.matmul(gpu, w, gpu.upload(X), 2, y, out_stride=10, out_offset=2)
+    got = gpu.read(y, np.float32, (2, 10))
+    np.testing.assert_allclose(got[:, 2:9], X @ W.T, rtol=1e-5, atol=1e-5)
+    assert np.all(got[:, :2] == -1) and np.all(got[:, 9:] == -1)
+
+
+@pytest.mark.parametrize("qtype", list(COLS), ids=lambda t: t.name)
+def test_get_rows(gpu, qtype):
+    w, W, _ = _upload_case(gpu, qtype)
+    ids = np.array([3, 0, 6, 3], np.uint32)
+    out = gpu.empty(4 * W.shape[1] * 4)
+    ops.get_rows(gpu, w, gpu.upload(ids), 4, out, scale=2.0)
+    np.testing.assert_allclose(gpu.read(out, np.float32, (4, W.shape[1])), 2 * W[ids], rtol=1e-6, atol=1e-7)
+
+
+def test_a_type_without_a_shader_is_refused(gpu):
+    with pytest.raises(ops.UnsupportedGpuWeight, match="Q5_K"):
+        ops.upload_weight(gpu, T.Q5_K, np.zeros((1, 176), np.uint8))
+
+
+def test_rmsnorm_rows_and_heads_in_a_fused_row(gpu):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, 200), dtype=np.float32)
+    w = rng.standard_normal(200, dtype=np.float32)
+    out = gpu.empty(x.nbytes)
+    ops.rmsnorm(gpu, gpu.upload(x), gpu.upload(w), out, 200, 3, 1e-5)
+    np.testing.assert_allclose(gpu.read(out, np.float32, x.shape), cpu_ops.rmsnorm(x, w, 1e-5), rtol=1e-5, atol=1e-6)
+    # two heads of 16 at offset 8 of 48-float rows, normed in place; the rest of the row untouched
+    fused = rng.standard_normal((3, 48), dtype=np.float32)
+    buf = gpu.upload(fused)
+    ops.rmsnorm(gpu, buf, gpu.upload(w[:16].copy()), buf, 16, 3, 1e-6, heads=2, stride=48, offset=8)
+    got = gpu.read(buf, np.float32, fused.shape)
+    heads = fused[:, 8:40].reshape(3, 2, 16)
+    np.testing.assert_allclose(got[:, 8:40].reshape(3, 2, 16), cpu_ops.rmsnorm(heads, w[:16], 1e-6), rtol=1e-5,
+                               atol=1e-6)
+    assert np.array_equal(got[:, :8], fused[:, :8]) and np.array_equal(got[:, 40:], fused[:, 40:])
+
+
+@pytest.mark.parametrize("neox", [True, False])
+def test_rope(gpu, neox):
+    rng = np.random.default_rng(2)
+    n, heads, d, n_rot, pos0 = 3, 2, 16, 12, 40  # partial rotation: dims past n_rot stay
+    x = rng.standard_normal((n, heads, d), dtype=np.float32)
+    buf = gpu.upload(x)
+    ops.rope(gpu, buf, ops.rope_table(gpu, n_rot, 10000.0, 64), n, heads, d, n_rot, neox, pos0)
+    ref = x.copy()
+    cpu_ops.rope(ref, np.arange(pos0, pos0 + n), n_rot, 10000.0, neox)
+    np.testing.assert_allclose(gpu.read(buf, np.float32, x.shape), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("act,cpu", [(ops.SILU, cpu_ops.silu_mul), (ops.GELU, cpu_ops.gelu_mul)])
+def test_gated_activation(gpu, act, cpu):
+    rng = np.random.default_rng(3)
+    gate_up = (3 * rng.standard_normal((2, 2 * 70))).astype(np.float32)
+    out = gpu.empty(2 * 70 * 4)
+    ops.gated(gpu, gpu.upload(gate_up), out, 2, 70, act)
+    ref = cpu(gate_up[:, :70].copy(), gate_up[:, 70:].copy())
+    np.testing.assert_allclose(gpu.read(out, np.float32, (2, 70)), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_add(gpu):
+    x, y = np.arange(100, dtype=np.float32), np.full(100, 0.5, np.float32)
+    buf = gpu.upload(x)
+    ops.add(gpu, buf, gpu.upload(y), 100)
+    assert np.array_equal(gpu.read(buf, np.float32, (100,)), x + y)
+
+
+def _cache_case(gpu, kv_dtype, n_keys, kv_heads, d, capacity, rng):
+    """Rows [0, n_keys) of a cache written through kv_store from fused [k | v] rows; the CPU arrays beside."""
+    k = rng.standard_normal((n_keys, kv_heads, d), dtype=np.float32)
+    v = rng.standard_normal((n_keys, kv_heads, d), dtype=np.float32)
+    width = kv_heads * d
+    fused = np.concatenate([k.reshape(n_keys, width), v.reshape(n_keys, width)], axis=1)
+    item = 2 if kv_dtype == "f16" else 4
+    kc, vc = gpu.empty(capacity * width * item), gpu.empty(capacity * width * item)
+    src = gpu.upload(fused)
+    split = n_keys // 2  # two appends, the second at a row offset
+    ops.kv_store(gpu, kv_dtype, src, kc, vc, split, width, 0, stride=2 * width, k_offset=0, v_offset=width)
+    ops.kv_store(gpu, kv_dtype, src, kc, vc, n_keys - split, width, split, stride=2 * width,
+                 k_offset=split * 2 * width, v_offset=split * 2 * width + width)
+    if kv_dtype == "f16":
+        return kc, vc, k.astype(np.float16).view(np.uint16), v.astype(np.float16).view(np.uint16)
+    return kc, vc, k, v
+
+
+@pytest.mark.parametrize("kv_dtype", ["f16", "f32"])
+def test_kv_store_writes_the_cpu_cache_layout(gpu, kv_dtype):
+    rng = np.random.default_rng(4)
+    kc, vc, k, v = _cache_case(gpu, kv_dtype, 5, 2, 8, 9, rng)
+    dtype = np.uint16 if kv_dtype == "f16" else np.float32
+    assert np.array_equal(gpu.read(kc, dtype, (5, 2, 8)), k)
+    assert np.array_equal(gpu.read(vc, dtype, (5, 2, 8)), v)
+
+
+@pytest.mark.parametrize("window", [0, 7])
+@pytest.mark.parametrize("kv_dtype", ["f16", "f32"])
+def test_attention_decode_and_prefill(gpu, kv_dtype, window):
+    rng = np.random.default_rng(5)
+    n_head, kv_heads, d, n_keys, n = 4, 2, 32, 90, 3  # grouped heads; more keys than a workgroup's threads
+    kc, vc, k, v = _cache_case(gpu, kv_dtype, n_keys, kv_heads, d, 100, rng)
+    q = rng.standard_normal((n, n_head, d), dtype=np.float32)
+    scale = 1 / np.sqrt(d)
+    scores, out = gpu.empty(n * n_head * n_keys * 4), gpu.empty(q.nbytes)
+    # the last n keys' queries at once (prefill), then the last one alone (decode)
+    ops.attention(gpu, kv_dtype, gpu.upload(q), kc, vc, scores, out, n, n_head, kv_heads, d, n_keys - n, window,
+                  scale)
+    kf = k.view(np.float16).astype(np.float32) if kv_dtype == "f16" else k
+    vf = v.view(np.float16).astype(np.float32) if kv_dtype == "f16" else v
+    ref = attention_prefill(q, kf, vf, n_keys - n, window, scale)
+    np.testing.assert_allclose(gpu.read(out, np.float32, q.shape), ref, rtol=1e-4, atol=1e-5)
+    ops.attention(gpu, kv_dtype, gpu.upload(q[-1]), kc, vc, scores, out, 1, n_head, kv_heads, d, n_keys - 1, window,
+                  scale)
+    ref = attention_decode(np.ascontiguousarray(q[-1]), k, v, n_keys, window, scale)
+    np.testing.assert_allclose(gpu.read(out, np.float32, (n_head, d)), ref, rtol=1e-4, atol=1e-5)
