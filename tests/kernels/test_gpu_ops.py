@@ -33,14 +33,29 @@ def test_matmul_reads_the_blocks(gpu, qtype, m):
     assert np.all(np.abs(got - X @ W.T) <= bound)
 
 
-def test_matmul_fills_its_part_of_a_fused_output(gpu):
+def test_matmul_adds_the_bias_and_fills_its_part_of_a_fused_output(gpu):
     w, W, rng = _upload_case(gpu, T.Q8_0)
     X = rng.standard_normal((2, W.shape[1]), dtype=np.float32)
+    bias = rng.standard_normal(ROWS, dtype=np.float32)
     y = gpu.upload(np.full((2, 10), -1.0, np.float32))
-    ops.matmul(gpu, w, gpu.upload(X), 2, y, out_stride=10, out_offset=2)
+    ops.matmul(gpu, w, gpu.upload(X), 2, y, bias=gpu.upload(bias), out_stride=10, out_offset=2)
     got = gpu.read(y, np.float32, (2, 10))
-    np.testing.assert_allclose(got[:, 2:9], X @ W.T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got[:, 2:9], X @ W.T + bias, rtol=1e-5, atol=1e-5)
     assert np.all(got[:, :2] == -1) and np.all(got[:, 9:] == -1)
+
+
+def test_a_weight_past_the_binding_limit_is_split_into_row_chunks(gpu, monkeypatch):
+    monkeypatch.setattr(gpu, "max_binding", 3 * 224 // 32 * 34)  # three Q8_0 rows per chunk
+    w, W, rng = _upload_case(gpu, T.Q8_0)
+    assert [(c.row0, c.rows) for c in w.chunks] == [(0, 3), (3, 3), (6, 1)]
+    X = rng.standard_normal((2, W.shape[1]), dtype=np.float32)
+    y = gpu.empty(2 * ROWS * 4)
+    ops.matmul(gpu, w, gpu.upload(X), 2, y)
+    np.testing.assert_allclose(gpu.read(y, np.float32, (2, ROWS)), X @ W.T, rtol=1e-5, atol=1e-5)
+    ids = np.array([6, 1, 4], np.uint32)
+    out = gpu.empty(3 * W.shape[1] * 4)
+    ops.get_rows(gpu, w, gpu.upload(ids), 3, out)
+    np.testing.assert_allclose(gpu.read(out, np.float32, (3, W.shape[1])), W[ids], rtol=1e-6)
 
 
 @pytest.mark.parametrize("qtype", list(COLS), ids=lambda t: t.name)
@@ -81,42 +96,42 @@ def test_rope(gpu, neox):
     n, heads, d, n_rot, pos0 = 3, 2, 16, 12, 40  # partial rotation: dims past n_rot stay
     x = rng.standard_normal((n, heads, d), dtype=np.float32)
     buf = gpu.upload(x)
-    ops.rope(gpu, buf, ops.rope_table(gpu, n_rot, 10000.0, 64), n, heads, d, n_rot, neox, pos0)
+    positions = np.array([pos0, 0, pos0 + 7])  # rows of different segments sit at unrelated positions
+    ops.rope(gpu, buf, ops.rope_table(gpu, n_rot, 10000.0, 64), gpu.upload(positions.astype(np.uint32)), n, heads,
+             d, n_rot, neox)
     ref = x.copy()
-    cpu_ops.rope(ref, np.arange(pos0, pos0 + n), n_rot, 10000.0, neox)
+    cpu_ops.rope(ref, positions, n_rot, 10000.0, neox)
     np.testing.assert_allclose(gpu.read(buf, np.float32, x.shape), ref, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("act,cpu", [(ops.SILU, cpu_ops.silu_mul), (ops.GELU, cpu_ops.gelu_mul)])
 def test_gated_activation(gpu, act, cpu):
     rng = np.random.default_rng(3)
-    gate_up = (3 * rng.standard_normal((2, 2 * 70))).astype(np.float32)
+    gate, up = (3 * rng.standard_normal((2, 2, 70))).astype(np.float32)
     out = gpu.empty(2 * 70 * 4)
-    ops.gated(gpu, gpu.upload(gate_up), out, 2, 70, act)
-    ref = cpu(gate_up[:, :70].copy(), gate_up[:, 70:].copy())
+    ops.gated(gpu, gpu.upload(gate), gpu.upload(up), out, 2 * 70, act)
+    ref = cpu(gate, up)
     np.testing.assert_allclose(gpu.read(out, np.float32, (2, 70)), ref, rtol=1e-5, atol=1e-6)
 
 
 def test_add(gpu):
     x, y = np.arange(100, dtype=np.float32), np.full(100, 0.5, np.float32)
-    buf = gpu.upload(x)
-    ops.add(gpu, buf, gpu.upload(y), 100)
-    assert np.array_equal(gpu.read(buf, np.float32, (100,)), x + y)
+    out = gpu.empty(400)
+    ops.add(gpu, gpu.upload(x), gpu.upload(y), out, 100)
+    assert np.array_equal(gpu.read(out, np.float32, (100,)), x + y)
 
 
 def _cache_case(gpu, kv_dtype, n_keys, kv_heads, d, capacity, rng):
-    """Rows [0, n_keys) of a cache written through kv_store from fused [k | v] rows; the CPU arrays beside."""
+    """Rows [0, n_keys) of a cache written through kv_store; the CPU arrays beside."""
     k = rng.standard_normal((n_keys, kv_heads, d), dtype=np.float32)
     v = rng.standard_normal((n_keys, kv_heads, d), dtype=np.float32)
     width = kv_heads * d
-    fused = np.concatenate([k.reshape(n_keys, width), v.reshape(n_keys, width)], axis=1)
     item = 2 if kv_dtype == "f16" else 4
     kc, vc = gpu.empty(capacity * width * item), gpu.empty(capacity * width * item)
-    src = gpu.upload(fused)
-    split = n_keys // 2  # two appends, the second at a row offset
-    ops.kv_store(gpu, kv_dtype, src, kc, vc, split, width, 0, stride=2 * width, k_offset=0, v_offset=width)
-    ops.kv_store(gpu, kv_dtype, src, kc, vc, n_keys - split, width, split, stride=2 * width,
-                 k_offset=split * 2 * width, v_offset=split * 2 * width + width)
+    ks, vs = gpu.upload(k), gpu.upload(v)
+    split = n_keys // 2  # two appends, the second from a row offset of the sources
+    ops.kv_store(gpu, kv_dtype, ks, vs, kc, vc, split, width, 0)
+    ops.kv_store(gpu, kv_dtype, ks, vs, kc, vc, n_keys - split, width, split, src_row0=split)
     if kv_dtype == "f16":
         return kc, vc, k.astype(np.float16).view(np.uint16), v.astype(np.float16).view(np.uint16)
     return kc, vc, k, v
@@ -140,14 +155,15 @@ def test_attention_decode_and_prefill(gpu, kv_dtype, window):
     q = rng.standard_normal((n, n_head, d), dtype=np.float32)
     scale = 1 / np.sqrt(d)
     scores, out = gpu.empty(n * n_head * n_keys * 4), gpu.empty(q.nbytes)
-    # the last n keys' queries at once (prefill), then the last one alone (decode)
-    ops.attention(gpu, kv_dtype, gpu.upload(q), kc, vc, scores, out, n, n_head, kv_heads, d, n_keys - n, window,
-                  scale)
+    # the last n keys' queries at once (prefill), then the last one alone (decode) from its row of q
+    qs = gpu.upload(q)
+    ops.attention(gpu, kv_dtype, qs, kc, vc, scores, out, n, n_head, kv_heads, d, n_keys - n, window, scale)
     kf = k.view(np.float16).astype(np.float32) if kv_dtype == "f16" else k
     vf = v.view(np.float16).astype(np.float32) if kv_dtype == "f16" else v
     ref = attention_prefill(q, kf, vf, n_keys - n, window, scale)
     np.testing.assert_allclose(gpu.read(out, np.float32, q.shape), ref, rtol=1e-4, atol=1e-5)
-    ops.attention(gpu, kv_dtype, gpu.upload(q[-1]), kc, vc, scores, out, 1, n_head, kv_heads, d, n_keys - 1, window,
-                  scale)
+    out = gpu.empty(q.nbytes)
+    ops.attention(gpu, kv_dtype, qs, kc, vc, scores, out, 1, n_head, kv_heads, d, n_keys - 1, window, scale,
+                  q_row0=n - 1)
     ref = attention_decode(np.ascontiguousarray(q[-1]), k, v, n_keys, window, scale)
-    np.testing.assert_allclose(gpu.read(out, np.float32, (n_head, d)), ref, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(gpu.read(out, np.float32, q.shape)[-1], ref, rtol=1e-4, atol=1e-5)

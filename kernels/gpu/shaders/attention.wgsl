@@ -1,7 +1,8 @@
-// Causal (optionally sliding-window) attention of n_q query rows at positions pos0.. over the KV cache (a cache
-// file before this one defines key() and value()). Query head h reads kv head h / group; a query at position p
-// sees keys j <= p with p - j < window when window > 0. One workgroup per (head, query row): scores go to a
-// scratch row, then max, exp and sum are reduced in workgroup memory, then each thread sums its output dims.
+// Causal (optionally sliding-window) attention of query rows q_row0.. of q (at positions pos0..) over the KV
+// cache, into the same rows of out (a cache file before this one defines key() and value()). Query head h reads
+// kv head h / group; a query at position p sees keys j <= p with p - j < window when window > 0. One workgroup
+// per (head, query row): scores go to a scratch row, then max, exp and sum are reduced in workgroup memory,
+// then each thread sums its output dims.
 
 struct Params {
     n_head: u32,
@@ -10,8 +11,7 @@ struct Params {
     kv_heads: u32,
     pos0: u32,
     window: u32,
-    q_stride: u32,
-    q_offset: u32,
+    q_row0: u32,
     scores_stride: u32,
     scale: f32,
 }
@@ -48,7 +48,7 @@ fn main(@builtin(workgroup_id) g: vec3<u32>, @builtin(local_invocation_index) t:
         lo = hi - p.window;
     }
     let kvh = h / p.group;
-    let qo = qi * p.q_stride + p.q_offset + h * p.head_dim;
+    let qo = ((p.q_row0 + qi) * p.n_head + h) * p.head_dim;
     let so = (qi * p.n_head + h) * p.scores_stride;
 
     var m = -3.4028235e38;
@@ -76,6 +76,6 @@ fn main(@builtin(workgroup_id) g: vec3<u32>, @builtin(local_invocation_index) t:
         for (var j = lo; j < hi; j++) {
             acc += scores[so + j - lo] * value((j * p.kv_heads + kvh) * p.head_dim + c);
         }
-        out[(qi * p.n_head + h) * p.head_dim + c] = acc * inv;
+        out[qo + c] = acc * inv;
     }
 }

@@ -1,18 +1,16 @@
-// Write n rows of k and v (kv_heads * head_dim floats each, row r of src at r * stride + k_offset / v_offset) into
-// the cache at rows row0.. (a store file before this one defines the cache buffers and store()). One thread per
-// pair of values.
+// Cache rows row0 + r = rows src_row0 + r of k and v ([rows, width] each, width = kv_heads * head_dim, even),
+// for r < n (a store file before this one defines the cache buffers and store()). One thread per pair of values.
 
 struct Params {
-    width: u32,  // kv_heads * head_dim, even
+    width: u32,
     n: u32,
-    stride: u32,
-    k_offset: u32,
-    v_offset: u32,
+    src_row0: u32,
     row0: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> src: array<f32>;
+@group(0) @binding(1) var<storage, read> k: array<f32>;
+@group(0) @binding(4) var<storage, read> v: array<f32>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) id: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
@@ -23,8 +21,6 @@ fn main(@builtin(global_invocation_id) id: vec3<u32>, @builtin(num_workgroups) g
     }
     let r = e / half_width;
     let c = 2u * (e % half_width);
-    let dst = (p.row0 + r) * p.width + c;
-    let s = r * p.stride + c;
-    store(dst, vec2<f32>(src[s + p.k_offset], src[s + p.k_offset + 1u]),
-          vec2<f32>(src[s + p.v_offset], src[s + p.v_offset + 1u]));
+    let s = (p.src_row0 + r) * p.width + c;
+    store((p.row0 + r) * p.width + c, vec2<f32>(k[s], k[s + 1u]), vec2<f32>(v[s], v[s + 1u]));
 }

@@ -1,7 +1,8 @@
 // y[r, row] = sum_c W[row, c] * x[r, c] for up to MT input rows per workgroup, reading W in its GGUF format
 // (a format file before this one defines UNIT and unit_values). Workgroup (row, tile of MT input rows); its
 // threads split the row's units and reduce through workgroup memory. Output row r is written at
-// y[r * out_stride + out_offset + row], so a group of weights fills one fused output.
+// y[r * out_stride + out_offset + row0 + row], so a group of weights (or the row chunks of one weight too big for a
+// single binding: this one's rows start at weight row row0) fills one fused output; has_bias adds the bias.
 
 struct Params {
     rows: u32,
@@ -10,13 +11,16 @@ struct Params {
     row_bytes: u32,
     out_stride: u32,
     out_offset: u32,
+    row0: u32,
     row_groups: u32,  // workgroups along x per tile (rows fold over x and z past 65535)
+    has_bias: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
 @group(0) @binding(2) var<storage, read> x: array<f32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<storage, read> bias: array<f32>;
 
 const MT: u32 = 8u;
 var<workgroup> partial: array<f32, 512>;  // MT * WG
@@ -55,6 +59,10 @@ fn main(@builtin(workgroup_id) g: vec3<u32>, @builtin(local_invocation_index) t:
         workgroupBarrier();
     }
     if (row < p.rows && t < nr) {
-        y[(r0 + t) * p.out_stride + p.out_offset + row] = partial[t * WG];
+        var b = 0.0;
+        if (p.has_bias != 0u) {
+            b = bias[p.row0 + row];
+        }
+        y[(r0 + t) * p.out_stride + p.out_offset + p.row0 + row] = partial[t * WG] + b;
     }
 }
