@@ -144,10 +144,15 @@ def add(gpu: Gpu, x, y, out, total: int) -> None:
 
 def kv_store(gpu: Gpu, kv_dtype: str, k, v, k_cache, v_cache, n: int, width: int, row0: int,
              src_row0: int = 0) -> None:
-    """Cache rows row0.. = rows src_row0.. of k and v [rows, width] (width floats per row, even)."""
-    pipeline = gpu.pipeline(f"kv_store_{kv_dtype}", shader(f"kv_store_{kv_dtype}") + shader("kv_store"))
+    """Cache rows row0.. = rows src_row0.. of k and v [rows, width] (width floats per row, even). kv_dtype
+    "q8_0" writes an f32 cache with the values q8_0 rounding gives (width a multiple of 32)."""
+    if kv_dtype == "q8_0":
+        pipeline, per_thread = gpu.pipeline("kv_store_q8_0", shader("kv_store_q8_0")), 32
+    else:
+        pipeline = gpu.pipeline(f"kv_store_{kv_dtype}", shader(f"kv_store_{kv_dtype}") + shader("kv_store"))
+        per_thread = 2
     gpu.dispatch(pipeline, _params(width, n, src_row0, row0), [k, k_cache, v_cache, v],
-                 _elementwise_groups(n * width // 2))
+                 _elementwise_groups(n * width // per_thread))
 
 
 def attention(gpu: Gpu, kv_dtype: str, q, k_cache, v_cache, scores, out, n: int, n_head: int, kv_heads: int,

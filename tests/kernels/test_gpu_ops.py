@@ -6,6 +6,7 @@ from gguf import quants
 from gguf.constants import GGMLQuantizationType as T
 
 from kernels.cpu import ops as cpu_ops
+from kernels.cpu import q8_0
 from kernels.cpu.attention import attention_decode, attention_prefill
 from kernels.gpu import ops
 from tests.quant_weights import random_weight
@@ -144,6 +145,18 @@ def test_kv_store_writes_the_cpu_cache_layout(gpu, kv_dtype):
     dtype = np.uint16 if kv_dtype == "f16" else np.float32
     assert np.array_equal(gpu.read(kc, dtype, (5, 2, 8)), k)
     assert np.array_equal(gpu.read(vc, dtype, (5, 2, 8)), v)
+
+
+def test_kv_store_rounds_a_q8_0_cache_as_ggml_does(gpu):
+    rng = np.random.default_rng(6)
+    k, v = rng.standard_normal((2, 3, 2, 64), dtype=np.float32)
+    k[0, 1, :32] = 0  # an all-zero block has scale 0
+    kc, vc = gpu.empty(k.nbytes), gpu.empty(v.nbytes)
+    ops.kv_store(gpu, "q8_0", gpu.upload(k), gpu.upload(v), kc, vc, 3, 128, 0)
+    for buf, ref in ((kc, k), (vc, v)):
+        got = gpu.read(buf, np.float32, ref.shape)
+        assert np.array_equal(got, q8_0.dequantize(q8_0.quantize(ref)))
+        assert np.array_equal(q8_0.quantize(got), q8_0.quantize(ref))  # the bytes come back from the values
 
 
 @pytest.mark.parametrize("window", [0, 7])
