@@ -19,7 +19,10 @@ FORMATS = {T.F32: "f32", T.F16: "f16", T.BF16: "bf16", T.Q4_0: "q4_0", T.Q4_1: "
            T.Q4_K: "q4_k", T.Q6_K: "q6_k"}
 SILU, GELU = 0, 1
 KV_DTYPES = ("f16", "f32")  # the cache formats the attention shaders read
-_MATMUL_TILE = 8  # input rows per workgroup (matmul.wgsl's MT)
+_MATMUL_TILE = 8  # input rows per workgroup (matmul.wgsl's MT; 16 or 32 were no faster on lavapipe)
+# threads per weight row (matmul.wgsl's TPR): lavapipe ran the 49152-row output matrix of SmolLM2 8x faster at 4
+# than at 64 (a workgroup per row); 1 and 16 were slower
+_MATMUL_TPR = 4
 _ROW_GROUPS = 32768  # output rows per dispatch dimension before folding into z
 
 
@@ -70,7 +73,8 @@ def _name(qtype: int) -> str:
 
 def _block_pipeline(gpu: Gpu, op: str, qtype: int):
     name = FORMATS[T(qtype)]
-    return gpu.pipeline(f"{op}_{name}", shader("blocks") + shader(name) + shader(op))
+    tiles = f"const MT: u32 = {_MATMUL_TILE}u;\nconst TPR: u32 = {_MATMUL_TPR}u;\n"
+    return gpu.pipeline(f"{op}_{name}", tiles + shader("blocks") + shader(name) + shader(op))
 
 
 def _params(*fields) -> np.ndarray:
@@ -90,11 +94,12 @@ def matmul(gpu: Gpu, w: Weight, x, m: int, y, bias=None, out_stride: int | None 
     stride = w.rows if out_stride is None else out_stride
     pipeline = _block_pipeline(gpu, "matmul", w.qtype)
     for c in w.chunks:
-        groups = min(c.rows, _ROW_GROUPS)
+        workgroups = -(-c.rows // (WORKGROUP // _MATMUL_TPR))
+        groups = min(workgroups, _ROW_GROUPS)
         params = _params(c.rows, w.cols, m, w.row_bytes, stride, out_offset, c.row0, groups, int(bias is not None))
         # the bias binding needs a buffer even when unused: x stands in (bound read-only already)
         gpu.dispatch(pipeline, params, [c.buffer, x, y, x if bias is None else bias],
-                     (groups, -(-m // _MATMUL_TILE), -(-c.rows // groups)))
+                     (groups, -(-m // _MATMUL_TILE), -(-workgroups // groups)))
 
 
 def get_rows(gpu: Gpu, w: Weight, ids, n: int, out, scale: float = 1.0) -> None:

@@ -59,6 +59,17 @@ def test_a_weight_past_the_binding_limit_is_split_into_row_chunks(gpu, monkeypat
     np.testing.assert_allclose(gpu.read(out, np.float32, (3, W.shape[1])), W[ids], rtol=1e-6)
 
 
+def test_matmul_folds_workgroups_past_a_dispatch_dimension(gpu, monkeypatch):
+    monkeypatch.setattr(ops, "_ROW_GROUPS", 2)  # 40 rows in workgroups of 16: three, over x and z
+    rng = np.random.default_rng(7)
+    raw = random_weight(T.Q8_0, 40, 64, rng)
+    W = quants.dequantize(raw, T.Q8_0)
+    x = rng.standard_normal((1, 64), dtype=np.float32)
+    y = gpu.empty(40 * 4)
+    ops.matmul(gpu, ops.upload_weight(gpu, T.Q8_0, raw), gpu.upload(x), 1, y)
+    np.testing.assert_allclose(gpu.read(y, np.float32, (1, 40)), x @ W.T, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("qtype", list(COLS), ids=lambda t: t.name)
 def test_get_rows(gpu, qtype):
     w, W, _ = _upload_case(gpu, qtype)
