@@ -22,6 +22,9 @@ from kernels.gpu import ops
 from kernels.gpu.device import Gpu, GpuUnavailable, gpu
 
 _ACTIVATIONS = {"silu": ops.SILU, "gelu": ops.GELU}
+# attention scores of one dispatch: 64 MB holds a 512-row prefill of 16 heads over 2k keys; longer contexts
+# take fewer rows a dispatch
+_SCRATCH_BYTES = 64 << 20
 _ROPE_POSITIONS = 4096  # a RoPE table covers at least this many positions, doubling when a row goes past
 
 
@@ -117,7 +120,7 @@ class GpuBackend:
         self.device_name = device.name
         self._rope_tables: dict[tuple[int, float], tuple[int, object]] = {}
         self._scores = None
-        self._scores_floats = 0
+        self._scratch_floats = min(device.max_binding, _SCRATCH_BYTES) // 4
 
     # -- resident data
 
@@ -203,16 +206,19 @@ class GpuBackend:
                 continue
             ops.kv_store(self.gpu, store.dtype, k.buffer, v.buffer, store.k[layer], store.v[layer], n, width,
                          s.pos0, src_row0=s.row_start)
-            ops.attention(self.gpu, store.device_dtype, q.buffer, store.k[layer], store.v[layer],
-                          self._scratch(n * shape.n_head * (s.pos0 + n)), out.buffer, n, shape.n_head, shape.n_kv,
-                          shape.head_dim, s.pos0, shape.window, shape.scale, q_row0=s.row_start)
+            # query rows in runs whose scores fit the scratch (each row attends on its own, so runs are exact)
+            run = max(1, self._scratch_floats // (shape.n_head * (s.pos0 + n)))
+            for a in range(0, n, run):
+                b = min(n, a + run)
+                ops.attention(self.gpu, store.device_dtype, q.buffer, store.k[layer], store.v[layer],
+                              self._scratch(), out.buffer, b - a, shape.n_head, shape.n_kv, shape.head_dim,
+                              s.pos0 + a, shape.window, shape.scale, q_row0=s.row_start + a)
         return out
 
-    def _scratch(self, floats: int):
-        """The attention scores' scratch (queued dispatches use it one after another)."""
-        if floats > self._scores_floats:
-            self._scores_floats = max(floats, 2 * self._scores_floats)
-            self._scores = self.gpu.empty(self._scores_floats * 4)
+    def _scratch(self):
+        """The attention scores' scratch, made on first use (queued dispatches use it one after another)."""
+        if self._scores is None:
+            self._scores = self.gpu.empty(self._scratch_floats * 4)
         return self._scores
 
     def take_rows(self, x: GpuAct, rows: Sequence[int]) -> GpuAct:

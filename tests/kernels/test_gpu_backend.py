@@ -64,8 +64,12 @@ def test_rmsnorm_rope_gated_add_and_take_rows(be):
     assert np.array_equal(be.to_host(be.take_rows(_act(be, x), [3, 1])), x[[3, 1]])
 
 
+@pytest.mark.parametrize("scratch_floats", [None, 4 * 12])  # room for one query row's scores: runs of one
 @pytest.mark.parametrize("kv", ["f16", "q8_0"])
-def test_attention_over_two_segments_and_the_kv_rows(be, kv):
+def test_attention_over_two_segments_and_the_kv_rows(be, kv, scratch_floats, monkeypatch):
+    if scratch_floats:
+        monkeypatch.setattr(be, "_scratch_floats", scratch_floats)
+        monkeypatch.setattr(be, "_scores", None)
     rng = np.random.default_rng(2)
     shape = AttentionShape(n_head=4, n_kv=2, head_dim=32, window=0, scale=32 ** -0.5)
     stores = {}
