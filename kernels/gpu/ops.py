@@ -18,7 +18,6 @@ from kernels.gpu.device import WORKGROUP, Gpu, shader
 FORMATS = {T.F32: "f32", T.F16: "f16", T.BF16: "bf16", T.Q4_0: "q4_0", T.Q4_1: "q4_1", T.Q8_0: "q8_0",
            T.Q4_K: "q4_k", T.Q6_K: "q6_k"}
 SILU, GELU = 0, 1
-KV_DTYPES = ("f16", "f32")  # the cache formats the attention shaders read
 _MATMUL_TILE = 8  # input rows per workgroup (matmul.wgsl's MT; 16 or 32 were no faster on lavapipe)
 # threads per weight row (matmul.wgsl's TPR): lavapipe ran the 49152-row output matrix of SmolLM2 8x faster at 4
 # than at 64 (a workgroup per row); 1 and 16 were slower
