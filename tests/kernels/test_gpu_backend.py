@@ -105,3 +105,18 @@ def test_attention_over_two_segments_and_the_kv_rows(be, kv, scratch_floats, mon
     g1.write(0, 20, rows_k, rows_v)
     assert np.array_equal(g1.read(0, 20, 23)[0], rows_k) and np.array_equal(g1.read(0, 20, 23)[1], rows_v)
     assert g0.nbytes() == (2 if kv == "f16" else 4) * 2 * 2 * 40 * 2 * 32
+
+
+def test_no_adapter_is_backend_unavailable(monkeypatch):
+    """What select_backend turns into its one fallback message."""
+    from kernels.backend import BackendUnavailable
+    from kernels.gpu import backend
+    from kernels.gpu.device import GpuUnavailable
+
+    def no_adapter():
+        raise GpuUnavailable("no GPU adapter (no Metal or Vulkan driver found)")
+
+    monkeypatch.setattr(backend, "gpu", no_adapter)
+    with pytest.raises(BackendUnavailable, match="no GPU adapter"):
+        backend.create_backend()
+    assert backend.device_present() is False

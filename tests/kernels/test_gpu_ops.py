@@ -191,3 +191,11 @@ def test_attention_decode_and_prefill(gpu, kv_dtype, window):
                   q_row0=n - 1)
     ref = attention_decode(np.ascontiguousarray(q[-1]), k, v, n_keys, window, scale)
     np.testing.assert_allclose(gpu.read(out, np.float32, q.shape)[-1], ref, rtol=1e-4, atol=1e-5)
+
+
+def test_no_wgpu_package_is_a_clear_gpu_unavailable(monkeypatch):
+    from kernels.gpu.device import Gpu, GpuUnavailable
+
+    monkeypatch.setitem(__import__("sys").modules, "wgpu", None)  # import wgpu now raises ImportError
+    with pytest.raises(GpuUnavailable, match=r"needs the wgpu package .*fucina\[gpu\]"):
+        Gpu()
