@@ -13,3 +13,14 @@ def model_path():
 
     directory = models_dir()  # fixed now, so a test that sets FUCINA_HOME never re-downloads a model
     return lambda name: pull(name, directory=directory)
+
+
+@pytest.fixture(scope="session")
+def gpu():
+    """The wgpu device; GPU tests skip only where no adapter exists (CI provides a software Vulkan one)."""
+    from kernels.gpu.device import GpuUnavailable, gpu as start
+
+    try:
+        return start()
+    except GpuUnavailable as e:
+        pytest.skip(str(e))
