@@ -5,13 +5,15 @@ Interactive on a terminal; from a pipe it answers one message per input line unt
 With --conversation the chat is stored (the history database and a KV sidecar, through engine.session)
 and a stored one reopens warm; without it, the chat lives only in this process. With --attach FILE the chat
 is served behind the documents' KV cartridges (app.cli_docs); a stored chat reopens warm behind the same
-attachments only.
+attachments only. With --remote URL the replies come from an OpenAI-compatible endpoint instead, and the
+chat is stored (a new one unless --conversation names one): history, search and export stay local.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -25,7 +27,9 @@ from engine.chat.window import POLICIES
 from engine.history.store import HistoryStore
 from engine.kv.cache import KvDtype
 from engine.history.validate import SAMPLER_RANGES
-from engine.errors import ContextFull, FucinaError, StoreError
+from engine.errors import ContextFull, FucinaError, RemoteConnectionLost, StoreError
+from engine.remote import RemoteClient
+from engine.remote_session import RemoteChatSession, check_remote_format
 from engine.sampling import CHAT_DEFAULTS
 from engine.session import DEFAULT_CONTEXT, DEFAULT_MAX_TOKENS, ChatSession
 
@@ -84,12 +88,11 @@ class _EphemeralChat(_Chat):
 
 
 class _StoredChat(_Chat):
-    """A chat in the history store, through the session layer."""
+    """A chat in the history store, through the session layer: `open_session(conversation_id or None for a
+    new one, system prompt, sampler settings)` opens a ChatSession or a RemoteChatSession."""
 
-    def __init__(self, model, args, store: HistoryStore, grammar, attachments):
-        self.model, self.store = model, store
-        self.speculation = args.spec
-        self.attachments = attachments
+    def __init__(self, open_session, args, store: HistoryStore, grammar):
+        self.open_session, self.store = open_session, store
         if args.conversation == "new":
             self.settings = {"temperature": args.temp, "top_k": args.top_k, "top_p": args.top_p,
                              "min_p": args.min_p, "repeat_penalty": args.repeat_penalty, "seed": args.seed,
@@ -99,8 +102,7 @@ class _StoredChat(_Chat):
             self.system = args.system
             self.session = self._new()
         else:
-            self.session = ChatSession(store, model, find_conversation(store, args.conversation),
-                                       speculation=args.spec, attachments=attachments)
+            self.session = open_session(find_conversation(store, args.conversation), None, None)
             self.settings, self.system = self.session.settings["sampler"], self.session.settings["system_prompt"]
         resumed = self.session.resumed_positions
         print(f"(conversation {self.session.id[:8]}: {len(self.session.messages())} messages"
@@ -115,9 +117,7 @@ class _StoredChat(_Chat):
         return self.session.last_window.left_out_turns if self.session.last_window else 0
 
     def _new(self) -> ChatSession:
-        return ChatSession.open(self.store, self.model, system_prompt=self.system,
-                                sampler={k: v for k, v in self.settings.items() if v is not None},
-                                speculation=self.speculation, attachments=self.attachments)
+        return self.open_session(None, self.system, {k: v for k, v in self.settings.items() if v is not None})
 
     def reset(self) -> str:
         if unsaved := self.unsaved_reply():  # a new conversation would drop the reply kept for this one
@@ -146,23 +146,51 @@ class _StoredChat(_Chat):
         return self.session.last_sidecar_failure()
 
 
-def run_chat(args) -> int:
-    grammar = grammar_from_args(args)
+def _open_local(args, grammar, stack: contextlib.ExitStack) -> tuple[_Chat, str]:
     model = open_model(args)
     # a stored chat's cache is f16 (its stored settings have no cache type)
     attached = attach_documents(model, args.attach, KvDtype.F16 if args.conversation else args.kv)
     for result in attached:
         print(f"(attached {describe(result)})", file=sys.stderr)
     attachments = [a.cartridge for a in attached]
+    if not args.conversation:
+        return _EphemeralChat(model, args, grammar, attachments), Path(model.file.path).name
+    store = stack.enter_context(open_store())
+
+    def open_session(conversation_id, system, sampler) -> ChatSession:
+        return ChatSession.open(store, model, conversation_id, system_prompt=system, sampler=sampler,
+                                speculation=args.spec, attachments=attachments)
+    return _StoredChat(open_session, args, store, grammar), Path(model.file.path).name
+
+
+def _open_remote(args, grammar, stack: contextlib.ExitStack) -> tuple[_Chat, str]:
+    """A stored chat answered by the endpoint: what only a local model does is refused up front."""
+    for given, flag in ((args.model, "a MODEL"), (args.attach, "--attach"), (args.spec, "--spec")):
+        if given:
+            raise FucinaError(f"--remote chats with the endpoint's model: {flag} does not apply (choose the "
+                              "endpoint's model with --remote-model NAME)")
+    if grammar is not None:
+        check_remote_format(grammar.kind)
+    client = RemoteClient(args.remote, args.api_key or os.environ.get("FUCINA_API_KEY"), args.remote_model)
+    stack.callback(client.close)
+    client.choose_model()  # an endpoint that cannot serve is refused before anything is stored
+    args.conversation = args.conversation or "new"
+    store = stack.enter_context(open_store())
+
+    def open_session(conversation_id, system, sampler) -> RemoteChatSession:
+        return RemoteChatSession.open(store, client, conversation_id, system_prompt=system, sampler=sampler)
+    return _StoredChat(open_session, args, store, grammar), client.name
+
+
+def run_chat(args) -> int:
+    grammar = grammar_from_args(args)
     with contextlib.ExitStack() as stack:
-        if args.conversation:
-            chat = _StoredChat(model, args, stack.enter_context(open_store()), grammar, attachments)
+        chat, shown_name = (_open_remote if args.remote else _open_local)(args, grammar, stack)
+        if isinstance(chat, _StoredChat):
             stack.callback(lambda: chat.session.close())
-        else:
-            chat = _EphemeralChat(model, args, grammar, attachments)
         interactive = sys.stdin.isatty()
         if interactive:
-            print(f"fucina chat · {Path(model.file.path).name} · /help for commands", file=sys.stderr)
+            print(f"fucina chat · {shown_name} · /help for commands", file=sys.stderr)
         for line in _lines(interactive):
             text = line.strip()
             if not text:
@@ -203,6 +231,11 @@ def _reply(chat, text: str) -> None:
         print(" [stopped]", end="")
     except ContextFull as e:
         print(f"error: {e} (/reset starts over)", file=sys.stderr)
+        return
+    except RemoteConnectionLost as e:
+        print(flush=True)
+        kept = " (the reply so far is kept in the conversation)" if e.partial else ""
+        print(f"error: {e}{kept}", file=sys.stderr)
         return
     except StoreError as e:
         if shown:  # the reply was shown but not stored: the session keeps it for the next write
@@ -283,6 +316,12 @@ def register(subparsers) -> None:
     p.add_argument("--spec", action="store_true",
                    help="speculative decoding: drafts from the conversation itself, verified; the same replies")
     add_attach_option(p)
+    p.add_argument("--remote", metavar="URL", default=None,
+                   help="chat with an OpenAI-compatible endpoint's model (http://HOST:PORT/v1: vLLM, llama-server, "
+                        "Ollama, fucina serve); the chat is stored locally")
+    p.add_argument("--api-key", default=None, help="the endpoint's API key (default: $FUCINA_API_KEY)")
+    p.add_argument("--remote-model", metavar="NAME", default=None,
+                   help="the endpoint's model (default: the first it lists)")
     add_sampler_options(p, CHAT_DEFAULTS)
     add_grammar_options(p)
     p.set_defaults(func=run_chat)
