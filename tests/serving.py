@@ -11,6 +11,25 @@ import uvicorn
 
 
 @contextlib.contextmanager
+def serving_tiny(directory, api_key: str | None = None):
+    """`fucina serve`'s app on a tiny random model (files under `directory`), served as "tiny": its URL."""
+    from app.server import create_app
+    from app.server_requests import Limits
+    from engine.models import load_model
+    from engine.service import EngineService
+    from tests.synthetic import write_tiny_model
+
+    path = directory / "tiny.gguf"
+    write_tiny_model(path, "qwen2", tokenizer=True, tied=False, seed=1)  # untied: varied replies
+    service = EngineService(load_model(path), slots=2, capacity=256, sidecar_dir=directory / "slots")
+    try:
+        with serving_app(create_app(service, ["tiny"], api_key=api_key, limits=Limits(max_tokens=256))) as url:
+            yield url
+    finally:
+        service.close()
+
+
+@contextlib.contextmanager
 def serving_app(app):
     """The ASGI `app` on a free loopback port; yields its API base URL (…/v1)."""
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False,

@@ -1,6 +1,8 @@
 """What the app remembers between runs: window geometry, the last conversation and model, recently used
-model files, named settings presets and whether replies decode speculatively. One INI file next to the
-history database, so a data directory (`FUCINA_HOME`) carries everything."""
+model files, named settings presets, whether replies decode speculatively, and the remote endpoint (its URL,
+API key and model, and whether the app uses it rather than a local model). One INI file next to the history
+database, so a data directory (`FUCINA_HOME`) carries everything; the endpoint's API key is kept there in
+plain text like every other setting (the file is the user's, in their data directory)."""
 
 from __future__ import annotations
 
@@ -63,3 +65,22 @@ class Preferences:
 
     def delete_preset(self, name: str) -> None:
         self._settings.setValue("presets/all", json.dumps({k: v for k, v in self.presets.items() if k != name}))
+
+    @property
+    def remote_endpoint(self) -> dict:
+        """The remote endpoint last used: {"url", "api_key", "model"} (empty strings when unset)."""
+        return {key: self._settings.value(f"remote/{key}", "") for key in ("url", "api_key", "model")}
+
+    @remote_endpoint.setter
+    def remote_endpoint(self, endpoint: dict) -> None:
+        for key in ("url", "api_key", "model"):
+            self._settings.setValue(f"remote/{key}", endpoint.get(key) or "")
+
+    @property
+    def remote_in_use(self) -> bool:
+        """Chat through the remote endpoint (at start too) rather than a local model."""
+        return self._settings.value("remote/in_use", False, type=bool)
+
+    @remote_in_use.setter
+    def remote_in_use(self, on: bool) -> None:
+        self._settings.setValue("remote/in_use", on)

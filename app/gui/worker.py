@@ -6,6 +6,10 @@ thread. Reply text comes back coalesced to about 30 updates a second, and a long
 its progress slice by slice. Stopping is the one call that bypasses the queue: the UI sets the turn's
 `threading.Event`, which the engine checks between tokens and between prefill slices, so a stop (or a
 conversation or model switch, which stops first) takes effect within one token or one slice.
+
+Replies come from the loaded model, or from a remote OpenAI-compatible endpoint (`use_remote`): then the
+open conversation is a RemoteChatSession, stored here like any other, and a connection lost mid-reply
+keeps the text received and is reported.
 """
 
 from __future__ import annotations
@@ -19,10 +23,12 @@ from typing import Callable, Iterator
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from engine.catalog import resolve_model
-from engine.errors import FucinaError, HistoryError, StoreError
+from engine.errors import FucinaError, HistoryError, RemoteConnectionLost, StoreError
 from engine.history.store import HistoryStore
 from engine.models import load_model
-from engine.session import ChatSession, OnPrefill, PendingReply, delete_conversation
+from engine.remote import RemoteClient
+from engine.remote_session import RemoteChatSession
+from engine.session import ChatSession, OnPrefill, PendingReply, StoredChat, delete_conversation
 
 FLUSH_INTERVAL_S = 1 / 30
 
@@ -74,6 +80,8 @@ class TextBatcher:
 
 def _describe(error: Exception) -> str:
     """Engine errors already name the problem; anything else gets its type so the dialog is not empty."""
+    if isinstance(error, RemoteConnectionLost) and error.partial:
+        return f"{error}. The reply so far is kept in the conversation; regenerate it to try again."
     return str(error) if isinstance(error, FucinaError) else f"{type(error).__name__}: {error}"
 
 
@@ -81,6 +89,8 @@ class EngineWorker(QObject):
     model_loading = Signal(str)           # path
     model_loaded = Signal(str)            # path
     model_failed = Signal(str, str)       # path, what is wrong with it
+    remote_connected = Signal(str)        # the remote endpoint's model and URL, now answering the chats
+    remote_failed = Signal(str)           # why the endpoint cannot be used (the model in use stays)
     conversation_ready = Signal(object)   # conversation id, or None for a new chat not saved yet
     conversation_created = Signal(str, object)  # a new chat's first message made it a conversation; the turn
     # A turn is identified by its cancel event, so the UI can ignore a turn it has abandoned.
@@ -101,7 +111,8 @@ class EngineWorker(QObject):
         self._db_path, self._sidecar_dir = db_path, sidecar_dir
         self._store: HistoryStore | None = None
         self.model = None
-        self.session: ChatSession | None = None
+        self.remote: RemoteClient | None = None    # replies come from this endpoint rather than `model`
+        self.session: StoredChat | None = None
         self._conversation_id: str | None = None  # what the UI shows; None: a new chat
         self._pending_settings: dict = {}          # settings for the new chat, applied when it is created
         self._storage_failing = False              # the last write was refused (the UI shows a banner)
@@ -124,9 +135,35 @@ class EngineWorker(QObject):
             self.model_failed.emit(path, _describe(e))
             return
         self._close_session()
+        self._drop_remote()
         self.model = model
         self.model_loaded.emit(path)
         self._open_session()
+
+    @Slot(dict)
+    def use_remote(self, endpoint: dict) -> None:
+        """Answer the chats through the endpoint {"url", "api_key", "model"}: checked (it answers, takes the
+        key, serves the model) before the model in use is let go."""
+        try:
+            client = RemoteClient(endpoint.get("url", ""), endpoint.get("api_key"), endpoint.get("model"))
+            try:
+                client.choose_model()
+            except FucinaError:
+                client.close()
+                raise
+        except FucinaError as e:
+            self.remote_failed.emit(str(e))
+            return
+        self._close_session()
+        self._drop_remote()
+        self.model, self.remote = None, client
+        self.remote_connected.emit(client.name)
+        self._open_session()
+
+    def _drop_remote(self) -> None:
+        if self.remote is not None:
+            self.remote.close()
+            self.remote = None
 
     @Slot(object)
     def open_conversation(self, conversation_id: str | None) -> None:
@@ -134,13 +171,23 @@ class EngineWorker(QObject):
         self._conversation_id, self._pending_settings = conversation_id, {}
         self._open_session()
 
+    def _open(self, conversation_id: str | None, **settings) -> StoredChat:
+        """The conversation (None: a new one with `settings`) on the remote endpoint or the loaded model."""
+        if self.remote is not None:
+            return RemoteChatSession.open(self.store, self.remote, conversation_id, **settings)
+        return ChatSession.open(self.store, self.model, conversation_id, sidecar_dir=self._sidecar_dir,
+                                speculation=self.speculation, **settings)
+
+    @property
+    def _ready(self) -> bool:
+        return self.model is not None or self.remote is not None
+
     def _open_session(self) -> None:
-        if self.model is None:
+        if not self._ready:
             return
         if self._conversation_id is not None:
             try:
-                self.session = ChatSession.open(self.store, self.model, self._conversation_id,
-                                                sidecar_dir=self._sidecar_dir, speculation=self.speculation)
+                self.session = self._open(self._conversation_id)
             except FucinaError as e:
                 self._report(e)
                 return
@@ -154,18 +201,17 @@ class EngineWorker(QObject):
             self.session.close()
             self.session = None
 
-    def _session(self) -> ChatSession:
-        if self.model is None:
+    def _session(self) -> StoredChat:
+        if not self._ready:
             raise FucinaError("no model is loaded; choose one in the model picker")
         if self.session is None:
             raise FucinaError("no conversation is open")
         return self.session
 
-    def _session_for_turn(self, turn: threading.Event) -> ChatSession:
+    def _session_for_turn(self, turn: threading.Event) -> StoredChat:
         """The open conversation; a new chat becomes a stored conversation with its first message."""
-        if self.model is not None and self.session is None and self._conversation_id is None:
-            self.session = ChatSession.open(self.store, self.model, None, sidecar_dir=self._sidecar_dir,
-                                            speculation=self.speculation, **self._pending_settings)
+        if self._ready and self.session is None and self._conversation_id is None:
+            self.session = self._open(None, **self._pending_settings)
             self._conversation_id, self._pending_settings = self.session.id, {}
             self.conversation_created.emit(self.session.id, turn)
         return self._session()
@@ -340,6 +386,7 @@ class EngineWorker(QObject):
             self._save_unsaved()  # a last try: space may have come back since the banner
         except StoreError:
             pass  # the reply was offered for copy; there is nowhere left to keep it
+        self._drop_remote()
         if self._store is not None:
             self._store.close()
         QThread.currentThread().quit()
@@ -350,6 +397,7 @@ class EngineClient(QObject):
     cancel event, and `stop` sets it directly."""
 
     _load_model = Signal(str)
+    _use_remote = Signal(dict)
     _open_conversation = Signal(object)
     _send = Signal(str, object)
     _regenerate = Signal(object)
@@ -368,7 +416,7 @@ class EngineClient(QObject):
         self.thread = QThread()
         self.thread.setObjectName("fucina-engine")
         self.worker.moveToThread(self.thread)
-        for name in ("load_model", "open_conversation", "send", "regenerate", "edit", "switch",
+        for name in ("load_model", "use_remote", "open_conversation", "send", "regenerate", "edit", "switch",
                      "delete_message", "delete_conversation", "update_settings", "set_speculation", "save_pending",
                      "shutdown"):
             getattr(self, f"_{name}").connect(getattr(self.worker, name))
@@ -392,6 +440,10 @@ class EngineClient(QObject):
     def load_model(self, path: str) -> None:
         self._new_turn()
         self._load_model.emit(path)
+
+    def use_remote(self, endpoint: dict) -> None:
+        self._new_turn()
+        self._use_remote.emit(endpoint)
 
     def open_conversation(self, conversation_id: str | None) -> None:
         self._new_turn()

@@ -8,15 +8,12 @@ import sys
 import pytest
 
 from app.cli import main as fucina
-from app.server import create_app
-from app.server_requests import Limits
 from engine.chat import Message
 from engine.errors import (RemoteAuthFailed, RemoteConnectionLost, RemoteError, RemoteModelNotFound, RemoteTimeout,
                            RemoteUnreachable)
 from engine.history.store import HistoryStore
 from engine.remote import INTERRUPTED, RemoteClient, endpoint_url
-from engine.service import EngineService
-from tests.serving import free_port, serving_app, stub_endpoint
+from tests.serving import free_port, serving_tiny, stub_endpoint
 
 KEY = "remote-test-key"
 HELLO = [Message("user", "hello")]
@@ -25,17 +22,8 @@ HELLO = [Message("user", "hello")]
 @pytest.fixture(scope="module")
 def endpoint(tmp_path_factory):
     """`fucina serve`'s app on a tiny model, behind an API key: its base URL."""
-    from engine.models import load_model
-    from tests.synthetic import write_tiny_model
-
-    path = tmp_path_factory.mktemp("remote") / "tiny.gguf"
-    write_tiny_model(path, "qwen2", tokenizer=True, tied=False, seed=1)
-    service = EngineService(load_model(path), slots=2, capacity=256, sidecar_dir=tmp_path_factory.mktemp("slots"))
-    try:
-        with serving_app(create_app(service, ["tiny"], api_key=KEY, limits=Limits(max_tokens=256))) as url:
-            yield url
-    finally:
-        service.close()
+    with serving_tiny(tmp_path_factory.mktemp("remote"), KEY) as url:
+        yield url
 
 
 def test_the_client_lists_the_model_and_streams_a_reply(endpoint):
