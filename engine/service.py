@@ -12,7 +12,8 @@ Live jobs advance together, so a long reply never holds a short one back: each r
 reply one token further, their forwards in one weight pass (model.decode_batch, row-wise: each row's bits
 are those of a lone step), and every speculative reply one verify step. Jobs beyond the slot count wait in
 order. Cancellation is cooperative: `Job.cancel()` ends the reply at its next
-token (or prefill slice), or drops it while it waits. Every slot keeps its cache in a KV sidecar under the
+token (or prefill slice), or drops it while it waits. A model another thread also runs (the app's chat
+while it serves) is shared through `model_lock`, which the compute thread holds for each round. Every slot keeps its cache in a KV sidecar under the
 data dir (engine.kv.persist): a restarted service resumes them, so a resent long conversation is warm.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import os
 import queue
@@ -152,12 +154,13 @@ class EngineService:
 
     def __init__(self, model: Transformer, *, slots: int = DEFAULT_SLOTS, capacity: int = DEFAULT_CONTEXT,
                  kv_dtype: KvDtype | str = KvDtype.F16, sidecar_dir: str | os.PathLike | None = None,
-                 max_waiting: int = DEFAULT_MAX_WAITING):
+                 max_waiting: int = DEFAULT_MAX_WAITING, model_lock: threading.Lock | None = None):
         if slots < 1:
             raise ValueError(f"an engine service needs at least one slot, got {slots}")
         self.model, self.capacity, self.kv_dtype = model, capacity, kv_dtype
         self.tokenizer = load_tokenizer(model.file.metadata)
         self.template = template_for_model(model.file.metadata, self.tokenizer)
+        self._model_lock = model_lock or contextlib.nullcontext()  # held while the model computes
         self._render_lock = threading.Lock()  # a model's own template renders in a child process, one at a time
         self._jobs: queue.Queue[Job | _Call | None] = queue.Queue()
         self._closed = False
@@ -270,7 +273,8 @@ class EngineService:
                     if job is None:
                         return self._stop(waiting, live)
                     if isinstance(job, _Call):
-                        job.run()
+                        with self._model_lock:
+                            job.run()
                     else:
                         waiting.append(job)
             except queue.Empty:
@@ -284,6 +288,10 @@ class EngineService:
 
     def _round(self) -> None:
         """Every live job to its next token (one speculative step), the plain ones' forwards in one batch."""
+        with self._model_lock:
+            self._step_all()
+
+    def _step_all(self) -> None:
         steps = [(slot, step) for slot in self._slots if (step := self._advance(slot)) is not None]
         if not steps:
             return

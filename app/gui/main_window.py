@@ -17,6 +17,7 @@ from app.gui.composer import Composer
 from app.gui.kernel_warmup import KernelWarmup
 from app.gui.model_picker import ModelPicker, model_label
 from app.gui.preferences import Preferences
+from app.gui.server_switch import ServerSwitch
 from app.gui.settings_dialog import SettingsDialog
 from app.gui.sidebar import UNTITLED, Sidebar
 from app.gui.status_line import StatusLine
@@ -373,7 +374,8 @@ class MainWindow(QMainWindow):
         return {"system_prompt": conv["system_prompt"], "sampler": conv["sampler"]}
 
     def edit_settings(self) -> SettingsDialog:
-        dialog = SettingsDialog(self.current_settings(), self.preferences, self)
+        dialog = SettingsDialog(self.current_settings(), self.preferences, self,
+                                server_switch=ServerSwitch(self.client, self.preferences))
         dialog.accepted.connect(lambda: self.apply_settings(dialog.settings()))
         dialog.accepted.connect(lambda: self.set_speculation(dialog.speculation.isChecked()))
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)

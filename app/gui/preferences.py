@@ -1,17 +1,20 @@
 """What the app remembers between runs: window geometry, the last conversation and model, recently used
-model files, named settings presets, whether replies decode speculatively, and the remote endpoint (its URL,
-API key and model, and whether the app uses it rather than a local model). One INI file next to the history
-database, so a data directory (`FUCINA_HOME`) carries everything; the endpoint's API key is kept there in
-plain text like every other setting (the file is the user's, in their data directory)."""
+model files, named settings presets, whether replies decode speculatively, the remote endpoint (its URL,
+API key and model, and whether the app uses it rather than a local model) and the local server's port and
+API key. One INI file next to the history database, so a data directory (`FUCINA_HOME`) carries
+everything; the API keys are kept there in plain text like every other setting (the file is the user's,
+in their data directory)."""
 
 from __future__ import annotations
 
 import json
+import secrets
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QSettings
 
 RECENT_MODELS = 8
+DEFAULT_SERVER_PORT = 8080  # `fucina serve`'s
 
 
 class Preferences:
@@ -84,3 +87,21 @@ class Preferences:
     @remote_in_use.setter
     def remote_in_use(self, on: bool) -> None:
         self._settings.setValue("remote/in_use", on)
+
+    @property
+    def server_port(self) -> int:
+        """The local server's port (0: any free one)."""
+        return self._settings.value("server/port", DEFAULT_SERVER_PORT, type=int)
+
+    @server_port.setter
+    def server_port(self, port: int) -> None:
+        self._settings.setValue("server/port", port)
+
+    @property
+    def server_api_key(self) -> str:
+        """The local server's API key: made on first use and kept, so its clients keep working."""
+        key = self._settings.value("server/api_key", "")
+        if not key:
+            key = secrets.token_urlsafe(24)
+            self._settings.setValue("server/api_key", key)
+        return key

@@ -10,6 +10,9 @@ conversation or model switch, which stops first) takes effect within one token o
 Replies come from the loaded model, or from a remote OpenAI-compatible endpoint (`use_remote`): then the
 open conversation is a RemoteChatSession, stored here like any other, and a connection lost mid-reply
 keeps the text received and is reported.
+
+The worker also runs the app's local server (app.local_server) on the loaded model: its engine service
+computes on its own thread, and the model lock keeps it and this thread's replies from computing at once.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Callable, Iterator
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
+from app.local_server import LocalServer
 from engine.catalog import resolve_model
 from engine.errors import FucinaError, HistoryError, RemoteConnectionLost, StoreError
 from engine.history.store import HistoryStore
@@ -91,6 +95,8 @@ class EngineWorker(QObject):
     model_failed = Signal(str, str)       # path, what is wrong with it
     remote_connected = Signal(str)        # the remote endpoint's model and URL, now answering the chats
     remote_failed = Signal(str)           # why the endpoint cannot be used (the model in use stays)
+    server_changed = Signal(object)       # the local server's (url, api key), or None once it stopped
+    server_failed = Signal(str)           # why the local server did not start
     conversation_ready = Signal(object)   # conversation id, or None for a new chat not saved yet
     conversation_created = Signal(str, object)  # a new chat's first message made it a conversation; the turn
     # A turn is identified by its cancel event, so the UI can ignore a turn it has abandoned.
@@ -118,6 +124,8 @@ class EngineWorker(QObject):
         self._storage_failing = False              # the last write was refused (the UI shows a banner)
         self._unsaved: list[PendingReply] = []     # refused replies of sessions closed since, oldest first
         self.speculation = False                   # decode replies speculatively (the app's preference)
+        self.server: LocalServer | None = None     # the local server on the loaded model, while it runs
+        self._model_lock = threading.Lock()        # the model computes for a reply or for the server
 
     @property
     def store(self) -> HistoryStore:
@@ -135,6 +143,7 @@ class EngineWorker(QObject):
             self.model_failed.emit(path, _describe(e))
             return
         self._close_session()
+        self.stop_server()  # it serves the model loaded until now
         self._drop_remote()
         self.model = model
         self.model_loaded.emit(path)
@@ -155,6 +164,7 @@ class EngineWorker(QObject):
             self.remote_failed.emit(str(e))
             return
         self._close_session()
+        self.stop_server()
         self._drop_remote()
         self.model, self.remote = None, client
         self.remote_connected.emit(client.name)
@@ -246,7 +256,11 @@ class EngineWorker(QObject):
             except StoreError as e:
                 self._report(e, unsent=text)
                 return
-            for piece in stream:
+            while True:
+                with self._model_lock:  # a piece at a time, so the local server's rounds interleave
+                    piece = next(stream, None)
+                if piece is None:
+                    break
                 batcher.add(piece)
             self._save_unsaved()
             self._stored()
@@ -379,8 +393,32 @@ class EngineWorker(QObject):
             spec_tokens_per_step=spec.tokens_per_step() if spec and spec.steps else None,
             spec_acceptance=spec.acceptance_rate() if spec and spec.drafted else None))
 
+    # -- the local server --------------------------------------------------------------------------
+    @Slot(int, str)
+    def start_server(self, port: int, api_key: str) -> None:
+        """Serve the loaded model on loopback (port 0: a free one), behind `api_key`."""
+        if self.server is None:
+            try:
+                if self.model is None:
+                    raise FucinaError("the local server serves a model loaded in the app; load one first"
+                                      + (" (a remote endpoint's model is served by its own server)"
+                                         if self.remote is not None else ""))
+                self.server = LocalServer(self.model, port=port, api_key=api_key, model_lock=self._model_lock)
+            except FucinaError as e:
+                self.server_failed.emit(str(e))
+                return
+        self.server_changed.emit((self.server.url, self.server.api_key))
+
+    @Slot()
+    def stop_server(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+            self.server_changed.emit(None)
+
     @Slot()
     def shutdown(self) -> None:
+        self.stop_server()
         self._close_session()
         try:
             self._save_unsaved()  # a last try: space may have come back since the banner
@@ -398,6 +436,8 @@ class EngineClient(QObject):
 
     _load_model = Signal(str)
     _use_remote = Signal(dict)
+    _start_server = Signal(int, str)
+    _stop_server = Signal()
     _open_conversation = Signal(object)
     _send = Signal(str, object)
     _regenerate = Signal(object)
@@ -418,7 +458,7 @@ class EngineClient(QObject):
         self.worker.moveToThread(self.thread)
         for name in ("load_model", "use_remote", "open_conversation", "send", "regenerate", "edit", "switch",
                      "delete_message", "delete_conversation", "update_settings", "set_speculation", "save_pending",
-                     "shutdown"):
+                     "start_server", "stop_server", "shutdown"):
             getattr(self, f"_{name}").connect(getattr(self.worker, name))
         self._cancel = threading.Event()
         self.thread.start()
@@ -476,6 +516,13 @@ class EngineClient(QObject):
     def save_pending(self) -> None:
         """Retry storing a reply the disk refused (storage_failed / storage_recovered tell how it went)."""
         self._save_pending.emit()
+
+    def start_server(self, port: int, api_key: str) -> None:
+        """Serve the loaded model locally (server_changed / server_failed tell how it went)."""
+        self._start_server.emit(port, api_key)
+
+    def stop_server(self) -> None:
+        self._stop_server.emit()
 
     def close(self) -> None:
         """Stop any reply, let the worker flush its session, and wait for the thread to end: a reply stops
