@@ -1,6 +1,7 @@
 """Choosing a model: the starter models (size, one-line description, downloaded or not), recently used
-files, any .gguf file on disk, or a remote OpenAI-compatible endpoint (app.gui.remote_endpoint). A starter model not downloaded yet downloads here with a progress bar
-and a Cancel button. The dialog only picks a file: loading it (and reporting a bad one) is the engine's."""
+files, any .gguf file on disk, or a remote OpenAI-compatible endpoint (app.gui.remote_endpoint). A starter
+model not downloaded yet downloads here with a progress bar and a Cancel button. The dialog only picks a
+model: loading it (and reporting a bad one) is the engine's."""
 
 from __future__ import annotations
 
