@@ -1,14 +1,11 @@
-"""`fucina serve`'s server inside the app: the app's loaded model served on loopback by an engine service
-(engine/service.py) with the server's ASGI app (app/server.py) on uvicorn in a thread, behind an API key.
-Qt-free: the app's worker starts and stops it (app.gui.worker).
-
-The model is the one the app chats with; `model_lock` is shared with the app's chat, so the two never
-compute at once (the chat holds it per reply piece, the service per decode round).
+"""`fucina serve`'s server inside the app: the server's ASGI app (app/server.py) on uvicorn in a thread, on
+loopback behind an API key, over the engine service the app's chat already goes through (engine/service.py:
+the chat's replies and the server's jobs take turns on its compute thread). Qt-free: the app's worker
+starts and stops it (app.gui.worker); stopping it leaves the service to the chat.
 """
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 import time
@@ -23,16 +20,14 @@ from engine.errors import FucinaError
 from engine.service import EngineService
 
 HOST = "127.0.0.1"
-SLOTS = 2
-CONTEXT = 4096
 START_TIMEOUT_S = 30
 
 
 class LocalServer:
-    """Serving `model` on http://127.0.0.1:PORT/v1 from construction until `stop()`. Port 0: a free one."""
+    """Serving `service`'s model on http://127.0.0.1:PORT/v1 from construction until `stop()`. Port 0: a
+    free one."""
 
-    def __init__(self, model, *, port: int, api_key: str, model_lock: threading.Lock | None = None,
-                 sidecar_dir: str | os.PathLike | None = None):
+    def __init__(self, service: EngineService, *, port: int, api_key: str):
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -41,10 +36,10 @@ class LocalServer:
             listener.close()
             raise FucinaError(f"cannot serve on {HOST}:{port}: {e.strerror or e}; choose another port") from None
         self.port, self.api_key = listener.getsockname()[1], api_key
-        path = Path(model.file.path)
-        self.service = EngineService(model, slots=SLOTS, capacity=CONTEXT, model_lock=model_lock,
-                                     sidecar_dir=sidecar_dir)
-        app = create_app(self.service, [path.stem, path.name], api_key=api_key, limits=Limits(max_tokens=CONTEXT))
+        path = Path(service.model.file.path)
+        self.service = service
+        self._served_before = self._finished()  # the service outlives a server switched off and on
+        app = create_app(service, [path.stem, path.name], api_key=api_key, limits=Limits(max_tokens=service.capacity))
         self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
                                                      timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [listener]},
@@ -64,10 +59,12 @@ class LocalServer:
     @property
     def requests_served(self) -> int:
         """Generation requests that ended, however they ended."""
+        return self._finished() - self._served_before
+
+    def _finished(self) -> int:
         return sum(self.service.status()["finished"].values())
 
     def stop(self) -> None:
-        """Stop listening, end the streams still running and wait for the slots' sidecars."""
+        """Stop listening and end the streams still running (within the graceful shutdown's seconds)."""
         self._server.should_exit = True
         self._thread.join()
-        self.service.close()

@@ -252,11 +252,14 @@ class StoredChat:
 
 
 class ChatSession(StoredChat):
-    """One open conversation on a local model."""
+    """One open conversation on a local model. `run_stream` runs a reply's model work where the model
+    computes (EngineService.relay: on the service's compute thread); by default, on the caller's thread."""
 
     def __init__(self, store: HistoryStore, model: Transformer, conversation_id: str, *, sidecar_dir=None,
-                 speculation: bool = False, attachments: Sequence[Cartridge] = ()):
+                 speculation: bool = False, attachments: Sequence[Cartridge] = (),
+                 run_stream: Callable[[Iterator[str]], Iterator[str]] | None = None):
         self.model = model
+        self.run_stream = run_stream
         self.speculation = speculation  # a choice of this session (decoding speed), not a stored setting
         # documents the chat is served behind (their KV rows are the cache's prefix); the sidecar resumes
         # only behind the same ones
@@ -272,13 +275,14 @@ class ChatSession(StoredChat):
     @classmethod
     def open(cls, store: HistoryStore, model: Transformer, conversation_id: str | None = None, *,
              sidecar_dir=None, system_prompt: str | None = None, sampler: dict | None = None,
-             speculation: bool = False, attachments: Sequence[Cartridge] = ()) -> "ChatSession":
+             speculation: bool = False, attachments: Sequence[Cartridge] = (),
+             run_stream: Callable[[Iterator[str]], Iterator[str]] | None = None) -> "ChatSession":
         """Open a stored conversation, or (conversation_id None) a new one with these settings."""
         if conversation_id is None:
             conversation_id = store.create_conversation(os.fspath(model.file.path), system_prompt=system_prompt,
                                                         sampler=sampler)
         return cls(store, model, conversation_id, sidecar_dir=sidecar_dir, speculation=speculation,
-                   attachments=attachments)
+                   attachments=attachments, run_stream=run_stream)
 
     @property
     def model_name(self) -> str:
@@ -349,6 +353,8 @@ class ChatSession(StoredChat):
         """Fit the branch to the context and send it: the cache keeps what it shares with the render."""
         self.last_window, kept_from = self._window(branch)
         stream = self.convo.send_tokens(self.last_window.ids, cancel, reuse=True, on_prefill=on_prefill)
+        if self.run_stream is not None:
+            stream = self.run_stream(stream)
         return stream, {"left_out_turns": self.last_window.left_out_turns, "kept_from": kept_from}
 
     def _latest_turn(self) -> TurnResult | None:

@@ -1,5 +1,8 @@
-"""The engine thread: a QObject living on its own QThread that owns the model, its own HistoryStore
-connection (SQLite connections belong to the thread that made them) and the open ChatSession.
+"""The engine thread: a QObject living on its own QThread that owns the loaded model's engine service
+(engine/service.py, whose compute thread is the only one running the model), its own HistoryStore
+connection (SQLite connections belong to the thread that made them) and the open ChatSession: the session
+renders, fits and stores each turn here, and relays its reply stream to the service's compute thread, where
+it takes turns with the local server's requests.
 
 The UI talks to it only through queued signals (EngineClient below), so no model work ever runs on the UI
 thread. Reply text comes back coalesced to about 30 updates a second, and a long prompt's prefill reports
@@ -11,8 +14,7 @@ Replies come from the loaded model, or from a remote OpenAI-compatible endpoint 
 open conversation is a RemoteChatSession, stored here like any other, and a connection lost mid-reply
 keeps the text received and is reported.
 
-The worker also runs the app's local server (app.local_server) on the loaded model: its engine service
-computes on its own thread, and the model lock keeps it and this thread's replies from computing at once.
+The worker also runs the app's local server (app.local_server): a second adapter over the same service.
 """
 
 from __future__ import annotations
@@ -30,11 +32,17 @@ from engine.catalog import resolve_model
 from engine.errors import FucinaError, HistoryError, RemoteConnectionLost, StoreError
 from engine.history.store import HistoryStore
 from engine.models import load_model
+from engine.paths import data_dir
 from engine.remote import RemoteClient
 from engine.remote_session import RemoteChatSession
+from engine.service import EngineService
 from engine.session import ChatSession, OnPrefill, PendingReply, StoredChat, delete_conversation
 
 FLUSH_INTERVAL_S = 1 / 30
+# The local server's slots (conversations it keeps warm) and their context, as `fucina serve`'s defaults
+SERVER_SLOTS = 2
+SERVER_CONTEXT = 4096
+SERVER_SLOTS_DIR = "app-server-slots"  # not `fucina serve`'s: both may run on one model at once
 
 
 @dataclass(frozen=True)
@@ -102,7 +110,9 @@ class EngineWorker(QObject):
     # A turn is identified by its cancel event, so the UI can ignore a turn it has abandoned.
     reply_text = Signal(str, object)      # the next coalesced piece of the reply, the turn
     turn_finished = Signal(object, object)  # conversation id (None: none was made), the turn; stored now
-    prefill_progress = Signal(object, object)  # PrefillProgress, the turn
+    # PrefillProgress, the turn; emitted on the engine service's compute thread, where the prompt is read
+    # (a receiver on this thread would hear of it only after the turn)
+    prefill_progress = Signal(object, object)
     branch_changed = Signal(str)          # conversation id, after a switch or a delete
     conversation_deleted = Signal(str)
     status_changed = Signal(object)       # EngineStatus
@@ -124,8 +134,8 @@ class EngineWorker(QObject):
         self._storage_failing = False              # the last write was refused (the UI shows a banner)
         self._unsaved: list[PendingReply] = []     # refused replies of sessions closed since, oldest first
         self.speculation = False                   # decode replies speculatively (the app's preference)
-        self.server: LocalServer | None = None     # the local server on the loaded model, while it runs
-        self._model_lock = threading.Lock()        # the model computes for a reply or for the server
+        self.service: EngineService | None = None  # the loaded model's: every reply computes on its thread
+        self.server: LocalServer | None = None     # the local server over the service, while it runs
 
     @property
     def store(self) -> HistoryStore:
@@ -139,13 +149,15 @@ class EngineWorker(QObject):
         self.model_loading.emit(path)
         try:
             model = load_model(resolve_model(path))  # a starter model changed on disk is refused here
+            service = EngineService(model, slots=SERVER_SLOTS, capacity=SERVER_CONTEXT,
+                                    sidecar_dir=data_dir() / SERVER_SLOTS_DIR, open_slots_at_first_job=True)
         except Exception as e:  # a corrupt file may fail anywhere in parsing; the old model stays
             self.model_failed.emit(path, _describe(e))
             return
         self._close_session()
-        self.stop_server()  # it serves the model loaded until now
+        self._drop_model()  # and the server on it
         self._drop_remote()
-        self.model = model
+        self.model, self.service = model, service
         self.model_loaded.emit(path)
         self._open_session()
 
@@ -164,11 +176,17 @@ class EngineWorker(QObject):
             self.remote_failed.emit(str(e))
             return
         self._close_session()
-        self.stop_server()
+        self._drop_model()
         self._drop_remote()
-        self.model, self.remote = None, client
+        self.remote = client
         self.remote_connected.emit(client.name)
         self._open_session()
+
+    def _drop_model(self) -> None:
+        self.stop_server()
+        if self.service is not None:
+            self.service.close()
+        self.model = self.service = None
 
     def _drop_remote(self) -> None:
         if self.remote is not None:
@@ -186,7 +204,7 @@ class EngineWorker(QObject):
         if self.remote is not None:
             return RemoteChatSession.open(self.store, self.remote, conversation_id, **settings)
         return ChatSession.open(self.store, self.model, conversation_id, sidecar_dir=self._sidecar_dir,
-                                speculation=self.speculation, **settings)
+                                speculation=self.speculation, run_stream=self.service.relay, **settings)
 
     @property
     def _ready(self) -> bool:
@@ -256,11 +274,7 @@ class EngineWorker(QObject):
             except StoreError as e:
                 self._report(e, unsent=text)
                 return
-            while True:
-                with self._model_lock:  # a piece at a time, so the local server's rounds interleave
-                    piece = next(stream, None)
-                if piece is None:
-                    break
+            for piece in stream:
                 batcher.add(piece)
             self._save_unsaved()
             self._stored()
@@ -403,7 +417,7 @@ class EngineWorker(QObject):
                     raise FucinaError("the local server serves a model loaded in the app; load one first"
                                       + (" (a remote endpoint's model is served by its own server)"
                                          if self.remote is not None else ""))
-                self.server = LocalServer(self.model, port=port, api_key=api_key, model_lock=self._model_lock)
+                self.server = LocalServer(self.service, port=port, api_key=api_key)
             except FucinaError as e:
                 self.server_failed.emit(str(e))
                 return
@@ -418,8 +432,8 @@ class EngineWorker(QObject):
 
     @Slot()
     def shutdown(self) -> None:
-        self.stop_server()
         self._close_session()
+        self._drop_model()
         try:
             self._save_unsaved()  # a last try: space may have come back since the banner
         except StoreError:

@@ -1,13 +1,13 @@
-"""The app's local server (app.local_server) on a tiny model: served on loopback behind its key, counting
-the requests it served, sharing the model's lock with the app's chat, and gone once stopped."""
-
-import threading
+"""The app's local server (app.local_server) on a tiny model: a second adapter over the engine service the
+app's chat goes through, served on loopback behind its key, counting only the requests it served, and
+gone once stopped while the service goes on."""
 
 import httpx
 import pytest
 
 from app.local_server import LocalServer
 from engine.errors import FucinaError
+from engine.service import EngineService
 
 KEY = "local-key"
 
@@ -22,29 +22,31 @@ def tiny(tmp_path_factory):
     return load_model(path)
 
 
-def test_serves_behind_its_key_counts_requests_and_stops(tiny, tmp_path):
-    lock = threading.Lock()
-    server = LocalServer(tiny, port=0, api_key=KEY, model_lock=lock, sidecar_dir=tmp_path)
+def test_serves_behind_its_key_counts_its_requests_and_stops(tiny, tmp_path):
+    service = EngineService(tiny, slots=2, capacity=256, sidecar_dir=tmp_path)
     auth = {"authorization": f"Bearer {KEY}"}
     try:
-        assert server.url.startswith("http://127.0.0.1:") and server.requests_served == 0
-        assert httpx.get(f"{server.url}/models").status_code == 401
-        (model,) = [m["id"] for m in httpx.get(f"{server.url}/models", headers=auth).json()["data"]]
-        assert model == "tiny"
-        body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-        with lock:  # the app's chat computing: the server's reply waits for it
-            waiting = threading.Thread(target=httpx.post, args=(f"{server.url}/chat/completions",),
-                                       kwargs={"json": body, "headers": auth, "timeout": 60})
-            waiting.start()
-            waiting.join(1.0)
-            assert waiting.is_alive() and server.requests_served == 0
-        waiting.join(60)
-        assert server.requests_served == 1
-        reply = httpx.post(f"{server.url}/chat/completions", json=body, headers=auth, timeout=60).json()
-        assert reply["choices"][0]["message"]["content"] is not None and server.requests_served == 2
-        with pytest.raises(FucinaError, match=f"cannot serve on 127.0.0.1:{server.port}"):
-            LocalServer(tiny, port=server.port, api_key=KEY, sidecar_dir=tmp_path / "other")
+        server = LocalServer(service, port=0, api_key=KEY)
+        try:
+            assert server.url.startswith("http://127.0.0.1:") and server.requests_served == 0
+            assert httpx.get(f"{server.url}/models").status_code == 401
+            (model,) = [m["id"] for m in httpx.get(f"{server.url}/models", headers=auth).json()["data"]]
+            assert model == "tiny"
+            body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+            reply = httpx.post(f"{server.url}/chat/completions", json=body, headers=auth, timeout=60).json()
+            assert reply["choices"][0]["message"]["content"] is not None
+            assert list(service.relay(iter(["the app's own chat"])))  # not one of the server's requests
+            assert server.requests_served == 1
+            with pytest.raises(FucinaError, match=f"cannot serve on 127.0.0.1:{server.port}"):
+                LocalServer(service, port=server.port, api_key=KEY)
+        finally:
+            server.stop()
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{server.url}/models", headers=auth)
+        again = LocalServer(service, port=0, api_key=KEY)  # switched on again: counted from there
+        try:
+            assert again.requests_served == 0
+        finally:
+            again.stop()
     finally:
-        server.stop()
-    with pytest.raises(httpx.ConnectError):
-        httpx.get(f"{server.url}/models", headers=auth)
+        service.close()
