@@ -5,7 +5,9 @@ Interactive on a terminal; from a pipe it answers one message per input line unt
 With --conversation the chat is stored (the history database and a KV sidecar, through engine.session)
 and a stored one reopens warm; without it, the chat lives only in this process. With --attach FILE the chat
 is served behind the documents' KV cartridges (app.cli_docs); a stored chat records its documents and
-reopens warm behind them (engine.cartridge.chat_documents), without --attach.
+reopens warm behind them (engine.cartridge.chat_documents), without --attach. With --remote URL the replies
+come from an OpenAI-compatible endpoint instead, and the chat is stored (a new one unless --conversation
+names one): history, search and export stay local.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
+import os
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -28,7 +31,9 @@ from engine.chat.window import POLICIES
 from engine.history.store import HistoryStore
 from engine.kv.cache import KvDtype
 from engine.history.validate import SAMPLER_RANGES
-from engine.errors import ContextFull, FucinaError, StoreError
+from engine.errors import ContextFull, FucinaError, RemoteConnectionLost, StoreError
+from engine.remote import RemoteClient
+from engine.remote_session import RemoteChatSession, check_remote_format
 from engine.sampling import CHAT_DEFAULTS
 from engine.session import DEFAULT_CONTEXT, DEFAULT_MAX_TOKENS, ChatSession
 
@@ -87,11 +92,13 @@ class _EphemeralChat(_Chat):
 
 
 class _StoredChat(_Chat):
-    """A chat in the history store, through the session layer."""
+    """A chat in the history store, through the session layer: `open_session(conversation_id or None for a
+    new one, system prompt, sampler settings, attachments)` opens a ChatSession or a RemoteChatSession.
+    `model` is the local model a stored chat's documents are restored for (None: a remote chat, which has
+    none)."""
 
-    def __init__(self, model, args, store: HistoryStore, grammar, attached: list[Attached]):
-        self.model, self.store = model, store
-        self.speculation = args.spec
+    def __init__(self, open_session, args, store: HistoryStore, grammar, attached: list[Attached], model=None):
+        self.open_session, self.store, self.model = open_session, store, model
         self.attached = attached  # a new chat's documents (and the files they were read from: args.attach)
         self.sources = args.attach
         if args.conversation == "new":
@@ -104,8 +111,7 @@ class _StoredChat(_Chat):
             self.session = self._new()
         else:
             conversation = find_conversation(store, args.conversation)
-            self.session = ChatSession(store, model, conversation, speculation=args.spec,
-                                       attachments=self._stored_attachments(conversation))
+            self.session = open_session(conversation, None, None, self._stored_attachments(conversation))
             self.settings, self.system = self.session.settings["sampler"], self.session.settings["system_prompt"]
         resumed = self.session.resumed_positions
         print(f"(conversation {self.session.id[:8]}: {len(self.session.messages())} messages"
@@ -125,6 +131,8 @@ class _StoredChat(_Chat):
                     self.store.remove_attachment(row["id"])
                 self._record(conversation)
             return [a.cartridge for a in self.attached]
+        if self.model is None:
+            return []
         restored = restore_documents(self.store, conversation, self.model)
         for r in restored:
             if r.note:
@@ -147,10 +155,9 @@ class _StoredChat(_Chat):
 
     def _new(self, previous: ChatSession | None = None) -> ChatSession:
         """A new stored chat, behind the documents of `previous` (the one it starts over from), else --attach's."""
-        served = previous.attachments if previous else [a.cartridge for a in self.attached]
-        session = ChatSession.open(self.store, self.model, system_prompt=self.system,
-                                   sampler={k: v for k, v in self.settings.items() if v is not None},
-                                   speculation=self.speculation, attachments=served)
+        served = previous.attachments if previous and self.model else [a.cartridge for a in self.attached]
+        session = self.open_session(None, self.system, {k: v for k, v in self.settings.items() if v is not None},
+                                    served)
         if previous:
             carry_over(self.store, previous.id, session.id, served)
         else:
@@ -184,31 +191,69 @@ class _StoredChat(_Chat):
         return self.session.last_sidecar_failure()
 
 
-def run_chat(args) -> int:
-    grammar = grammar_from_args(args)
+def _open_local(args, grammar, stack: contextlib.ExitStack, lines) -> tuple[_Chat, str]:
     model = open_model(args)
-    interactive = sys.stdin.isatty()
-    lines = _lines(interactive)
-    first = []  # a document served in parts is served by the parts that match the first message
-
-    def first_message() -> str:
-        first.extend(itertools.islice((line for line in lines if line.strip()), 1))
-        return first[0].strip() if first else ""
-
     # a stored chat's cache is f16 (its stored settings have no cache type)
     attached = attach_documents(model, args.attach, KvDtype.F16 if args.conversation else args.kv,
-                                budget=args.doc_budget or args.ctx // 2, question=first_message)
+                                budget=args.doc_budget or args.ctx // 2, question=lines.first_message)
     for result in attached:
         print(f"(attached {describe(result)})", file=sys.stderr)
+    if not args.conversation:
+        return _EphemeralChat(model, args, grammar, [a.cartridge for a in attached]), Path(model.file.path).name
+    store = stack.enter_context(open_store())
+
+    def open_session(conversation_id, system, sampler, attachments) -> ChatSession:
+        return ChatSession.open(store, model, conversation_id, system_prompt=system, sampler=sampler,
+                                speculation=args.spec, attachments=attachments)
+    return _StoredChat(open_session, args, store, grammar, attached, model), Path(model.file.path).name
+
+
+def _open_remote(args, grammar, stack: contextlib.ExitStack, lines) -> tuple[_Chat, str]:
+    """A stored chat answered by the endpoint: what only a local model does is refused up front."""
+    for given, flag in ((args.model, "a MODEL"), (args.attach, "--attach"), (args.spec, "--spec")):
+        if given:
+            raise FucinaError(f"--remote chats with the endpoint's model: {flag} does not apply (choose the "
+                              "endpoint's model with --remote-model NAME)")
+    if grammar is not None:
+        check_remote_format(grammar.kind)
+    client = RemoteClient(args.remote, args.api_key or os.environ.get("FUCINA_API_KEY"), args.remote_model)
+    stack.callback(client.close)
+    client.choose_model()  # an endpoint that cannot serve is refused before anything is stored
+    args.conversation = args.conversation or "new"
+    store = stack.enter_context(open_store())
+
+    def open_session(conversation_id, system, sampler, attachments) -> RemoteChatSession:
+        return RemoteChatSession.open(store, client, conversation_id, system_prompt=system, sampler=sampler)
+    return _StoredChat(open_session, args, store, grammar, []), client.name
+
+
+class _Input:
+    """The chat's input lines; a document served in parts is served by the parts that match the first
+    message, which is read ahead for it (and then answered first)."""
+
+    def __init__(self, interactive: bool):
+        self._lines = _lines(interactive)
+        self._first: list[str] = []
+
+    def first_message(self) -> str:
+        self._first.extend(itertools.islice((line for line in self._lines if line.strip()), 1))
+        return self._first[0].strip() if self._first else ""
+
+    def __iter__(self) -> Iterator[str]:
+        return itertools.chain(self._first, self._lines)
+
+
+def run_chat(args) -> int:
+    grammar = grammar_from_args(args)
+    interactive = sys.stdin.isatty()
+    lines = _Input(interactive)
     with contextlib.ExitStack() as stack:
-        if args.conversation:
-            chat = _StoredChat(model, args, stack.enter_context(open_store()), grammar, attached)
+        chat, shown_name = (_open_remote if args.remote else _open_local)(args, grammar, stack, lines)
+        if isinstance(chat, _StoredChat):
             stack.callback(lambda: chat.session.close())
-        else:
-            chat = _EphemeralChat(model, args, grammar, [a.cartridge for a in attached])
         if interactive:
-            print(f"fucina chat · {Path(model.file.path).name} · /help for commands", file=sys.stderr)
-        for line in itertools.chain(first, lines):
+            print(f"fucina chat · {shown_name} · /help for commands", file=sys.stderr)
+        for line in lines:
             text = line.strip()
             if not text:
                 continue
@@ -255,6 +300,11 @@ def _reply(chat, text: str) -> None:
             print(f"error: {e} (the reply above is kept and saved with the next message)", file=sys.stderr)
         else:
             print(f"error: {e} (the message was not sent)", file=sys.stderr)
+        return
+    except RemoteConnectionLost as e:
+        print(flush=True)
+        kept = " (the reply so far is kept in the conversation)" if e.partial else ""
+        print(f"error: {e}{kept}", file=sys.stderr)
         return
     except FucinaError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -328,6 +378,12 @@ def register(subparsers) -> None:
     p.add_argument("--spec", action="store_true",
                    help="speculative decoding: drafts from the conversation itself, verified; the same replies")
     add_attach_option(p)
+    p.add_argument("--remote", metavar="URL", default=None,
+                   help="chat with an OpenAI-compatible endpoint's model (http://HOST:PORT/v1: vLLM, llama-server, "
+                        "Ollama, fucina serve); the chat is stored locally")
+    p.add_argument("--api-key", default=None, help="the endpoint's API key (default: $FUCINA_API_KEY)")
+    p.add_argument("--remote-model", metavar="NAME", default=None,
+                   help="the endpoint's model (default: the first it lists)")
     add_sampler_options(p, CHAT_DEFAULTS)
     add_grammar_options(p)
     p.set_defaults(func=run_chat)

@@ -215,3 +215,37 @@ class CartridgeCancelled(CartridgeError):
 
 class DocumentTooLong(CartridgeError):
     """A document whose tokens do not fit the model's (or the chat's) context."""
+
+
+class RemoteError(FucinaError):
+    """Base for errors of a remote OpenAI-compatible endpoint used as the model (engine.remote)."""
+
+
+class RemoteUnreachable(RemoteError):
+    """The endpoint's host refused the connection, does not resolve, or failed the TLS handshake."""
+
+
+class RemoteTimeout(RemoteError):
+    """The endpoint accepted the request but sent nothing for longer than the read timeout."""
+
+
+class RemoteAuthFailed(RemoteError):
+    """The endpoint refused the API key (HTTP 401 or 403)."""
+
+
+class RemoteModelNotFound(RemoteError):
+    """The endpoint does not serve the model asked for (HTTP 404 on a completion, or absent from /v1/models)."""
+
+
+class RemoteRefused(RemoteError):
+    """The endpoint answered a request with an error (its message is quoted), or with something that is not
+    an OpenAI-shaped reply."""
+
+
+class RemoteConnectionLost(RemoteError):
+    """A streamed reply that stopped before its end (the connection broke or the server went away): the text
+    received until then is in `partial`."""
+
+    def __init__(self, message: str, partial: str = ""):
+        super().__init__(message)
+        self.partial = partial

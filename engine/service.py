@@ -12,7 +12,9 @@ Live jobs advance together, so a long reply never holds a short one back: each r
 reply one token further, their forwards in one weight pass (model.decode_batch, row-wise: each row's bits
 are those of a lone step), and every speculative reply one verify step. Jobs beyond the slot count wait in
 order. Cancellation is cooperative: `Job.cancel()` ends the reply at its next
-token (or prefill slice), or drops it while it waits. Every slot keeps its cache in a KV sidecar under the
+token (or prefill slice), or drops it while it waits. A caller with its own conversation (the app's chat,
+engine.session) has its reply stream advanced here too, one piece a round (`relay`), so the model only ever
+computes on this thread. Every slot keeps its cache in a KV sidecar under the
 data dir (engine.kv.persist): a restarted service resumes them, so a resent long conversation is warm.
 """
 
@@ -27,7 +29,7 @@ import sys
 import threading
 import traceback
 from pathlib import Path
-from typing import Callable, Generator, Iterator, Sequence
+from typing import Callable, Generator, Iterator, Sequence, TypeVar
 
 import numpy as np
 
@@ -89,6 +91,7 @@ class JobResult:
                    s.ttft_ms, s.decode_tps, None if s.spec is None else dataclasses.asdict(s.spec), turn.error)
 
 
+T = TypeVar("T")
 Event = str | JobResult  # text pieces, then one JobResult
 Sink = Callable[[Event], None]
 
@@ -136,6 +139,58 @@ class _Call:
                 self.future.set_exception(e)
 
 
+class _Relay:
+    """An iterator of another thread's (a chat session's reply stream: engine.session) advanced here, one
+    item per round between the slots' steps, so that its model work runs on the compute thread; the items
+    go back through a queue to the thread that reads `items()`."""
+
+    def __init__(self, iterator: Iterator):
+        self.iterator = iterator
+        self.closing = threading.Event()  # the reader stopped reading: close the iterator here
+        self._items: queue.Queue = queue.Queue()
+        self.done = False
+
+    def step(self, failure: BaseException | None = None) -> None:
+        """One item (on the compute thread); the end, an exception or a close request end the relay (with
+        `failure`, the compute thread's, when it stops for one)."""
+        try:
+            if self.closing.is_set():
+                self.iterator.close()
+                self._end(_RelayEnd(failure))
+            else:
+                self._items.put(next(self.iterator))
+        except StopIteration:
+            self._end(_RelayEnd())
+        except BaseException as e:  # the reader raises it: the stream's own error, told where it was read
+            self._end(_RelayEnd(e))
+
+    def _end(self, end: "_RelayEnd") -> None:
+        self.done = True
+        self._items.put(end)
+
+    def items(self) -> Iterator:
+        """The iterator's items, read on any thread; closing this early closes the iterator (at the compute
+        thread's next round) and returns once it is closed."""
+        try:
+            while True:
+                item = self._items.get()
+                if isinstance(item, _RelayEnd):
+                    if item.error is not None:
+                        raise item.error
+                    return
+                yield item
+        finally:
+            if not self.done or not self._items.empty():
+                self.closing.set()
+                while not isinstance(self._items.get(), _RelayEnd):
+                    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class _RelayEnd:
+    error: BaseException | None = None
+
+
 @dataclasses.dataclass
 class _Slot:
     index: int
@@ -149,11 +204,13 @@ class _Slot:
 
 class EngineService:
     """A model served to many requests by one compute thread. `close()` stops it and waits for its sidecar
-    writes."""
+    writes. With `open_slots_at_first_job` the slot pool (its caches and sidecars) is made when the first
+    job comes, not before: a service that may only relay (the app's, until its local server is used)
+    writes nothing to the data dir."""
 
     def __init__(self, model: Transformer, *, slots: int = DEFAULT_SLOTS, capacity: int = DEFAULT_CONTEXT,
                  kv_dtype: KvDtype | str = KvDtype.F16, sidecar_dir: str | os.PathLike | None = None,
-                 max_waiting: int = DEFAULT_MAX_WAITING):
+                 max_waiting: int = DEFAULT_MAX_WAITING, open_slots_at_first_job: bool = False):
         if slots < 1:
             raise ValueError(f"an engine service needs at least one slot, got {slots}")
         self.model, self.capacity, self.kv_dtype = model, capacity, kv_dtype
@@ -167,17 +224,24 @@ class EngineService:
         self._max_waiting = max_waiting
         self._unfinished = threading.BoundedSemaphore(slots + max_waiting)
         self._clock = 0
-        directory = Path(sidecar_dir or data_dir() / "server-slots")
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise storage_error(e, directory) from e
-        # slots of one model share sidecar names (so a restart finds them); another model's are left alone
-        stem = kv_persist.model_fingerprint(model.file).hex()[:16]
-        self._slots = [self._open_slot(i, directory / f"{stem}-{i}.fkv") for i in range(slots)]
+        self._relays: list[_Relay] = []  # streams relayed for other threads, advanced with the slots
+        self._slot_count, self._sidecar_dir = slots, Path(sidecar_dir or data_dir() / "server-slots")
+        self._slots: list[_Slot] = []
+        if not open_slots_at_first_job:
+            self._open_slots()
         self.resumed_positions = [s.convo.cache.len for s in self._slots]
         self._thread = threading.Thread(target=self._run, name="fucina-engine", daemon=True)
         self._thread.start()
+
+    def _open_slots(self) -> None:
+        """The slot pool, each cache resumed from its sidecar (a full or read-only data dir: StoreError)."""
+        try:
+            self._sidecar_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise storage_error(e, self._sidecar_dir) from e
+        # slots of one model share sidecar names (so a restart finds them); another model's are left alone
+        stem = kv_persist.model_fingerprint(self.model.file).hex()[:16]
+        self._slots = [self._open_slot(i, self._sidecar_dir / f"{stem}-{i}.fkv") for i in range(self._slot_count)]
 
     def _open_slot(self, index: int, sidecar: Path) -> _Slot:
         convo = Conversation.for_model(self.model, ChatOptions(capacity=self.capacity, kv_dtype=self.kv_dtype),
@@ -212,7 +276,7 @@ class EngineService:
             raise ContextFull(f"the prompt has {len(request.ids)} tokens but the context holds {self.capacity} "
                               "(with room for at least one reply token); shorten it or serve a larger context")
         if not self._unfinished.acquire(blocking=False):
-            raise ServiceBusy(f"all {len(self._slots)} slots are busy and {self._max_waiting} requests wait "
+            raise ServiceBusy(f"all {self._slot_count} slots are busy and {self._max_waiting} requests wait "
                               "already; try again shortly")
         job = Job(request, sink)
         self._jobs.put(job)
@@ -232,10 +296,24 @@ class EngineService:
         self._jobs.put(call)
         return call.future
 
+    def relay(self, iterator: Iterator[T]) -> Iterator[T]:
+        """`iterator`'s items, computed on the compute thread one per round, between the slots' steps: the
+        model work of a caller's own stream (the app's chat session) shares the thread with the jobs. It
+        starts when first read; closing it early closes `iterator` there, and its exception is raised here."""
+        relay = _Relay(iterator)
+
+        def items() -> Iterator[T]:
+            if self._closed:
+                raise ServiceClosed("the engine service is closed")
+            self._jobs.put(relay)
+            yield from relay.items()
+        return items()
+
     def status(self) -> dict:
         """Counts of jobs by how they ended, and the live and waiting ones (a snapshot)."""
         counts = dict(self._counts)
-        return {"slots": len(self._slots), "context": self.capacity, "live": sum(s.job is not None for s in self._slots),
+        return {"slots": self._slot_count, "context": self.capacity,
+                "live": sum(s.job is not None for s in self._slots),
                 "waiting": self._jobs.qsize(), "finished": counts}
 
     def close(self) -> None:
@@ -262,11 +340,13 @@ class EngineService:
             live = [s for s in self._slots if s.job is not None]
             try:
                 while True:  # take what was submitted; wait for it only when there is nothing to do
-                    job = self._jobs.get(block=not live and not waiting)
+                    job = self._jobs.get(block=not live and not waiting and not self._relays)
                     if job is None:
                         return self._stop(waiting, live)
                     if isinstance(job, _Call):
                         job.run()
+                    elif isinstance(job, _Relay):
+                        self._relays.append(job)
                     else:
                         waiting.append(job)
             except queue.Empty:
@@ -274,12 +354,23 @@ class EngineService:
             for job in [j for j in waiting if j.cancel_event.is_set()]:
                 waiting.remove(job)
                 self._end(job, JobResult("", "cancelled"))
+            if waiting and not self._slots:
+                try:
+                    self._open_slots()
+                except FucinaError as e:  # the jobs cannot be served; the relays go on
+                    while waiting:
+                        self._end(waiting.popleft(), JobResult("", "error", error=e))
             while waiting and any(s.job is None for s in self._slots):
                 self._start(waiting.popleft())
             self._round()
 
     def _round(self) -> None:
-        """Every live job to its next token (one speculative step), the plain ones' forwards in one batch."""
+        """Every live job to its next token (one speculative step), the plain ones' forwards in one batch;
+        every relayed stream to its next piece."""
+        for relay in list(self._relays):
+            relay.step()
+            if relay.done:
+                self._relays.remove(relay)
         steps = [(slot, step) for slot in self._slots if (step := self._advance(slot)) is not None]
         if not steps:
             return
@@ -299,6 +390,10 @@ class EngineService:
     def _stop(self, waiting: Sequence[Job], live: Sequence[_Slot], failure: BaseException | None = None) -> None:
         """End every job: live ones are cancelled (and run to their end), waiting ones dropped; after a
         `failure` of the compute thread, every job fails with it."""
+        for relay in self._relays:  # a caller's stream ends; its reader sees the end (or the failure)
+            relay.closing.set()
+            relay.step(failure)
+        self._relays.clear()
         for slot in live:
             slot.job.cancel()
         while any(slot.job is not None for slot in live):
@@ -310,6 +405,9 @@ class EngineService:
             job = self._jobs.get()
             if isinstance(job, Job):
                 self._end(job, JobResult("", "error", error=failure))
+            elif isinstance(job, _Relay):
+                job.closing.set()
+                job.step(failure)
 
     def _start(self, job: Job) -> None:
         """Give the job a slot and start its reply (a start that fails ends the job, not the service)."""

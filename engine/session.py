@@ -108,12 +108,163 @@ def chat_options(settings: dict) -> ChatOptions:
                        grammar=Grammar.from_setting(settings.get("response_format")))  # the stored format
 
 
-class ChatSession:
-    """One open conversation. Single-threaded, like the store connection and the Conversation it holds."""
+class StoredChat:
+    """What every stored chat shares, whatever writes its replies (the local model here, a remote endpoint in
+    engine.remote_session): the history store's message tree and settings, the conversation's turn lock,
+    and the reply the store refused. A subclass names its model, starts a reply (`_start`) and tells the
+    turn it ended with (`_latest_turn`) and the meta stored with it (`_meta`). Single-threaded, like the
+    store connection."""
+
+    def __init__(self, store: HistoryStore, conversation_id: str):
+        self.store, self.id = store, conversation_id
+        if store.get_conversation(conversation_id)["model"] != self.model_name:
+            store.update_settings(conversation_id, model=self.model_name)  # switched models: it re-renders
+        self.last_turn: TurnResult | None = None
+        self.pending_reply: PendingReply | None = None
+        self._turn_lock = conversation_lock(store.path, conversation_id)
+        self.last_window: ContextWindow | None = None  # what the last reply was conditioned on
+
+    @property
+    def model_name(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def settings(self) -> dict:
+        return self.store.get_conversation(self.id)
+
+    @property
+    def prefix_rows(self) -> int:
+        """Context positions held by attached documents (a local model's chats only)."""
+        return 0
+
+    def messages(self) -> list[dict]:
+        """The active branch, root first."""
+        return self.store.active_branch(self.id)
+
+    # -- replies: each returns the reply's text pieces as a generator; closing it early stops the reply --
+
+    # A message is stored before its reply is planned: one the context cannot take is refused (ContextFull)
+    # but kept, to be edited, copied or deleted. `on_prefill` hears the prompt's prefill progress.
+
+    def send(self, text: str, cancel: threading.Event | None = None, *,
+             on_prefill: OnPrefill | None = None) -> Iterator[str]:
+        """Add a user message to the active branch and stream the reply."""
+        def branch() -> list[dict]:
+            self.store.add_message(self.id, "user", text)
+            return self.messages()
+        return self._reply(branch, cancel, on_prefill)
+
+    def regenerate(self, cancel: threading.Event | None = None, *,
+                   on_prefill: OnPrefill | None = None) -> Iterator[str]:
+        """A new alternative to the last reply (or a reply to a trailing unanswered user message)."""
+        def branch() -> list[dict]:
+            messages = self.messages()
+            if not messages:
+                raise ValueError("the conversation has no message to reply to")
+            return messages[:-1] if messages[-1]["role"] == "assistant" else messages
+        return self._reply(branch, cancel, on_prefill)
+
+    def edit(self, message_id: str, text: str, cancel: threading.Event | None = None, *,
+             on_prefill: OnPrefill | None = None) -> Iterator[str]:
+        """Branch a user message with new text (the old one stays an alternative) and stream its reply."""
+        def branch() -> list[dict]:
+            if self.store.get_message(message_id)["role"] != "user":
+                raise ValueError("only a user message is edited; regenerate an assistant reply instead")
+            self.store.branch(message_id, text)
+            return self.messages()
+        return self._reply(branch, cancel, on_prefill)
+
+    def _reply(self, prepare: Callable[[], list[dict]], cancel: threading.Event | None,
+               on_prefill: OnPrefill | None) -> Iterator[str]:
+        """Take the conversation's lock, save a pending reply, write the turn's messages (`prepare` returns the
+        branch to answer) and start the reply; the lock is released when the reply is stored."""
+        if not self._turn_lock.try_acquire():
+            raise busy(self.id)
+        try:
+            self.save_pending()
+            branch = prepare()
+            if not branch or branch[-1]["role"] != "user":
+                raise ValueError("a reply follows a user message")
+            before = self._latest_turn()
+            stream, reply_meta = self._start(branch, cancel, on_prefill)
+        except BaseException:
+            self._turn_lock.release()
+            raise
+        return self._store_reply(stream, before, branch[-1]["id"], reply_meta)
+
+    def _start(self, branch: list[dict], cancel: threading.Event | None,
+               on_prefill: OnPrefill | None) -> tuple[Iterator[str], dict]:
+        """Start the reply to `branch` (which ends with a user message): its text pieces, and what its
+        stored meta adds about the prompt."""
+        raise NotImplementedError
+
+    def _latest_turn(self) -> TurnResult | None:
+        """The last turn the reply engine ended (a new object per turn)."""
+        raise NotImplementedError
+
+    def _meta(self, turn: TurnResult) -> dict:
+        raise NotImplementedError
+
+    def _store_reply(self, stream: Iterator[str], before: TurnResult | None, parent_id: str,
+                     reply_meta: dict) -> Iterator[str]:
+        try:
+            yield from stream
+        finally:
+            stream.close()  # an early close stops the turn, which records it as cancelled
+            try:
+                turn = self._latest_turn()
+                if turn is not None and turn is not before:
+                    self.last_turn = turn
+                    # a failed turn stores nothing (resend it); a cancelled one keeps what was shown
+                    if turn.finish_reason != "error" and (turn.text or turn.finish_reason != "cancelled"):
+                        self._save_reply(PendingReply(self.id, parent_id, turn.text, self._meta(turn) | reply_meta))
+            finally:
+                self._turn_lock.release()
+
+    def _save_reply(self, reply: PendingReply) -> None:
+        self.pending_reply = reply  # kept until the store has it (a StoreError leaves it here)
+        reply.save(self.store)
+        self.pending_reply = None
+
+    def save_pending(self) -> bool:
+        """Store the reply a refused write left pending; True when there was one. A StoreError keeps it."""
+        if self.pending_reply is None:
+            return False
+        self._save_reply(self.pending_reply)
+        return True
+
+    # -- the tree --
+
+    def switch(self, message_id: str) -> None:
+        """Show the branch through `message_id` (an alternative of an edited or regenerated message)."""
+        self.save_pending()
+        self.store.set_active_leaf(self.id, message_id)
+
+    def delete_message(self, message_id: str) -> None:
+        """Delete a message and its replies; the next reply rewinds the cache to what is left."""
+        self.save_pending()
+        self.store.delete_message(message_id)
+
+    def update_settings(self, *, system_prompt=_KEEP, sampler=_KEEP) -> None:
+        """Store the settings passed (the next reply follows them)."""
+        changes = {k: v for k, v in (("system_prompt", system_prompt), ("sampler", sampler)) if v is not _KEEP}
+        self.save_pending()
+        self.store.update_settings(self.id, **changes)
+
+    def close(self) -> None:
+        """Drop the turn lock of a reply that was never read to its end."""
+        self._turn_lock.release()
+
+
+class ChatSession(StoredChat):
+    """One open conversation on a local model. `run_stream` runs a reply's model work where the model
+    computes (EngineService.relay: on the service's compute thread); by default, on the caller's thread."""
 
     def __init__(self, store: HistoryStore, model: Transformer, conversation_id: str, *, sidecar_dir=None,
-                 speculation: bool = False, attachments: Sequence[Cartridge] = ()):
-        self.store, self.model, self.id = store, model, conversation_id
+                 speculation: bool = False, attachments: Sequence[Cartridge] = (),
+                 run_stream: Callable[[Iterator[str]], Iterator[str]] | None = None):
+        self.model = model
+        self.run_stream = run_stream
         self.speculation = speculation  # a choice of this session (decoding speed), not a stored setting
         # documents the chat is served behind (their KV rows are the cache's prefix); the sidecar resumes
         # only behind the same ones
@@ -123,33 +274,24 @@ class ChatSession:
             self.sidecar.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise storage_error(e, self.sidecar.parent) from e
-        row = store.get_conversation(conversation_id)
-        if row["model"] != self.model_name:  # switched models: the history re-renders for this one
-            store.update_settings(conversation_id, model=self.model_name)
-        self.last_turn: TurnResult | None = None
-        self.pending_reply: PendingReply | None = None
-        self._turn_lock = conversation_lock(store.path, conversation_id)
-        self.last_window: ContextWindow | None = None  # what the last reply was conditioned on
-        self.resumed_positions = self._open_conversation(row["sampler"])
+        super().__init__(store, conversation_id)
+        self.resumed_positions = self._open_conversation(self.settings["sampler"])
 
     @classmethod
     def open(cls, store: HistoryStore, model: Transformer, conversation_id: str | None = None, *,
              sidecar_dir=None, system_prompt: str | None = None, sampler: dict | None = None,
-             speculation: bool = False, attachments: Sequence[Cartridge] = ()) -> "ChatSession":
+             speculation: bool = False, attachments: Sequence[Cartridge] = (),
+             run_stream: Callable[[Iterator[str]], Iterator[str]] | None = None) -> "ChatSession":
         """Open a stored conversation, or (conversation_id None) a new one with these settings."""
         if conversation_id is None:
             conversation_id = store.create_conversation(os.fspath(model.file.path), system_prompt=system_prompt,
                                                         sampler=sampler)
         return cls(store, model, conversation_id, sidecar_dir=sidecar_dir, speculation=speculation,
-                   attachments=attachments)
+                   attachments=attachments, run_stream=run_stream)
 
     @property
     def model_name(self) -> str:
         return os.fspath(self.model.file.path)
-
-    @property
-    def settings(self) -> dict:
-        return self.store.get_conversation(self.id)
 
     @property
     def context_used(self) -> int:
@@ -160,13 +302,14 @@ class ChatSession:
         return self.convo.cache.capacity
 
     @property
+    def prefix_rows(self) -> int:
+        """Context positions the attached documents take (behind the turns)."""
+        return self.convo.prefix_rows
+
+    @property
     def reply_tokens(self) -> int:
         """Tokens of the reply in progress so far (read between its text pieces, on the engine's thread)."""
         return self.convo.reply_tokens
-
-    def messages(self) -> list[dict]:
-        """The active branch, root first."""
-        return self.store.active_branch(self.id)
 
     @property
     def context_policy(self) -> str:
@@ -221,86 +364,17 @@ class ChatSession:
         return self.convo.tokenizer.encode(self.convo.template.render_messages(messages),
                                            add_special=self.convo.prefix_rows == 0)
 
-    # -- replies: each returns the reply's text pieces as a generator; closing it early stops the reply --
+    def _start(self, branch: list[dict], cancel: threading.Event | None,
+               on_prefill: OnPrefill | None) -> tuple[Iterator[str], dict]:
+        """Fit the branch to the context and send it: the cache keeps what it shares with the render."""
+        self.last_window, kept_from = self._window(branch)
+        stream = self.convo.send_tokens(self.last_window.ids, cancel, reuse=True, on_prefill=on_prefill)
+        if self.run_stream is not None:
+            stream = self.run_stream(stream)
+        return stream, {"left_out_turns": self.last_window.left_out_turns, "kept_from": kept_from}
 
-    # A message is stored before its reply is planned: one the context cannot take is refused (ContextFull)
-    # but kept, to be edited, copied or deleted. `on_prefill` hears the prompt's prefill progress.
-
-    def send(self, text: str, cancel: threading.Event | None = None, *,
-             on_prefill: OnPrefill | None = None) -> Iterator[str]:
-        """Add a user message to the active branch and stream the reply."""
-        def branch() -> list[dict]:
-            self.store.add_message(self.id, "user", text)
-            return self.messages()
-        return self._reply(branch, cancel, on_prefill)
-
-    def regenerate(self, cancel: threading.Event | None = None, *,
-                   on_prefill: OnPrefill | None = None) -> Iterator[str]:
-        """A new alternative to the last reply (or a reply to a trailing unanswered user message)."""
-        def branch() -> list[dict]:
-            messages = self.messages()
-            if not messages:
-                raise ValueError("the conversation has no message to reply to")
-            return messages[:-1] if messages[-1]["role"] == "assistant" else messages
-        return self._reply(branch, cancel, on_prefill)
-
-    def edit(self, message_id: str, text: str, cancel: threading.Event | None = None, *,
-             on_prefill: OnPrefill | None = None) -> Iterator[str]:
-        """Branch a user message with new text (the old one stays an alternative) and stream its reply."""
-        def branch() -> list[dict]:
-            if self.store.get_message(message_id)["role"] != "user":
-                raise ValueError("only a user message is edited; regenerate an assistant reply instead")
-            self.store.branch(message_id, text)
-            return self.messages()
-        return self._reply(branch, cancel, on_prefill)
-
-    def _reply(self, prepare: Callable[[], list[dict]], cancel: threading.Event | None,
-               on_prefill: OnPrefill | None) -> Iterator[str]:
-        """Take the conversation's lock, save a pending reply, write the turn's messages (`prepare` returns the
-        branch to answer), fit the branch to the context and start the reply; the lock is released when the
-        reply is stored."""
-        if not self._turn_lock.try_acquire():
-            raise busy(self.id)
-        try:
-            self.save_pending()
-            branch = prepare()
-            if not branch or branch[-1]["role"] != "user":
-                raise ValueError("a reply follows a user message")
-            self.last_window, kept_from = self._window(branch)
-            stream = self.convo.send_tokens(self.last_window.ids, cancel, reuse=True, on_prefill=on_prefill)
-        except BaseException:
-            self._turn_lock.release()
-            raise
-        return self._store_reply(stream, branch[-1]["id"],
-                                 {"left_out_turns": self.last_window.left_out_turns, "kept_from": kept_from})
-
-    def _store_reply(self, stream: Iterator[str], parent_id: str, window_meta: dict) -> Iterator[str]:
-        before = self.convo.last_turn
-        try:
-            yield from stream
-        finally:
-            stream.close()  # an early close stops the turn, which records it as cancelled
-            try:
-                turn = self.convo.last_turn
-                if turn is not before:
-                    self.last_turn = turn
-                    # a failed turn stores nothing (resend it); a cancelled one keeps what was shown
-                    if turn.finish_reason != "error" and (turn.text or turn.finish_reason != "cancelled"):
-                        self._save_reply(PendingReply(self.id, parent_id, turn.text, self._meta(turn) | window_meta))
-            finally:
-                self._turn_lock.release()
-
-    def _save_reply(self, reply: PendingReply) -> None:
-        self.pending_reply = reply  # kept until the store has it (a StoreError leaves it here)
-        reply.save(self.store)
-        self.pending_reply = None
-
-    def save_pending(self) -> bool:
-        """Store the reply a refused write left pending; True when there was one. A StoreError keeps it."""
-        if self.pending_reply is None:
-            return False
-        self._save_reply(self.pending_reply)
-        return True
+    def _latest_turn(self) -> TurnResult | None:
+        return self.convo.last_turn
 
     def _meta(self, turn: TurnResult) -> dict:
         s = turn.stats
@@ -313,26 +387,12 @@ class ChatSession:
             meta["response_format"] = grammar.kind
         return meta
 
-    # -- the tree --
-
-    def switch(self, message_id: str) -> None:
-        """Show the branch through `message_id` (an alternative of an edited or regenerated message)."""
-        self.save_pending()
-        self.store.set_active_leaf(self.id, message_id)
-
-    def delete_message(self, message_id: str) -> None:
-        """Delete a message and its replies; the next reply rewinds the cache to what is left."""
-        self.save_pending()
-        self.store.delete_message(message_id)
-
     # -- settings --
 
     def update_settings(self, *, system_prompt=_KEEP, sampler=_KEEP) -> None:
         """Store new settings and apply them: a new system prompt re-renders the chat (the next reply
         prefills from where it changes); a new sampler or context reopens the cache from the sidecar."""
-        changes = {k: v for k, v in (("system_prompt", system_prompt), ("sampler", sampler)) if v is not _KEEP}
-        self.save_pending()
-        self.store.update_settings(self.id, **changes)
+        super().update_settings(system_prompt=system_prompt, sampler=sampler)
         if sampler is not _KEEP:
             self.resumed_positions = self._open_conversation(sampler or {})
 
@@ -368,7 +428,7 @@ class ChatSession:
         """Wait for this session's sidecar writes (`last_sidecar_failure` then says whether the last one
         failed) and drop the turn lock of a reply that was never read to its end."""
         WRITER.flush()
-        self._turn_lock.release()
+        super().close()
 
     def last_sidecar_failure(self) -> str | None:
         """Why the latest finished sidecar write failed, if it did (`sidecar_error` reports a failure at the

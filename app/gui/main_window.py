@@ -22,6 +22,7 @@ from app.gui.icons import IconButton
 from app.gui.kernel_warmup import KernelWarmup
 from app.gui.model_picker import ModelPicker, model_label
 from app.gui.preferences import Preferences
+from app.gui.server_switch import ServerSwitch
 from app.gui.settings_dialog import SettingsDialog
 from app.gui.sidebar import UNTITLED, Sidebar
 from app.gui.status_line import StatusLine
@@ -60,7 +61,7 @@ class MainWindow(QMainWindow):
                           lambda message: QMessageBox(QMessageBox.Icon.Warning, "Backend", message, parent=self).open())
         self.client = EngineClient(db_path)
         self.current_id: str | None = None
-        self.model_path: str | None = None       # the model the engine has loaded
+        self.model_path: str | None = None       # the model the engine has loaded (or the remote endpoint's)
         self.model_requested = False              # a model load was asked for (it may still fail)
         self._new_chat_settings: dict = {}        # settings chosen for a chat not saved yet
         self._pending_jump: str | None = None     # a search hit to show once its branch is
@@ -208,6 +209,8 @@ class MainWindow(QMainWindow):
         worker.model_loading.connect(self._model_loading)
         worker.model_loaded.connect(self._model_loaded)
         worker.model_failed.connect(self._model_failed)
+        worker.remote_connected.connect(self._remote_connected)
+        worker.remote_failed.connect(self._remote_failed)
         worker.conversation_ready.connect(self._conversation_ready)
         worker.conversation_created.connect(self._conversation_created)
         worker.conversation_deleted.connect(self._conversation_deleted)
@@ -370,6 +373,9 @@ class MainWindow(QMainWindow):
 
     # -- models ------------------------------------------------------------------------------------
     def _load_initial_model(self, first_run_download: bool) -> None:
+        if self.preferences.remote_in_use and self.preferences.remote_endpoint["url"]:
+            self.use_remote(self.preferences.remote_endpoint)
+            return
         recent = [p for p in self.preferences.recent_models if Path(p).is_file()]
         default = catalog()[default_model_name()]
         if recent:
@@ -380,8 +386,10 @@ class MainWindow(QMainWindow):
             self.choose_model(first_run=True)
 
     def choose_model(self, first_run: bool = False) -> ModelPicker:
-        picker = ModelPicker(self.preferences.recent_models, self, first_run=first_run, in_use=self.model_path)
+        picker = ModelPicker(self.preferences.recent_models, self, first_run=first_run, in_use=self.model_path,
+                             remote=self.preferences.remote_endpoint)
         picker.model_chosen.connect(self.load_model)
+        picker.remote_chosen.connect(self.use_remote)
         picker.download_started.connect(self.kernel_warmup.start)  # compiles while the model downloads
         picker.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         picker.open()
@@ -393,6 +401,27 @@ class MainWindow(QMainWindow):
         self.model_requested = True
         self.client.load_model(path)
 
+    def use_remote(self, endpoint: dict) -> None:
+        """Chat through a remote endpoint (remembered, with its key, for the next start)."""
+        if self.streaming:
+            self._end_turn()
+        self.preferences.remote_endpoint = endpoint
+        self.model_requested = True
+        self._model_loading(endpoint.get("url", ""))
+        self.client.use_remote(endpoint)
+
+    def _remote_connected(self, name: str) -> None:
+        self.model_path = name
+        self.preferences.remote_in_use = True
+        self.load_progress.hide()
+        self.statusBar().clearMessage()
+        self.model_button.setText(name)
+        self.composer.set_ready(not self.kernel_warmup.running)
+
+    def _remote_failed(self, message: str) -> None:
+        self._model_failed("", message, title="Cannot use the remote endpoint",
+                           what="The remote endpoint cannot answer the chats")
+
     def _model_loading(self, path: str) -> None:
         self.composer.set_ready(False)
         self.load_progress.show()
@@ -401,18 +430,21 @@ class MainWindow(QMainWindow):
     def _model_loaded(self, path: str) -> None:
         self.model_path = path
         self.preferences.add_recent_model(path)
+        self.preferences.remote_in_use = False
         self.load_progress.hide()
         self.statusBar().clearMessage()
         self.model_button.setText(model_label(path))
         self.composer.set_ready(not self.kernel_warmup.running)  # the first run's kernels first
 
-    def _model_failed(self, path: str, message: str) -> None:
+    def _model_failed(self, path: str, message: str, *, title: str = "Cannot open model",
+                      what: str | None = None) -> None:
         self.load_progress.hide()
         self.statusBar().clearMessage()
         self.composer.set_ready(self.model_path is not None)
-        still = (f"Still using {model_label(self.model_path)}." if self.model_path
+        still = (f"Still using {self.model_button.text()}." if self.model_path
                  else "Choose another model to start chatting.")
-        self.show_error("Cannot open model", f"{Path(path).name} could not be loaded:\n\n{message}\n\n{still}")
+        what = what or f"{Path(path).name} could not be loaded"
+        self.show_error(title, f"{what}:\n\n{message}\n\n{still}")
 
     # -- documents ---------------------------------------------------------------------------------
     def attach_files(self, paths: list[str]) -> None:
@@ -450,7 +482,8 @@ class MainWindow(QMainWindow):
         return {"system_prompt": conv["system_prompt"], "sampler": conv["sampler"]}
 
     def edit_settings(self) -> SettingsDialog:
-        dialog = SettingsDialog(self.current_settings(), self.preferences, self)
+        dialog = SettingsDialog(self.current_settings(), self.preferences, self,
+                                server_switch=ServerSwitch(self.client, self.preferences))
         dialog.accepted.connect(lambda: self.apply_settings(dialog.settings()))
         dialog.accepted.connect(lambda: self.set_speculation(dialog.speculation.isChecked()))
         dialog.accepted.connect(lambda: self.set_disk_budget(dialog.disk_budget_bytes()))

@@ -1,6 +1,7 @@
 """Choosing a model: the starter models (size, one-line description, downloaded or not), recently used
-files, or any .gguf file on disk. A starter model not downloaded yet downloads here with a progress bar
-and a Cancel button. The dialog only picks a file: loading it (and reporting a bad one) is the engine's."""
+files, any .gguf file on disk, or a remote OpenAI-compatible endpoint (app.gui.remote_endpoint). A starter
+model not downloaded yet downloads here with a progress bar and a Cancel button. The dialog only picks a
+model: loading it (and reporting a bad one) is the engine's."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from PySide6.QtWidgets import (QDialog, QFileDialog, QHBoxLayout, QLabel, QListW
                                QMessageBox, QProgressBar, QPushButton, QVBoxLayout, QWidget)
 
 from app.gui.downloader import Download
+from app.gui.remote_endpoint import RemoteEndpointBox
 from engine.catalog import StarterModel, TransferRate, catalog, default_model_name, model_display_name
 
 PATH_ROLE = Qt.ItemDataRole.UserRole
@@ -31,10 +33,12 @@ def starter_row(path: str | None) -> int:
 class ModelPicker(QDialog):
     model_chosen = Signal(str)   # the .gguf file to load
     download_started = Signal(str)  # the starter model's name
+    remote_chosen = Signal(dict)    # the remote endpoint to use: {"url", "api_key", "model"}
 
     def __init__(self, recent: list[str], parent: QWidget | None = None, *, first_run: bool = False,
-                 in_use: str | None = None):
-        """`in_use`: the model file loaded now, highlighted among the starters."""
+                 in_use: str | None = None, remote: dict | None = None):
+        """`in_use`: the model file loaded now, highlighted among the starters; `remote`: the endpoint last
+        used, filled in."""
         super().__init__(parent)
         self.setWindowTitle("Choose a model")
         self.setMinimumWidth(560)
@@ -71,6 +75,8 @@ class ModelPicker(QDialog):
         self.cancel_button.clicked.connect(self.cancel_download)
         for widget in (self.progress, self.progress_label, self.cancel_button):
             widget.hide()
+        self.remote = RemoteEndpointBox(remote)
+        self.remote.endpoint_chosen.connect(self.choose_remote)
 
         buttons = QHBoxLayout()
         buttons.addWidget(open_file)
@@ -87,6 +93,7 @@ class ModelPicker(QDialog):
         layout.addWidget(self.progress)
         layout.addWidget(self.cancel_button)
         layout.addLayout(buttons)
+        layout.addWidget(self.remote)
         if first_run:  # the first start needs no decision: the default model comes unless cancelled
             QTimer.singleShot(0, self.use_starter)
 
@@ -106,6 +113,10 @@ class ModelPicker(QDialog):
     # -- choosing --------------------------------------------------------------------------------
     def choose(self, path: str) -> None:
         self.model_chosen.emit(path)
+        self.accept()
+
+    def choose_remote(self, endpoint: dict) -> None:
+        self.remote_chosen.emit(endpoint)
         self.accept()
 
     def open_file(self) -> None:

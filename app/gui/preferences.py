@@ -1,11 +1,14 @@
 """What the app remembers between runs: window geometry, the theme and whether the sidebar shows, the last
 conversation and model, recently used model files, named settings presets, whether replies decode
-speculatively, the documents' disk budget and where the model runs. One INI file next to the history
-database, so a data directory (`FUCINA_HOME`) carries everything."""
+speculatively, the documents' disk budget, where the model runs, the remote endpoint (its URL, API key and
+model, and whether the app uses it rather than a local model) and the local server's port and API key. One
+INI file next to the history database, so a data directory (`FUCINA_HOME`) carries everything; the API keys
+are kept there in plain text like every other setting (the file is the user's, in their data directory)."""
 
 from __future__ import annotations
 
 import json
+import secrets
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QSettings
@@ -14,6 +17,7 @@ from app.gui.theme import THEMES
 from engine.cartridge.build import DEFAULT_DISK_BUDGET
 
 RECENT_MODELS = 8
+DEFAULT_SERVER_PORT = 8080  # `fucina serve`'s
 
 
 class Preferences:
@@ -103,3 +107,40 @@ class Preferences:
 
     def delete_preset(self, name: str) -> None:
         self._settings.setValue("presets/all", json.dumps({k: v for k, v in self.presets.items() if k != name}))
+
+    @property
+    def remote_endpoint(self) -> dict:
+        """The remote endpoint last used: {"url", "api_key", "model"} (empty strings when unset)."""
+        return {key: self._settings.value(f"remote/{key}", "") for key in ("url", "api_key", "model")}
+
+    @remote_endpoint.setter
+    def remote_endpoint(self, endpoint: dict) -> None:
+        for key in ("url", "api_key", "model"):
+            self._settings.setValue(f"remote/{key}", endpoint.get(key) or "")
+
+    @property
+    def remote_in_use(self) -> bool:
+        """Chat through the remote endpoint (at start too) rather than a local model."""
+        return self._settings.value("remote/in_use", False, type=bool)
+
+    @remote_in_use.setter
+    def remote_in_use(self, on: bool) -> None:
+        self._settings.setValue("remote/in_use", on)
+
+    @property
+    def server_port(self) -> int:
+        """The local server's port (0: any free one)."""
+        return self._settings.value("server/port", DEFAULT_SERVER_PORT, type=int)
+
+    @server_port.setter
+    def server_port(self, port: int) -> None:
+        self._settings.setValue("server/port", port)
+
+    @property
+    def server_api_key(self) -> str:
+        """The local server's API key: made on first use and kept, so its clients keep working."""
+        key = self._settings.value("server/api_key", "")
+        if not key:
+            key = secrets.token_urlsafe(24)
+            self._settings.setValue("server/api_key", key)
+        return key

@@ -44,7 +44,9 @@ def _int(low: int, high: int, step: int = 1) -> QSpinBox:
 
 
 class SettingsDialog(QDialog):
-    def __init__(self, settings: dict, preferences: Preferences, parent: QWidget | None = None):
+    def __init__(self, settings: dict, preferences: Preferences, parent: QWidget | None = None, *,
+                 server_switch: QWidget | None = None):
+        """`server_switch`: the local server's switch (app.gui.server_switch), shown under the chat settings."""
         super().__init__(parent)
         self.setWindowTitle("Conversation settings")
         self.preferences = preferences
@@ -106,6 +108,9 @@ class SettingsDialog(QDialog):
         layout.addLayout(preset_row)
         layout.addLayout(form)
         layout.addWidget(every_chat)
+        if server_switch is not None:
+            self.server_switch = server_switch
+            layout.addWidget(server_switch)
         layout.addWidget(buttons)
         self.apply(settings)
         ok.setEnabled(self.response_format.valid)

@@ -1,5 +1,8 @@
-"""The engine thread: a QObject living on its own QThread that owns the model, its own HistoryStore
-connection (SQLite connections belong to the thread that made them) and the open ChatSession.
+"""The engine thread: a QObject living on its own QThread that owns the loaded model's engine service
+(engine/service.py, whose compute thread is the only one running the model), its own HistoryStore
+connection (SQLite connections belong to the thread that made them) and the open ChatSession: the session
+renders, fits and stores each turn here, and relays its reply stream to the service's compute thread, where
+it takes turns with the local server's requests.
 
 The UI talks to it only through queued signals (EngineClient below), so no model work ever runs on the UI
 thread. Reply text comes back coalesced to about 30 updates a second, each batch with the tokens written so
@@ -7,6 +10,12 @@ far and the decode rate, and a long prompt's prefill reports its progress slice 
 spent, for an estimate of the time left). Stopping is the one call that bypasses the queue: the UI sets the
 turn's `threading.Event`, which the engine checks between tokens and between prefill slices, so a stop (or
 a conversation or model switch, which stops first) takes effect within one token or one slice.
+
+Replies come from the loaded model, or from a remote OpenAI-compatible endpoint (`use_remote`): then the
+open conversation is a RemoteChatSession, stored here like any other, and a connection lost mid-reply
+keeps the text received and is reported.
+
+The worker also runs the app's local server (app.local_server): a second adapter over the same service.
 """
 
 from __future__ import annotations
@@ -20,13 +29,22 @@ from typing import Callable, Iterator
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from app.gui.document_jobs import DocumentAttacher
+from app.local_server import LocalServer
 from engine.catalog import resolve_model
-from engine.errors import FucinaError, HistoryError, StoreError
+from engine.errors import FucinaError, HistoryError, RemoteConnectionLost, StoreError
 from engine.history.store import HistoryStore
 from engine.models import load_model
-from engine.session import ChatSession, OnPrefill, PendingReply, delete_conversation
+from engine.paths import data_dir
+from engine.remote import RemoteClient
+from engine.remote_session import RemoteChatSession
+from engine.service import EngineService
+from engine.session import ChatSession, OnPrefill, PendingReply, StoredChat, delete_conversation
 
 FLUSH_INTERVAL_S = 1 / 30
+# The local server's slots (conversations it keeps warm) and their context, as `fucina serve`'s defaults
+SERVER_SLOTS = 2
+SERVER_CONTEXT = 4096
+SERVER_SLOTS_DIR = "app-server-slots"  # not `fucina serve`'s: both may run on one model at once
 
 
 @dataclass(frozen=True)
@@ -100,6 +118,8 @@ class TextBatcher:
 
 def _describe(error: Exception) -> str:
     """Engine errors already name the problem; anything else gets its type so the dialog is not empty."""
+    if isinstance(error, RemoteConnectionLost) and error.partial:
+        return f"{error}. The reply so far is kept in the conversation; regenerate it to try again."
     return str(error) if isinstance(error, FucinaError) else f"{type(error).__name__}: {error}"
 
 
@@ -107,12 +127,18 @@ class EngineWorker(QObject):
     model_loading = Signal(str)           # path
     model_loaded = Signal(str)            # path
     model_failed = Signal(str, str)       # path, what is wrong with it
+    remote_connected = Signal(str)        # the remote endpoint's model and URL, now answering the chats
+    remote_failed = Signal(str)           # why the endpoint cannot be used (the model in use stays)
+    server_changed = Signal(object)       # the local server's (url, api key), or None once it stopped
+    server_failed = Signal(str)           # why the local server did not start
     conversation_ready = Signal(object)   # conversation id, or None for a new chat not saved yet
     conversation_created = Signal(str, object)  # a new chat's first message made it a conversation; the turn
     # A turn is identified by its cancel event, so the UI can ignore a turn it has abandoned.
     reply_text = Signal(str, object)      # the next coalesced piece of the reply, the turn
     turn_finished = Signal(object, object)  # conversation id (None: none was made), the turn; stored now
-    prefill_progress = Signal(object, object)  # PrefillProgress, the turn
+    # PrefillProgress, the turn; emitted on the engine service's compute thread, where the prompt is read
+    # (a receiver on this thread would hear of it only after the turn)
+    prefill_progress = Signal(object, object)
     reply_progress = Signal(object, object)    # ReplyProgress, sent with each batch of reply text; the turn
     branch_changed = Signal(str)          # conversation id, after a switch or a delete
     conversation_deleted = Signal(str)
@@ -128,12 +154,15 @@ class EngineWorker(QObject):
         self._db_path, self._sidecar_dir = db_path, sidecar_dir
         self._store: HistoryStore | None = None
         self.model = None
-        self.session: ChatSession | None = None
+        self.remote: RemoteClient | None = None    # replies come from this endpoint rather than `model`
+        self.session: StoredChat | None = None
         self._conversation_id: str | None = None  # what the UI shows; None: a new chat
         self._pending_settings: dict = {}          # settings for the new chat, applied when it is created
         self._storage_failing = False              # the last write was refused (the UI shows a banner)
         self._unsaved: list[PendingReply] = []     # refused replies of sessions closed since, oldest first
         self.speculation = False                   # decode replies speculatively (the app's preference)
+        self.service: EngineService | None = None  # the loaded model's: every reply computes on its thread
+        self.server: LocalServer | None = None     # the local server over the service, while it runs
         self.documents = DocumentAttacher(self)    # attached documents (app.gui.document_jobs)
         self.documents.fill_changed.connect(self._emit_status)
 
@@ -154,13 +183,49 @@ class EngineWorker(QObject):
         self.model_loading.emit(path)
         try:
             model = load_model(resolve_model(path))  # a starter model changed on disk is refused here
+            service = EngineService(model, slots=SERVER_SLOTS, capacity=SERVER_CONTEXT,
+                                    sidecar_dir=data_dir() / SERVER_SLOTS_DIR, open_slots_at_first_job=True)
         except Exception as e:  # a corrupt file may fail anywhere in parsing; the old model stays
             self.model_failed.emit(path, _describe(e))
             return
         self._close_session()
-        self.model = model
+        self._drop_model()  # and the server on it
+        self._drop_remote()
+        self.model, self.service = model, service
         self.model_loaded.emit(path)
         self._open_session()
+
+    @Slot(dict)
+    def use_remote(self, endpoint: dict) -> None:
+        """Answer the chats through the endpoint {"url", "api_key", "model"}: checked (it answers, takes the
+        key, serves the model) before the model in use is let go."""
+        try:
+            client = RemoteClient(endpoint.get("url", ""), endpoint.get("api_key"), endpoint.get("model"))
+            try:
+                client.choose_model()
+            except FucinaError:
+                client.close()
+                raise
+        except FucinaError as e:
+            self.remote_failed.emit(str(e))
+            return
+        self._close_session()
+        self._drop_model()
+        self._drop_remote()
+        self.remote = client
+        self.remote_connected.emit(client.name)
+        self._open_session()
+
+    def _drop_model(self) -> None:
+        self.stop_server()
+        if self.service is not None:
+            self.service.close()
+        self.model = self.service = None
+
+    def _drop_remote(self) -> None:
+        if self.remote is not None:
+            self.remote.close()
+            self.remote = None
 
     @Slot(object)
     def open_conversation(self, conversation_id: str | None) -> None:
@@ -169,18 +234,29 @@ class EngineWorker(QObject):
         self._conversation_id, self._pending_settings = conversation_id, {}
         self._open_session()
 
+    def _open(self, conversation_id: str | None, attachments=(), **settings) -> StoredChat:
+        """The conversation (None: a new one with `settings`) on the remote endpoint or the loaded model,
+        behind its attached documents (a local model's only)."""
+        if self.remote is not None:
+            return RemoteChatSession.open(self.store, self.remote, conversation_id, **settings)
+        return ChatSession.open(self.store, self.model, conversation_id, sidecar_dir=self._sidecar_dir,
+                                speculation=self.speculation, run_stream=self.service.relay,
+                                attachments=attachments, **settings)
+
+    @property
+    def _ready(self) -> bool:
+        return self.model is not None or self.remote is not None
+
     def _open_session(self) -> None:
-        if self.model is None:
+        if not self._ready:
             return
-        try:
-            attachments = self.documents.serve(self._conversation_id)
-            if self._conversation_id is not None:
-                self.session = ChatSession.open(self.store, self.model, self._conversation_id,
-                                                sidecar_dir=self._sidecar_dir, speculation=self.speculation,
-                                                attachments=attachments)
-        except FucinaError as e:
-            self._report(e)
-            return
+        if self._conversation_id is not None:
+            try:
+                self.session = self._open(self._conversation_id,
+                                          attachments=self.documents.serve(self._conversation_id))
+            except FucinaError as e:
+                self._report(e)
+                return
         self.conversation_ready.emit(self._conversation_id)
         self._emit_status()
 
@@ -191,19 +267,18 @@ class EngineWorker(QObject):
             self.session.close()
             self.session = None
 
-    def _session(self) -> ChatSession:
-        if self.model is None:
+    def _session(self) -> StoredChat:
+        if not self._ready:
             raise FucinaError("no model is loaded; choose one in the model picker")
         if self.session is None:
             raise FucinaError("no conversation is open")
         return self.session
 
-    def _session_for_turn(self, turn: threading.Event) -> ChatSession:
+    def _session_for_turn(self, turn: threading.Event) -> StoredChat:
         """The open conversation; a new chat becomes a stored conversation with its first message."""
-        if self.model is not None and self.session is None and self._conversation_id is None:
-            self.session = ChatSession.open(self.store, self.model, None, sidecar_dir=self._sidecar_dir,
-                                            speculation=self.speculation, **self._pending_settings,
-                                            attachments=self.documents.new_chat_cartridges())
+        if self._ready and self.session is None and self._conversation_id is None:
+            self.session = self._open(None, **self._pending_settings,
+                                      attachments=self.documents.new_chat_cartridges())
             self._conversation_id, self._pending_settings = self.session.id, {}
             self.documents.record(self.session.id)
             self.conversation_created.emit(self.session.id, turn)
@@ -377,22 +452,47 @@ class EngineWorker(QObject):
         used, left_out = s.branch_fill()
         spec = stats and stats.spec
         self.status_changed.emit(EngineStatus(
-            context_used=used + s.convo.prefix_rows, attachment_tokens=s.convo.prefix_rows,
+            context_used=used + s.prefix_rows, attachment_tokens=s.prefix_rows,
             context_size=s.context_size, resumed_positions=s.resumed_positions,
             ttft_ms=stats and stats.ttft_ms, decode_tps=stats and stats.decode_tps,
             reused_tokens=stats.reused_tokens if stats else 0, prefilled_tokens=stats.prefilled_tokens if stats else 0,
             finish_reason=turn and turn.finish_reason, left_out_turns=left_out,
             spec_tokens_per_step=spec.tokens_per_step() if spec and spec.steps else None,
             spec_acceptance=spec.acceptance_rate() if spec and spec.drafted else None,
-            backend=self.model.backend.name))
+            backend=self.model.backend.name if self.model is not None else "remote"))
+
+    # -- the local server --------------------------------------------------------------------------
+    @Slot(int, str)
+    def start_server(self, port: int, api_key: str) -> None:
+        """Serve the loaded model on loopback (port 0: a free one), behind `api_key`."""
+        if self.server is None:
+            try:
+                if self.model is None:
+                    raise FucinaError("the local server serves a model loaded in the app; load one first"
+                                      + (" (a remote endpoint's model is served by its own server)"
+                                         if self.remote is not None else ""))
+                self.server = LocalServer(self.service, port=port, api_key=api_key)
+            except FucinaError as e:
+                self.server_failed.emit(str(e))
+                return
+        self.server_changed.emit((self.server.url, self.server.api_key))
+
+    @Slot()
+    def stop_server(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+            self.server_changed.emit(None)
 
     @Slot()
     def shutdown(self) -> None:
         self._close_session()
+        self._drop_model()
         try:
             self._save_unsaved()  # a last try: space may have come back since the banner
         except StoreError:
             pass  # the reply was offered for copy; there is nowhere left to keep it
+        self._drop_remote()
         if self._store is not None:
             self._store.close()
         QThread.currentThread().quit()
@@ -403,6 +503,9 @@ class EngineClient(QObject):
     cancel event, and `stop` sets it directly."""
 
     _load_model = Signal(str)
+    _use_remote = Signal(dict)
+    _start_server = Signal(int, str)
+    _stop_server = Signal()
     _open_conversation = Signal(object)
     _send = Signal(str, object)
     _regenerate = Signal(object)
@@ -421,9 +524,9 @@ class EngineClient(QObject):
         self.thread = QThread()
         self.thread.setObjectName("fucina-engine")
         self.worker.moveToThread(self.thread)
-        for name in ("load_model", "open_conversation", "send", "regenerate", "edit", "switch",
+        for name in ("load_model", "use_remote", "open_conversation", "send", "regenerate", "edit", "switch",
                      "delete_message", "delete_conversation", "update_settings", "set_speculation", "save_pending",
-                     "shutdown"):
+                     "start_server", "stop_server", "shutdown"):
             getattr(self, f"_{name}").connect(getattr(self.worker, name))
         self._cancel = threading.Event()
         self.thread.start()
@@ -445,6 +548,10 @@ class EngineClient(QObject):
     def load_model(self, path: str) -> None:
         self._new_turn()
         self._load_model.emit(path)
+
+    def use_remote(self, endpoint: dict) -> None:
+        self._new_turn()
+        self._use_remote.emit(endpoint)
 
     def open_conversation(self, conversation_id: str | None) -> None:
         self._new_turn()
@@ -477,6 +584,13 @@ class EngineClient(QObject):
     def save_pending(self) -> None:
         """Retry storing a reply the disk refused (storage_failed / storage_recovered tell how it went)."""
         self._save_pending.emit()
+
+    def start_server(self, port: int, api_key: str) -> None:
+        """Serve the loaded model locally (server_changed / server_failed tell how it went)."""
+        self._start_server.emit(port, api_key)
+
+    def stop_server(self) -> None:
+        self._stop_server.emit()
 
     def close(self) -> None:
         """Stop any reply, let the worker flush its session, and wait for the thread to end: a reply stops

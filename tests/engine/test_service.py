@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from engine.chat import ChatOptions, Conversation, Message
-from engine.errors import ContextFull
+from engine.errors import ContextFull, StoreError
 from engine.sampling import SamplerConfig
 from engine.sampling.grammar import Grammar
 from engine.service import MIN_COPIED_PREFIX, EngineService, GenerationRequest, ServiceBusy, ServiceClosed
@@ -246,5 +246,74 @@ def test_a_full_waiting_queue_refuses_new_jobs_until_one_ends(tiny, tmp_path):
         jobs[0].wait()
         svc.submit(request).cancel()  # a place is free again
         assert jobs[1].wait().finish_reason in ("stop", "length")
+    finally:
+        svc.close()
+
+
+def test_a_relayed_stream_runs_on_the_compute_thread_between_the_jobs(service, tiny):
+    """The app's chat session relays its reply here: the same reply as on the caller's thread, computed on
+    the service's thread while a job decodes too."""
+    threads = []
+
+    def chat(convo, ids):
+        for piece in convo.send_tokens(ids, reuse=True):
+            threads.append(threading.current_thread().name)
+            yield piece
+
+    ids = service.chat_prompt([Message("user", "hi there")])
+    options = ChatOptions(capacity=256, max_tokens=8, sampler=GREEDY)
+    alone = "".join(chat(Conversation.for_model(tiny, options), ids))
+    threads.clear()
+    job = service.submit(GenerationRequest(tuple(ids), max_tokens=8, sampler=GREEDY))
+    assert "".join(service.relay(chat(Conversation.for_model(tiny, options), ids))) == alone
+    assert threads and set(threads) == {"fucina-engine"}
+    assert job.wait().text == alone
+
+
+def test_a_relay_closed_early_closes_its_stream_and_its_error_reaches_the_reader(service):
+    closed = threading.Event()
+
+    def endless():
+        try:
+            while True:
+                yield "x"
+        finally:
+            closed.set()
+
+    relayed = service.relay(endless())
+    assert next(relayed) == "x"
+    relayed.close()
+    assert closed.is_set()  # closed on the compute thread before close() returned
+
+    def failing():
+        yield "a"
+        raise ContextFull("too long")
+
+    with pytest.raises(ContextFull, match="too long"):
+        list(service.relay(failing()))
+    service.close()
+    with pytest.raises(ServiceClosed):
+        next(service.relay(iter(["late"])))
+
+
+def test_slots_opened_at_the_first_job_touch_the_data_dir_only_then(tiny, tmp_path):
+    """The app's service relays its chat from the start but makes its slots (and their sidecars) only
+    for the local server's first request; a data dir that cannot take them fails that request, not the chat."""
+    directory = tmp_path / "slots"
+    svc = EngineService(tiny, slots=2, capacity=256, sidecar_dir=directory, open_slots_at_first_job=True)
+    try:
+        assert list(svc.relay(iter(["a", "b"]))) == ["a", "b"] and not directory.exists()
+        ids = svc.chat_prompt([Message("user", "hi")])
+        assert svc.submit(GenerationRequest(tuple(ids), max_tokens=2)).wait().finish_reason in ("stop", "length")
+        assert len(list(directory.glob("*.fkv"))) == 2
+    finally:
+        svc.close()
+    (tmp_path / "a-file").write_text("")
+    svc = EngineService(tiny, slots=1, capacity=256, sidecar_dir=tmp_path / "a-file" / "slots",
+                        open_slots_at_first_job=True)
+    try:
+        result = svc.submit(GenerationRequest(tuple(ids), max_tokens=2)).wait()
+        assert result.finish_reason == "error" and isinstance(result.error, StoreError)
+        assert list(svc.relay(iter(["still"]))) == ["still"]
     finally:
         svc.close()

@@ -2,6 +2,7 @@
 oldest turns are left out and the status line says so, policy stop is a clear message (never a vanished
 empty reply), and a long prefill shows its progress and stops on Stop."""
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox
 
 from engine.history.store import HistoryStore
@@ -43,7 +44,9 @@ def test_policy_stop_says_why_and_keeps_the_message(qtbot, open_window):
 def test_a_long_prompt_shows_its_progress_and_stops_on_stop(qtbot, open_window):
     window = open_window()
     progress = []
-    window.client.worker.prefill_progress.connect(lambda p, _turn: progress.append(p))  # on the worker thread
+    # heard where it is emitted, the engine service's compute thread (queued, it would wait for the turn's end)
+    window.client.worker.prefill_progress.connect(lambda p, _turn: progress.append(p),
+                                                  Qt.ConnectionType.DirectConnection)
     window.composer.input.setPlainText("Summarize this. " + "The quick brown fox jumps over the lazy dog. " * 200)
     window.composer.send_button.click()
     qtbot.waitUntil(lambda: any(p.done >= 512 for p in progress), timeout=TURN_TIMEOUT_MS)
