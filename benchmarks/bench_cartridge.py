@@ -2,6 +2,7 @@
 
     python benchmarks/bench_cartridge.py ttft [--model qwen2.5-coder-0.5b-instruct]
     python benchmarks/bench_cartridge.py compose [--model qwen2.5-coder-0.5b-instruct]
+    python benchmarks/bench_cartridge.py grounded [--model qwen2.5-coder-0.5b-instruct] [--runs 3]
 
 ttft: a new chat over a generated ~2,800-token handbook, three ways: the cartridge built (read + stored),
 the cartridge loaded (a second attach), and the document pasted into the user message. Each figure is the
@@ -12,6 +13,11 @@ compose: the three documents of benchmarks/cartridge_documents.json as three ind
 cartridges served together (a composition: each part keeps the rows it was built with), against one joint
 prefill of the same token ids (each document then attends to the ones before it). Greedy answers to the
 22 questions: how many are token-identical, and how many contain the expected answer either way.
+
+grounded: the handbook attached as a cartridge, questions whose answers quote it (a section word for
+word), greedy, speculation off and on (the attached document is a draft reference): decode tok/s of each
+(medians of --runs), tokens per step and acceptance, and whether the replies are token-identical (they
+must be: a difference is reported and fails the run).
 
 Reports only: nothing here asserts a time. Prints one JSON object.
 """
@@ -83,6 +89,44 @@ def ttft(model, tok, template) -> dict:
     return out
 
 
+GROUNDED = ["Quote section 17 of the handbook word for word.", "Copy out what the handbook says about storeroom 8.",
+            "Which storerooms does Kenji Ito keep the key of? Quote their sections.",
+            "Quote the sections about storerooms 30 and 31.", "What does the handbook say about storeroom 42? Quote it."]
+
+
+def grounded(model, tok, template, runs: int) -> dict:
+    a = attach(model, tok, template, handbook(), directory=tempfile.mkdtemp())
+    modes = {}
+    for speculation in (False, True):
+        tps, tokens, steps, drafted, accepted, replies = [], 0, 0, 0, 0, []
+        for run in range(runs):
+            times, count = 0.0, 0
+            for question in GROUNDED:
+                convo = Conversation.for_model(model, ChatOptions(capacity=a.cartridge.rows + 512, max_tokens=160,
+                                                                  speculation=speculation), tokenizer=tok)
+                convo.attach([a.cartridge])
+                "".join(convo.send(question))
+                s = convo.last_turn.stats
+                times += s.generated_tokens / s.decode_tps if s.decode_tps else 0.0
+                count += s.generated_tokens
+                if run == 0:
+                    replies.append(convo.last_turn.token_ids)
+                    if s.spec is not None:
+                        steps, drafted, accepted = steps + s.spec.steps, drafted + s.spec.drafted, accepted + s.spec.accepted
+                    tokens += s.generated_tokens
+            tps.append(count / times)
+        modes["spec" if speculation else "plain"] = {"decode_tps": sorted(tps), "tokens": tokens,
+                                                     "replies": replies,
+                                                     **({"tokens_per_step": round(tokens / steps, 2),
+                                                         "acceptance": round(accepted / max(1, drafted), 3)}
+                                                        if speculation else {})}
+    plain, spec = modes["plain"], modes["spec"]
+    identical = plain.pop("replies") == spec.pop("replies")
+    median = lambda v: v[len(v) // 2]  # noqa: E731
+    return {"document_tokens": a.cartridge.rows, "questions": len(GROUNDED), "plain": plain, "spec": spec,
+            "identical": identical, "speedup": round(median(spec["decode_tps"]) / median(plain["decode_tps"]), 2)}
+
+
 def compose(model, tok, template) -> dict:
     workload = json.loads(WORKLOAD.read_text())
     parts = [build(model, tok, template, Document(n, "text", t)) for n, t in workload["documents"].items()]
@@ -115,15 +159,19 @@ def compose(model, tok, template) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("what", choices=["ttft", "compose"])
+    parser.add_argument("what", choices=["ttft", "compose", "grounded"])
     parser.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
+    parser.add_argument("--runs", type=int, default=3, help="grounded: runs of each mode (medians)")
     args = parser.parse_args()
     model = load_model(resolve_model(args.model))
     tok = load_tokenizer(model.file.metadata)
     template = template_for_model(model.file.metadata, tok)
-    run = ttft if args.what == "ttft" else compose
-    print(json.dumps({"model": args.model, args.what: run(model, tok, template)}))
-    return 0
+    if args.what == "grounded":
+        result = grounded(model, tok, template, args.runs)
+    else:
+        result = (ttft if args.what == "ttft" else compose)(model, tok, template)
+    print(json.dumps({"model": args.model, args.what: result}))
+    return 0 if result.get("identical", True) else 1
 
 
 if __name__ == "__main__":

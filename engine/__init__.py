@@ -1,1 +1,1 @@
-import kernels  # noqa: F401 (first, so that OpenBLAS loads with the kernels kernels/blas_core.py chose)
+import kernels  # noqa: F401 (first, so that OpenBLAS loads as kernels/blas_core.py configures it)

@@ -1,3 +1,3 @@
-from kernels.blas_core import prefer_avx512_gemm
+from kernels.blas_core import configure_openblas
 
-prefer_avx512_gemm()
+configure_openblas()

@@ -27,6 +27,7 @@ import numba
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from kernels import blas_core
 from kernels.cpu import int_gemm
 from kernels.cpu import quant_blocks as blocks
 from kernels.cpu import quant_dot as dot
@@ -178,8 +179,9 @@ def matmul(qtype: int, w: np.ndarray, X: np.ndarray) -> np.ndarray:
         threads()
         int_gemm.matmul_into(qtype, w, X, Y)
     elif n:
-        for r0, r1, tile in _dequantized_tiles(qtype, w, cols):
-            np.matmul(X, tile.T, out=Y[:, r0:r1])
+        with blas_core.threads(threads()):  # the product is OpenBLAS's alone: it may have every thread
+            for r0, r1, tile in _dequantized_tiles(qtype, w, cols):
+                np.matmul(X, tile.T, out=Y[:, r0:r1])
     return Y
 
 
