@@ -339,7 +339,7 @@ def _make_tile_kernel(n_rows):
 _tile_4, _tile_3, _tile_2, _tile_1 = (_make_tile_kernel(n) for n in (4, 3, 2, 1))
 
 
-@njit(**KERNEL)
+@njit(parallel=True, **KERNEL)
 def _input_blocks(X, limit):
     """X [m, cols] float32 quantized per row to int16 blocks of 32: xq [m, cols] int16 within ±limit
     (rounded half away from zero), xd [m, cols/32] the float32 scales (x ~ xd * xq) and xs = xd * sum(xq)."""
@@ -347,7 +347,7 @@ def _input_blocks(X, limit):
     xq = np.empty((m, cols), np.int16)
     xd = np.empty((m, cols // 32), np.float32)
     xs = np.empty((m, cols // 32), np.float32)
-    for n in range(m):
+    for n in prange(m):  # rows over threads: each row's quantization is its own
         for b in range(cols // 32):
             amax = np.float32(0)
             for j in range(b * 32, b * 32 + 32):
