@@ -160,6 +160,7 @@ def test_a_lost_sidecar_is_rewritten_whole_at_the_next_turn(smollm2, home):
 
 _KILLED_MID_REPLY = """
 import sys
+import time
 from engine.errors import ConversationBusy, StorageReadOnly
 from engine.history.store import HistoryStore
 from engine.models import load_model
@@ -174,6 +175,8 @@ s.update_settings(sampler={"temperature": 0.9, "max_tokens": 1500, "ctx": 2048, 
 for i, piece in enumerate(s.send("Write a long story about a dragon.")):
     if i == 3:
         print("streaming", flush=True)
+    if i >= 3:  # a slow reader: the kill lands mid-reply however short the sampled story (at 0.3 s: ~6 pieces)
+        time.sleep(0.05)
 """
 
 

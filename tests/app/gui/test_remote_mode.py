@@ -84,7 +84,10 @@ def test_a_connection_lost_mid_reply_is_told_and_the_text_received_is_kept(qtbot
             window.use_remote({"url": url, "api_key": "", "model": "stub"})
         send(qtbot, window, "hi")
     qtbot.waitUntil(lambda: bool(errors(window)))
-    assert "closed the connection" in errors(window)[0] and "kept in the conversation" in errors(window)[0]
+    # the stub's close reaches the client as the stream's end or as a reset, whichever the timing gives
+    message = errors(window)[0]
+    assert ("closed the connection" in message or "connection reset" in message.lower()) \
+        and "kept in the conversation" in message
     user, reply = window.store.active_branch(window.current_id)
     assert reply["content"] == "Hello" and reply["meta"]["finish_reason"] == INTERRUPTED
     assert window.chat_view.widgets[-1].content == "Hello"
