@@ -1,5 +1,6 @@
 """The official openai client against the server on the real default model (in-process): a json_schema
-reply that validates, a seed that reproduces, and a conversation resent after a restart that is warm."""
+reply that validates, a seed that reproduces, a stop sequence that ends the reply, and a conversation
+resent after a restart that is warm."""
 
 import json
 
@@ -39,6 +40,14 @@ def test_the_openai_client_on_smollm2(model_path, tmp_path):
                 for _ in range(2))
         assert a.choices[0].message.content == b.choices[0].message.content
         assert b.usage.prompt_tokens_details.cached_tokens == b.usage.prompt_tokens - 1  # all but the last token
+
+        full = a.choices[0].message.content  # the same reply cut where a later part of it first appears
+        at = next(i for i in range(3, len(full) - 1) if full[i:i + 2].isascii() and full[i:i + 2].strip()
+                  and full.find(full[i:i + 2]) == i)
+        cut = client.chat.completions.create(model=NAME, messages=story, max_tokens=16, seed=42, temperature=0.9,
+                                             stop=[full[at:at + 2]])
+        assert cut.choices[0].finish_reason == "stop"
+        assert full.startswith(cut.choices[0].message.content) and len(cut.choices[0].message.content) <= at + 1
     finally:
         http.close()
         service.close()
