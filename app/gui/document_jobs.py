@@ -7,6 +7,10 @@ attach to a chat before its first message (the engine's rule): a new chat keeps 
 message makes it a stored conversation, which records them (engine.cartridge.chat_documents); a stored
 chat attaches its recorded ones again when it opens. Cancelling sets the job's event, which the build
 checks between prefill slices, like stopping a reply.
+
+A document longer than half the new chat's context is read as a fleet (engine.cartridge.fleet): its parts
+and their index are stored, and the chat's first message chooses the parts it is served behind (they are
+what the chat records).
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ from PySide6.QtCore import QObject, Signal, Slot
 
 from engine.cartridge import store as cartridge_store
 from engine.cartridge.build import DEFAULT_DISK_BUDGET, Attached, attach
+from engine.cartridge.build import prefix_ids
 from engine.cartridge.chat_documents import record, restore
+from engine.cartridge.fleet import FleetDocument
 from engine.cartridge.ingest import read_document
 from engine.chat import template_for_model
 from engine.errors import CartridgeCancelled, CartridgeRefused, FucinaError
@@ -51,7 +57,17 @@ class Chip:
 class _NewChatDocument:
     key: str
     source: str
-    attached: Attached
+    attached: Attached | FleetDocument  # a fleet: the first message chooses its parts
+
+    @property
+    def rows(self) -> int:
+        """Context positions it takes (a fleet: at most its budget)."""
+        return self.attached.budget if isinstance(self.attached, FleetDocument) else self.attached.cartridge.rows
+
+    def for_model(self, model) -> bool:
+        if isinstance(self.attached, FleetDocument):
+            return self.attached.model is model
+        return self.attached.cartridge.fingerprint == model_fingerprint(model.file)
 
 
 class DocumentAttacher(QObject):
@@ -79,15 +95,16 @@ class DocumentAttacher(QObject):
         documents (loaded, or read again), or the new chat's (read again for a model switched since)."""
         model = self.worker.model
         self._stored_id = conversation_id
+        if model is None:  # a remote endpoint's chat: documents are a local model's
+            return []
         if conversation_id is None:
-            fingerprint = model_fingerprint(model.file) if self._new_chat else b""
             for doc in self._new_chat:
-                if doc.attached.cartridge.fingerprint != fingerprint:
+                if not doc.for_model(model):
                     self._read_for_new_chat(doc)
-            self._new_chat = [d for d in self._new_chat if d.attached.cartridge.fingerprint == fingerprint]
+            self._new_chat = [d for d in self._new_chat if d.for_model(model)]
             self.chips = [c for c in self.chips if c.key in {d.key for d in self._new_chat} or c.state == FAILED]
             self._show()
-            return self.new_chat_cartridges()
+            return []  # a new chat is opened by its first message (new_chat_cartridges)
         rows = self.worker.store.attachments(conversation_id)
         self.chips = [Chip(r["id"], r["name"], READING, tokens=r["tokens"] or 0) for r in rows]
         self._show()
@@ -107,7 +124,20 @@ class DocumentAttacher(QObject):
         self._show()
         return [r.cartridge for r in restored if r.cartridge is not None]
 
-    def new_chat_cartridges(self) -> list:
+    def new_chat_cartridges(self, question: str) -> list:
+        """The cartridges the new chat is served behind, its first message `question` choosing a fleet's
+        parts (which then stand for the document: they are recorded, and shown as its chips)."""
+        for doc in self._new_chat:
+            if isinstance(doc.attached, FleetDocument):
+                parts = doc.attached.select(question)
+                self.chips = [c for c in self.chips if c.key != doc.key] + [
+                    Chip(f"{doc.key}/{p.chunk}", p.cartridge.name, READY, p.cartridge.rows) for p in parts]
+                doc.attached = parts
+        served = [d for d in self._new_chat if not isinstance(d.attached, list)]
+        for doc in [d for d in self._new_chat if isinstance(d.attached, list)]:
+            served += [_NewChatDocument(f"{doc.key}/{p.chunk}", doc.source, p) for p in doc.attached]
+        self._new_chat = served
+        self._show()
         return [d.attached.cartridge for d in self._new_chat]
 
     def record(self, conversation_id: str) -> None:
@@ -122,7 +152,7 @@ class DocumentAttacher(QObject):
 
     def new_chat_fill(self) -> tuple[int, int]:
         """(tokens the new chat's documents take, the context it will have)."""
-        return sum(d.attached.cartridge.rows for d in self._new_chat), self._new_chat_context()
+        return sum(d.rows for d in self._new_chat), self._new_chat_context()
 
     # -- requests from the UI ----------------------------------------------------------------------
     @Slot(str, str, object)
@@ -135,7 +165,7 @@ class DocumentAttacher(QObject):
             self._cancels[key] = cancel
         try:
             doc = _NewChatDocument(key, path, self._read(path, key, cancel))
-            name = doc.attached.cartridge.name
+            name = doc.attached.document.name if isinstance(doc.attached, FleetDocument) else doc.attached.cartridge.name
             self._check_fits(doc)
         except CartridgeCancelled:
             self.chips = [c for c in self.chips if c.key != key]
@@ -143,8 +173,11 @@ class DocumentAttacher(QObject):
             self._set(Chip(key, name, FAILED, reason=str(e).replace(path, name)))  # the chip names the file
         else:
             self._new_chat.append(doc)
-            self._set(Chip(key, name, READY, doc.attached.cartridge.rows))
-            if doc.attached.refused:
+            self._set(Chip(key, name, READY, doc.rows))
+            if isinstance(doc.attached, FleetDocument):
+                self._set(replace(self._chip(key), reason=f"read in {len(doc.attached.chunks)} parts; your first "
+                                                          "message chooses the ones the chat is served behind"))
+            elif doc.attached.refused:
                 self._set(replace(self._chip(key), reason=f"{doc.attached.refused}; it was read again"))
         finally:
             self._finish(key)
@@ -186,7 +219,7 @@ class DocumentAttacher(QObject):
             event.set()
 
     # -- helpers -------------------------------------------------------------------------------------
-    def _read(self, path: str, key: str, cancel: threading.Event) -> Attached:
+    def _read(self, path: str, key: str, cancel: threading.Event) -> Attached | FleetDocument:
         model = self.worker.model
         if model is None:
             raise FucinaError("no model is loaded; choose one, then attach the document")
@@ -195,8 +228,13 @@ class DocumentAttacher(QObject):
         if path.endswith(cartridge_store.SUFFIX):
             return self._load_cartridge(path)
         tokenizer = tokenizer_for(model)
-        return attach(model, tokenizer, template_for_model(model.file.metadata, tokenizer), read_document(path),
-                      KvDtype.F16, on_progress=lambda done, total: self._progress(key, done, total), cancel=cancel,
+        template, document = template_for_model(model.file.metadata, tokenizer), read_document(path)
+        progress = lambda done, total: self._progress(key, done, total)  # noqa: E731
+        budget = self._new_chat_context() // 2  # a longer document is served in parts, as `fucina chat` does
+        if len(prefix_ids(tokenizer, template, document)) > budget:
+            return FleetDocument.open(model, tokenizer, template, document, budget, KvDtype.F16,
+                                      on_progress=progress, cancel=cancel, disk_budget=self.disk_budget)
+        return attach(model, tokenizer, template, document, KvDtype.F16, on_progress=progress, cancel=cancel,
                       disk_budget=self.disk_budget)
 
     def _read_for_new_chat(self, doc: _NewChatDocument) -> None:
@@ -218,10 +256,11 @@ class DocumentAttacher(QObject):
         return Attached(cart, cartridge_store.path_for(cart.id), False)
 
     def _check_fits(self, doc: _NewChatDocument) -> None:
-        total = sum(d.attached.cartridge.rows for d in self._new_chat) + doc.attached.cartridge.rows
+        total = sum(d.rows for d in self._new_chat) + doc.rows
         context = self._new_chat_context()
         if total >= context:
-            raise CartridgeRefused(f"{doc.attached.cartridge.name} takes {doc.attached.cartridge.rows:,} tokens; with "
+            name = doc.attached.document.name if isinstance(doc.attached, FleetDocument) else doc.attached.cartridge.name
+            raise CartridgeRefused(f"{name} takes {doc.rows:,} tokens; with "
                                    f"the chat's other documents that is {total:,} of its {context:,}-token context "
                                    "(raise the context length in Settings, or attach less)")
 

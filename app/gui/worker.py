@@ -250,13 +250,13 @@ class EngineWorker(QObject):
     def _open_session(self) -> None:
         if not self._ready:
             return
-        if self._conversation_id is not None:
-            try:
-                self.session = self._open(self._conversation_id,
-                                          attachments=self.documents.serve(self._conversation_id))
-            except FucinaError as e:
-                self._report(e)
-                return
+        try:
+            attachments = self.documents.serve(self._conversation_id)  # a new chat's: read again for this model
+            if self._conversation_id is not None:
+                self.session = self._open(self._conversation_id, attachments=attachments)
+        except FucinaError as e:
+            self._report(e)
+            return
         self.conversation_ready.emit(self._conversation_id)
         self._emit_status()
 
@@ -274,11 +274,12 @@ class EngineWorker(QObject):
             raise FucinaError("no conversation is open")
         return self.session
 
-    def _session_for_turn(self, turn: threading.Event) -> StoredChat:
-        """The open conversation; a new chat becomes a stored conversation with its first message."""
+    def _session_for_turn(self, turn: threading.Event, text: str | None) -> StoredChat:
+        """The open conversation; a new chat becomes a stored conversation with its first message `text`
+        (which chooses the parts of a long document it is served behind)."""
         if self._ready and self.session is None and self._conversation_id is None:
             self.session = self._open(None, **self._pending_settings,
-                                      attachments=self.documents.new_chat_cartridges())
+                                      attachments=self.documents.new_chat_cartridges(text or ""))
             self._conversation_id, self._pending_settings = self.session.id, {}
             self.documents.record(self.session.id)
             self.conversation_created.emit(self.session.id, turn)
@@ -319,7 +320,7 @@ class EngineWorker(QObject):
 
         try:
             try:
-                session = self._session_for_turn(cancel)
+                session = self._session_for_turn(cancel, text)
                 stream = start(session, progress)  # writes the turn's messages (a StoreError here: nothing was sent)
             except StoreError as e:
                 self._report(e, unsent=text)

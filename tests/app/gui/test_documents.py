@@ -161,9 +161,9 @@ def test_bad_files_fail_their_chip_with_the_reason_and_the_chat_stays_usable(qtb
     (tmp_path / "long.txt").write_text(TEXT)
     bad = {"empty.txt": "zero-byte", "x.bin": "binary file", "torn.txt": "not text in any encoding",
            "locked.pdf": "password-protected PDF", foreign.name: "built for another model",
-           "truncated.safetensors": "damaged", "long.txt": "raise the context length in Settings"}
+           "truncated.safetensors": "damaged", "long.txt": "too small to serve it in parts"}
     w = window()
-    w.apply_settings({**GREEDY, "sampler": {**GREEDY["sampler"], "ctx": 512}})  # too small for long.txt
+    w.apply_settings({**GREEDY, "sampler": {**GREEDY["sampler"], "ctx": 512}})  # too small even for its parts
     drop(w, *[foreign if name == foreign.name else tmp_path / name for name in bad])
     shown = settled(qtbot, w, len(bad))
     assert {c.name: c.state for c in shown} == dict.fromkeys(bad, FAILED)
@@ -209,3 +209,18 @@ def test_the_disk_budget_setting_evicts_the_least_recently_used_cartridges(qtbot
     dialog.accept()
     assert w.preferences.disk_budget == 64 << 20
     w.close()
+
+
+def test_a_document_longer_than_half_the_context_is_read_in_parts_and_the_first_message_chooses_them(
+        qtbot, window, tmp_path):
+    doc = tmp_path / "crates.txt"
+    doc.write_text("".join(f"Paragraph {i}: crate number {i} holds {i * 3} apples.\n\n" for i in range(120)))
+    w = window()
+    drop(w, doc)
+    (chip,) = settled(qtbot, w)
+    assert chip.state == READY and "parts" in chip.reason  # not refused: read as a fleet
+    send(qtbot, w, "How many apples does crate number 7 hold?")
+    parts = w.store.attachments(w.current_id)
+    assert 1 <= len(parts) <= 3 and all("part" in r["name"] for r in parts)
+    qtbot.waitUntil(lambda: [c.name for c in chips(w)] == [r["name"] for r in parts], timeout=TURN_TIMEOUT_MS)
+    assert [m["role"] for m in w.store.active_branch(w.current_id)] == ["user", "assistant"]
