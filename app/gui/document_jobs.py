@@ -60,6 +60,10 @@ class _NewChatDocument:
     attached: Attached | FleetDocument  # a fleet: the first message chooses its parts
 
     @property
+    def name(self) -> str:
+        return self.attached.document.name if isinstance(self.attached, FleetDocument) else self.attached.cartridge.name
+
+    @property
     def rows(self) -> int:
         """Context positions it takes (a fleet: at most its budget)."""
         return self.attached.budget if isinstance(self.attached, FleetDocument) else self.attached.cartridge.rows
@@ -127,15 +131,15 @@ class DocumentAttacher(QObject):
     def new_chat_cartridges(self, question: str) -> list:
         """The cartridges the new chat is served behind, its first message `question` choosing a fleet's
         parts (which then stand for the document: they are recorded, and shown as its chips)."""
+        served = []
         for doc in self._new_chat:
-            if isinstance(doc.attached, FleetDocument):
-                parts = doc.attached.select(question)
-                self.chips = [c for c in self.chips if c.key != doc.key] + [
-                    Chip(f"{doc.key}/{p.chunk}", p.cartridge.name, READY, p.cartridge.rows) for p in parts]
-                doc.attached = parts
-        served = [d for d in self._new_chat if not isinstance(d.attached, list)]
-        for doc in [d for d in self._new_chat if isinstance(d.attached, list)]:
-            served += [_NewChatDocument(f"{doc.key}/{p.chunk}", doc.source, p) for p in doc.attached]
+            if not isinstance(doc.attached, FleetDocument):
+                served.append(doc)
+                continue
+            parts = [_NewChatDocument(f"{doc.key}/{p.chunk}", doc.source, p) for p in doc.attached.select(question)]
+            self.chips = [c for c in self.chips if c.key != doc.key] + [
+                Chip(p.key, p.name, READY, p.rows) for p in parts]
+            served += parts
         self._new_chat = served
         self._show()
         return [d.attached.cartridge for d in self._new_chat]
@@ -165,7 +169,7 @@ class DocumentAttacher(QObject):
             self._cancels[key] = cancel
         try:
             doc = _NewChatDocument(key, path, self._read(path, key, cancel))
-            name = doc.attached.document.name if isinstance(doc.attached, FleetDocument) else doc.attached.cartridge.name
+            name = doc.name
             self._check_fits(doc)
         except CartridgeCancelled:
             self.chips = [c for c in self.chips if c.key != key]
@@ -259,8 +263,7 @@ class DocumentAttacher(QObject):
         total = sum(d.rows for d in self._new_chat) + doc.rows
         context = self._new_chat_context()
         if total >= context:
-            name = doc.attached.document.name if isinstance(doc.attached, FleetDocument) else doc.attached.cartridge.name
-            raise CartridgeRefused(f"{name} takes {doc.rows:,} tokens; with "
+            raise CartridgeRefused(f"{doc.name} takes {doc.rows:,} tokens; with "
                                    f"the chat's other documents that is {total:,} of its {context:,}-token context "
                                    "(raise the context length in Settings, or attach less)")
 

@@ -119,11 +119,13 @@ def _q8_0_values(builder, ptr, sub):
     return builder.xor(v, ir.Constant(_vec(_I8, 32), [128] * 32))
 
 
-def _make_unpack_row(block_bytes, per_block, values):
+def _make_unpack_row(qtype, values):
     """unpack(row, packed, t, lane): every block of the weight row `row` (uint8 [row_bytes]) as unsigned
-    values, into packed[t, :, :, lane, :] (packed [tiles, blocks, 16, TILE_ROWS, 2] int16). A format block holds
-    per_block blocks of 32 (8 for K-quants); values(builder, format_block_ptr, sub) gives block `sub`'s,
-    unsigned bytes or int16."""
+    values, into packed[t, :, :, lane, :] (packed [tiles, blocks, 16, TILE_ROWS, 2] int16), for a weight of
+    GGML type `qtype`, whose format blocks hold one block of 32 or (K-quants) eight;
+    values(builder, format_block_ptr, sub) gives block `sub`'s, unsigned bytes or int16."""
+    block_bytes, block_weights = _LAYOUT[qtype]
+    per_block = block_weights // _BLOCK
 
     @intrinsic
     def unpack(typingctx, row, packed, t, lane):
@@ -152,13 +154,13 @@ def _make_unpack_row(block_bytes, per_block, values):
     return unpack
 
 
-_unpack_q4_0 = _make_unpack_row(18, 1, _block_values(2))
-_unpack_q4_1 = _make_unpack_row(20, 1, _block_values(4))
-_unpack_q5_0 = _make_unpack_row(22, 1, _block_values(6, 2))
-_unpack_q5_1 = _make_unpack_row(24, 1, _block_values(8, 4))
-_unpack_q8_0 = _make_unpack_row(34, 1, _q8_0_values)
-_unpack_q4_k = _make_unpack_row(144, 8, _k_quant_values(16))
-_unpack_q5_k = _make_unpack_row(176, 8, _k_quant_values(48, 16))
+_unpack_q4_0 = _make_unpack_row(qb.Q4_0, _block_values(2))
+_unpack_q4_1 = _make_unpack_row(qb.Q4_1, _block_values(4))
+_unpack_q5_0 = _make_unpack_row(qb.Q5_0, _block_values(6, 2))
+_unpack_q5_1 = _make_unpack_row(qb.Q5_1, _block_values(8, 4))
+_unpack_q8_0 = _make_unpack_row(qb.Q8_0, _q8_0_values)
+_unpack_q4_k = _make_unpack_row(qb.Q4_K, _k_quant_values(16))
+_unpack_q5_k = _make_unpack_row(qb.Q5_K, _k_quant_values(48, 16))
 
 
 def _q6_k_values(builder, ptr, sub):
@@ -185,7 +187,7 @@ def _q6_k_values(builder, ptr, sub):
     return builder.mul(centred, builder.sext(per_weight, _vec(_I16, 32)))
 
 
-_unpack_q6_k = _make_unpack_row(210, 8, _q6_k_values)
+_unpack_q6_k = _make_unpack_row(qb.Q6_K, _q6_k_values)
 
 
 @njit(**KERNEL)

@@ -13,18 +13,24 @@ from numba import cuda, float32, int32
 
 
 @cuda.jit(device=True, inline=True)
-def f16_at(w, r, o):
-    """The IEEE half at bytes w[r, o], w[r, o + 1] (little-endian) as float32."""
-    h = int32(w[r, o]) | (int32(w[r, o + 1]) << 8)
-    e = (h >> 10) & 31
-    m = h & 1023
+def _small_float(h, mantissa_bits, exponent_max, exponent_bias):
+    """A sign-exponent-mantissa float held in the low 16 bits of h (IEEE half: 10, 31, 25; bfloat16: 7,
+    255, 134, the bias counting the mantissa bits) as float32."""
+    e = (h >> mantissa_bits) & exponent_max
+    m = h & ((1 << mantissa_bits) - 1)
     if e == 0:
-        v = math.ldexp(float32(m), -24)
-    elif e == 31:
+        v = math.ldexp(float32(m), 1 - exponent_bias)
+    elif e == exponent_max:
         v = math.inf if m == 0 else math.nan
     else:
-        v = math.ldexp(float32(m + 1024), int(e - 25))
+        v = math.ldexp(float32(m + (1 << mantissa_bits)), int(e - exponent_bias))
     return float32(-v if h & 0x8000 else v)
+
+
+@cuda.jit(device=True, inline=True)
+def f16_at(w, r, o):
+    """The IEEE half at bytes w[r, o], w[r, o + 1] (little-endian) as float32."""
+    return _small_float(int32(w[r, o]) | (int32(w[r, o + 1]) << 8), 10, 31, 25)
 
 
 @cuda.jit(device=True, inline=True)
@@ -39,16 +45,7 @@ def _f16(w, r, c):
 
 @cuda.jit(device=True, inline=True)
 def _bf16(w, r, c):
-    h = int32(w[r, c])
-    e = (h >> 7) & 255
-    m = h & 127
-    if e == 0:
-        v = math.ldexp(float32(m), -133)
-    elif e == 255:
-        v = math.inf if m == 0 else math.nan
-    else:
-        v = math.ldexp(float32(m + 128), int(e - 134))
-    return float32(-v if h & 0x8000 else v)
+    return _small_float(int32(w[r, c]), 7, 255, 134)
 
 
 @cuda.jit(device=True, inline=True)

@@ -26,12 +26,18 @@ def gui_thread_gc(qapp):
 
 
 @pytest.fixture
-def fucina_home(tmp_path, monkeypatch, model_path):
-    """A fresh data directory whose app remembers the default model as the last one used."""
+def gui_model(model_path):
+    """The model file the app opens with (a test module may override it with another model)."""
+    return model_path(MODEL)
+
+
+@pytest.fixture
+def fucina_home(tmp_path, monkeypatch, gui_model):
+    """A fresh data directory whose app remembers `gui_model` as the last model used."""
     from app.gui.main_window import PREFERENCES_FILE
     from app.gui.preferences import Preferences
 
-    model = model_path(MODEL)
+    model = gui_model
     monkeypatch.setenv("FUCINA_HOME", str(tmp_path))
     preferences = Preferences(tmp_path / PREFERENCES_FILE)
     preferences.add_recent_model(str(model))

@@ -25,24 +25,14 @@ def tiny_model(tmp_path_factory):
 
 
 @pytest.fixture
-def window(qtbot, tmp_path, monkeypatch, tiny_model):
+def gui_model(tiny_model):
+    return tiny_model
+
+
+@pytest.fixture
+def window(open_window):
     """Factory: a main window on a fresh data directory, the tiny model loaded."""
-    from app.gui.main_window import PREFERENCES_FILE, MainWindow
-    from app.gui.preferences import Preferences
-
-    monkeypatch.setenv("FUCINA_HOME", str(tmp_path / "home"))
-    preferences = Preferences(tmp_path / "home" / PREFERENCES_FILE)
-    preferences.add_recent_model(str(tiny_model))
-    preferences.sync()
-
-    def open_(conversation_id=None):
-        w = MainWindow(conversation_id)
-        qtbot.addWidget(w)
-        w.show()
-        qtbot.waitUntil(lambda: w.model_path is not None, timeout=TURN_TIMEOUT_MS)
-        return w
-
-    return open_
+    return open_window
 
 
 def drop(window, *paths):
