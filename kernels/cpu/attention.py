@@ -8,6 +8,8 @@ A query at absolute position p sees key j when j <= p and, with a window w > 0,
 p - j < w (llama.cpp's standard sliding window).
 """
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 from numba import njit, prange
 
@@ -62,43 +64,63 @@ def attention_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_keys: int, w
 # more of the masked half (128: 62% of the full square at 512 tokens, 256: 75%) while the GEMMs stay large.
 _QUERY_CHUNK = 128
 _u = np.uint64  # unsigned subscripts: no negative-index fix-up in the way of the loop vectorizer
+# The (chunk, kv head) tasks of a prefill run on this many threads at once, each with one-thread GEMMs:
+# OpenBLAS's own threads would spin on after each call and take the cores the Numba kernels need next.
+# Fewer queries than this stay on the calling thread (a task's hand-over costs about as much as their work).
+_THREADED_MIN_QUERIES = 32
+_pools: dict[int, ThreadPoolExecutor] = {}
 
 
-def attention_prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos0: int, window: int, scale: float) -> np.ndarray:
+def _workers(n: int) -> ThreadPoolExecutor:
+    if n not in _pools:
+        _pools[n] = ThreadPoolExecutor(max_workers=n, thread_name_prefix="attention")
+    return _pools[n]
+
+
+def attention_prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos0: int, window: int, scale: float,
+                      threads: int = 1) -> np.ndarray:
     """Queries q [n, heads, d] at positions q_pos0.. against float32 keys/values [n_keys, kv_heads, d].
 
-    Uses BLAS per head over query chunks, so the score matrix stays at most
-    chunk x n_keys per head.
+    Uses BLAS per kv head over query chunks, so the score matrix stays at most chunk x n_keys per head.
+    The tasks are independent and each computes alike on any thread, so `threads` never changes bits.
     """
     n, n_head, d = q.shape
-    n_keys, kv_heads, _ = k.shape
+    kv_heads = k.shape[1]
     group = n_head // kv_heads
     out = np.empty((n, n_head, d), dtype=np.float32)
-    for c0 in range(0, n, _QUERY_CHUNK):
+
+    def task(c0: int, kvh: int) -> int:
         c1 = min(n, c0 + _QUERY_CHUNK)
         # visible keys of this chunk: those any of its queries can see
         lo = 0 if window <= 0 else max(0, q_pos0 + c0 - window + 1)
         hi = q_pos0 + c1
-        for kvh in range(kv_heads):
-            kt = k[lo:hi, kvh, :]
-            vt = v[lo:hi, kvh, :]
-            heads = slice(kvh * group, (kvh + 1) * group)
-            # all query heads of the group in one GEMM: [(chunk*group), d] @ [d, keys]
-            qg = q[c0:c1, heads, :].reshape(-1, d)
-            s = (qg @ kt.T).reshape(c1 - c0, group, hi - lo)
-            _masked_softmax(s, q_pos0 + c0, lo, window, np.float32(scale))
-            out[c0:c1, heads, :] = (s.reshape(-1, hi - lo) @ vt).reshape(c1 - c0, group, d)
+        kt = k[lo:hi, kvh, :]
+        vt = v[lo:hi, kvh, :]
+        heads = slice(kvh * group, (kvh + 1) * group)
+        # all query heads of the group in one GEMM: [(chunk*group), d] @ [d, keys]
+        qg = q[c0:c1, heads, :].reshape(-1, d)
+        s = (qg @ kt.T).reshape(c1 - c0, group, hi - lo)
+        _masked_softmax(s, q_pos0 + c0, lo, window, np.float32(scale))
+        out[c0:c1, heads, :] = (s.reshape(-1, hi - lo) @ vt).reshape(c1 - c0, group, d)
+        return (c1 - c0) * (hi - lo)
+
+    tasks = [(c0, kvh) for c0 in range(0, n, _QUERY_CHUNK) for kvh in range(kv_heads)]
+    if threads <= 1 or len(tasks) < 2 or n < _THREADED_MIN_QUERIES:
+        for t in tasks:
+            task(*t)
+    else:
+        list(_workers(threads).map(lambda t: task(*t), tasks[::-1]))  # the longest chunks first
     return out
 
 
-@njit(parallel=True, **KERNEL)
+@njit(**KERNEL)
 def _masked_softmax(s, q_pos0, key_pos0, window, scale):
     """In place, s [queries, heads, keys] of queries at q_pos0.. and keys at key_pos0..: the
     softmax of scale * s over each query's visible keys, 0 for the others (one pass per row
-    instead of NumPy's mask, max, exp, sum and divide over the whole block). Rows are split over threads;
-    each row's arithmetic is its own, so the split does not change bits."""
+    instead of NumPy's mask, max, exp, sum and divide over the whole block). On the calling thread: the
+    tasks of attention_prefill run side by side."""
     n, heads, m = s.shape
-    for i in prange(n):
+    for i in range(n):
         p = q_pos0 + i
         j_hi = min(m, p - key_pos0 + 1)
         j_lo = 0 if window <= 0 else min(j_hi, max(0, p - window + 1 - key_pos0))

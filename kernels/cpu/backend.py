@@ -162,7 +162,7 @@ class CpuBackend:
                 n_keys = pos0 + (b - a)
                 keys, values = store.read(layer, 0, n_keys)
                 out[a:b] = attention_prefill(q3[a:b], store.decode(keys), store.decode(values), pos0,
-                                             shape.window, shape.scale)
+                                             shape.window, shape.scale, threads=quant.threads())
         return out.reshape(n, -1)
 
     def take_rows(self, x: np.ndarray, rows: Sequence[int]) -> np.ndarray:

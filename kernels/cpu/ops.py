@@ -1,9 +1,8 @@
 """Elementwise and row-wise transformer ops: RMSNorm, RoPE, activations, softmax.
 
-All operate on float32 and are Numba-compiled with the on-disk cache on. They
-run on the calling thread (only very large norms split over threads): a prefill
-alternates them with OpenBLAS GEMMs, and waking a second pool of threads there
-costs more than these vectorized loops take.
+All operate on float32 and are Numba-compiled with the on-disk cache on. Over a prefill's rows they split
+the rows over the kernel threads (awake anyway: the GEMMs between them are Numba kernels too); each row's
+arithmetic is its own, so the split never changes bits. A few rows stay on the calling thread.
 """
 
 import math
@@ -16,9 +15,8 @@ from kernels.cpu.fast_exp import exp32
 # numpy's error model: a float division then needs no zero check, which would keep LLVM
 # from vectorizing the loops around it; no fast-math, so every compilation sums in the same order
 OPS = dict(cache=True, error_model="numpy")
-# below this many elements a norm runs on the calling thread: a 512 x 640 prefill norm takes
-# ~0.1 ms there, less than waking a second thread that another process may be holding
-_PARALLEL_NORM_ELEMENTS = 1 << 20
+# below this many elements an op runs on the calling thread: waking the other threads costs more
+_PARALLEL_ELEMENTS = 1 << 14
 idx = np.uint64  # unsigned subscripts: no negative-index fix-up in the way of the loop vectorizer
 
 
@@ -52,9 +50,35 @@ def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray | Non
         out = np.empty_like(x2)
     else:
         out = out.reshape(-1, shape[-1])
-    kernel = _rmsnorm_parallel if x2.size >= _PARALLEL_NORM_ELEMENTS else _rmsnorm_serial
+    kernel = _rmsnorm_parallel if x2.size >= _PARALLEL_ELEMENTS else _rmsnorm_serial
     kernel(x2, weight, np.float32(eps), out)
     return out.reshape(shape)
+
+
+@njit(**OPS, inline="always")
+def _rope_row(x, pos, inv, neox):
+    """Rotate the first 2 * inv.size dims of every head of x [heads, head_dim] to position pos."""
+    half = inv.size
+    for i in range(half):
+        theta = pos * inv[i]
+        c = np.float32(math.cos(theta))
+        s = np.float32(math.sin(theta))
+        a_idx = i if neox else 2 * i
+        b_idx = i + half if neox else 2 * i + 1
+        for h in range(x.shape[0]):
+            a = x[h, a_idx]
+            b = x[h, b_idx]
+            x[h, a_idx] = a * c - b * s
+            x[h, b_idx] = a * s + b * c
+
+
+@njit(**OPS, inline="always")
+def _inverse_frequencies(n_rot, base):
+    half = n_rot // 2
+    inv = np.empty(half, dtype=np.float64)
+    for i in range(half):
+        inv[i] = base ** (-2.0 * i / n_rot)
+    return inv
 
 
 @njit(**OPS)
@@ -64,29 +88,22 @@ def rope_inplace(x, positions, n_rot, base, neox):
     neox pairs dim i with i + n_rot/2 (GPT-NeoX / Qwen / Gemma); the normal
     style pairs 2i with 2i+1 (llama, whose GGUF q/k rows are permuted for it).
     """
-    n, heads, _ = x.shape
-    half = n_rot // 2
-    inv = np.empty(half, dtype=np.float64)
-    for i in range(half):
-        inv[i] = base ** (-2.0 * i / n_rot)
-    for t in range(n):
-        pos = positions[t]
-        for i in range(half):
-            theta = pos * inv[i]
-            c = np.float32(math.cos(theta))
-            s = np.float32(math.sin(theta))
-            a_idx = i if neox else 2 * i
-            b_idx = i + half if neox else 2 * i + 1
-            for h in range(heads):
-                a = x[t, h, a_idx]
-                b = x[t, h, b_idx]
-                x[t, h, a_idx] = a * c - b * s
-                x[t, h, b_idx] = a * s + b * c
+    inv = _inverse_frequencies(n_rot, base)
+    for t in range(x.shape[0]):
+        _rope_row(x[t], positions[t], inv, neox)
+
+
+@njit(**OPS, parallel=True)
+def _rope_parallel(x, positions, n_rot, base, neox):
+    inv = _inverse_frequencies(n_rot, base)
+    for t in prange(x.shape[0]):
+        _rope_row(x[t], positions[t], inv, neox)
 
 
 def rope(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float, neox: bool) -> None:
     """Apply rotary position embedding in place to x [n, heads, head_dim]."""
-    rope_inplace(x, positions.astype(np.int64, copy=False), n_rot, float(base), bool(neox))
+    kernel = _rope_parallel if x.size >= _PARALLEL_ELEMENTS else rope_inplace
+    kernel(x, positions.astype(np.int64, copy=False), n_rot, float(base), bool(neox))
 
 
 @njit(**OPS, inline="always")
@@ -121,14 +138,22 @@ def _gated(act, g, u, o):
     gated_range(act, g, u, o, 0, g.size)
 
 
+_GATED_CHUNK = 1 << 14  # elements per task of the parallel split: whole vectors for the loop vectorizer
+
+
+@njit(**OPS, parallel=True)
+def _gated_parallel(act, g, u, o):
+    for c in prange((g.size + _GATED_CHUNK - 1) // _GATED_CHUNK):
+        gated_range(act, g, u, o, c * _GATED_CHUNK, min(g.size, (c + 1) * _GATED_CHUNK))
+
+
 def _apply_gated(act, gate, up, out):
-    """activation(gate) * up elementwise, on the calling thread: vectorized, a 512 x 2048
-    prefill block takes about a millisecond, and waking kernel threads between OpenBLAS
-    calls (whose own threads are still spinning) cost more than that (~10% of a prefill)."""
+    """activation(gate) * up elementwise."""
     if out is None:
         out = np.empty_like(gate)
     g, u = np.ascontiguousarray(gate).reshape(-1), np.ascontiguousarray(up).reshape(-1)
-    _gated(act, g, u, out.reshape(-1))
+    kernel = _gated_parallel if g.size >= _PARALLEL_ELEMENTS else _gated
+    kernel(act, g, u, out.reshape(-1))
     return out
 
 

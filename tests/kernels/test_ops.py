@@ -88,3 +88,37 @@ def test_decode_attention_reads_f16_bits_and_f32(window):
                                ref, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(attention_decode(q, k.astype(np.float32), v.astype(np.float32), n_keys, window, 0.25),
                                ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("window", [0, 100])
+def test_prefill_attention_over_threads_equals_one_thread_bitwise(window):
+    # past a chunk of queries and over two kv heads, so the tasks really split between the threads
+    n, pos0 = 300, 20
+    q = rng.normal(size=(n, 4, 32)).astype(np.float32)
+    k = rng.normal(size=(pos0 + n, 2, 32)).astype(np.float32)
+    v = rng.normal(size=(pos0 + n, 2, 32)).astype(np.float32)
+    one = attention_prefill(q, k, v, pos0, window, 0.2, threads=1)
+    np.testing.assert_array_equal(attention_prefill(q, k, v, pos0, window, 0.2, threads=2), one)
+    np.testing.assert_allclose(one[::37], _attention_reference(q, k, v, pos0, window, 0.2)[::37],
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_row_ops_split_over_threads_compute_as_on_one_thread():
+    # large enough to take the parallel kernels; the fused decode layer runs the serial ones per row
+    x = rng.normal(size=(64, 8, 64)).astype(np.float32)
+    w = rng.normal(size=64).astype(np.float32)
+    serial_norm = np.empty_like(x.reshape(-1, 64))
+    ops._rmsnorm_serial(x.reshape(-1, 64), w, np.float32(1e-6), serial_norm)
+    np.testing.assert_array_equal(ops.rmsnorm(x, w, 1e-6).reshape(-1, 64), serial_norm)
+
+    positions = np.arange(500, 564)
+    rotated, serial = x.copy(), x.copy()
+    ops.rope(rotated, positions, 64, 1e6, True)
+    ops.rope_inplace(serial, positions, 64, 1e6, True)
+    np.testing.assert_array_equal(rotated, serial)
+
+    gate, up = x.reshape(64, -1), x[::-1].reshape(64, -1).copy()
+    for act, fused in ((ops.SILU, ops.silu_mul), (ops.GELU, ops.gelu_mul)):
+        expected = np.empty(gate.size, dtype=np.float32)
+        ops._gated(act, gate.reshape(-1), up.reshape(-1), expected)
+        np.testing.assert_array_equal(fused(gate, up).reshape(-1), expected)
