@@ -6,6 +6,7 @@ arithmetic is its own, so the split never changes bits. A few rows stay on the c
 """
 
 import math
+from functools import lru_cache
 
 import numpy as np
 from numba import njit, prange
@@ -94,16 +95,47 @@ def rope_inplace(x, positions, n_rot, base, neox):
 
 
 @njit(**OPS, parallel=True)
-def _rope_parallel(x, positions, n_rot, base, neox):
+def _angles(positions, n_rot, base):
+    """cos and sin [n, n_rot/2] float32 of each position's angles, as _rope_row computes them."""
     inv = _inverse_frequencies(n_rot, base)
+    cos = np.empty((positions.size, inv.size), np.float32)
+    sin = np.empty((positions.size, inv.size), np.float32)
+    for t in prange(positions.size):
+        for i in range(inv.size):
+            theta = positions[t] * inv[i]
+            cos[t, i] = np.float32(math.cos(theta))
+            sin[t, i] = np.float32(math.sin(theta))
+    return cos, sin
+
+
+@lru_cache(maxsize=8)
+def _angle_table(positions: bytes, n_rot: int, base: float):
+    # a prefill rotates the queries and then the keys of every layer at the same positions: their libm
+    # cos and sin, not the rotation, are the cost, so they are computed once per forward and rope base
+    return _angles(np.frombuffer(positions, np.int64), n_rot, base)
+
+
+@njit(**OPS, parallel=True)
+def _rope_parallel(x, cos, sin, neox):
+    half = cos.shape[1]
     for t in prange(x.shape[0]):
-        _rope_row(x[t], positions[t], inv, neox)
+        for i in range(half):
+            a_idx = i if neox else 2 * i
+            b_idx = i + half if neox else 2 * i + 1
+            for h in range(x.shape[1]):
+                a = x[t, h, a_idx]
+                b = x[t, h, b_idx]
+                x[t, h, a_idx] = a * cos[t, i] - b * sin[t, i]
+                x[t, h, b_idx] = a * sin[t, i] + b * cos[t, i]
 
 
 def rope(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float, neox: bool) -> None:
     """Apply rotary position embedding in place to x [n, heads, head_dim]."""
-    kernel = _rope_parallel if x.size >= _PARALLEL_ELEMENTS else rope_inplace
-    kernel(x, positions.astype(np.int64, copy=False), n_rot, float(base), bool(neox))
+    positions = positions.astype(np.int64, copy=False)
+    if x.size < _PARALLEL_ELEMENTS:
+        rope_inplace(x, positions, n_rot, float(base), bool(neox))
+    else:
+        _rope_parallel(x, *_angle_table(positions.tobytes(), n_rot, float(base)), bool(neox))
 
 
 @njit(**OPS, inline="always")
