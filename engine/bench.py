@@ -1,7 +1,7 @@
 """Speed measurements: prefill and decode throughput, time to first token, load time, peak RSS.
 
 Two peers, each run on the same GGUF and thread count, alternating runs with ours so both see the
-same machine state:
+same machine state, and each side warming up before each of its timed runs (llama-bench's default):
 - `llama-bench` (the default): llama.cpp's own benchmark, a native build run as a separate process,
   one repetition per turn (`-p N -n 0` for prefill, `-p 0 -n M -d N` for decode after an N-token
   prompt: the same workload as ours);
@@ -53,8 +53,14 @@ def _timed_generation(prefill: Callable[[list[int]], np.ndarray], step: Callable
     return Run(len(prompt) / (t1 - t0), (gen_tokens - 1) / (t2 - t1), t1 - t0)
 
 
-def run_fucina(model: Transformer, prompt: list[int], gen_tokens: int) -> Run:
+def run_fucina(model: Transformer, prompt: list[int], gen_tokens: int, warm_up: bool = False) -> Run:
+    """One timed prefill of `prompt` and decode of `gen_tokens`; with `warm_up`, after an untimed prefill of
+    the same prompt, as llama-bench warms up before each of its runs (the peer's run in between leaves our
+    threads and caches cold)."""
     cache = model.new_cache(len(prompt) + gen_tokens)
+    if warm_up:
+        model.forward(prompt, cache)
+        cache.truncate(0)
     return _timed_generation(lambda ids: model.forward(ids, cache), lambda t: model.forward([t], cache),
                              prompt, gen_tokens)
 
@@ -133,7 +139,7 @@ def benchmark(path: str, threads: int, prompt_tokens: int, gen_tokens: int, runs
     theirs: list[Run] = []
     llama = None
     for i in range(runs):
-        ours.append(run_fucina(model, prompt, gen_tokens))
+        ours.append(run_fucina(model, prompt, gen_tokens, warm_up=True))
         log(f"run {i + 1}/{runs} fucina: prefill {ours[-1].prefill_tps:.1f} tok/s, decode {ours[-1].decode_tps:.1f} tok/s")
         if i == 0:
             result["peak_rss_mb"] = peak_rss_mb()  # before the peer adds its own memory
