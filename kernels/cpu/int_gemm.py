@@ -234,22 +234,15 @@ def _unpack_row(qtype, row, packed, t, lane):
         _unpack_q5_k(row, packed, t, lane)
 
 
-@njit(parallel=True, **KERNEL)
-def _repack(qtype, w, blocks):
-    """w [rows, row_bytes] (rows a multiple of TILE_ROWS, `blocks` blocks of 32 weights per row) -> packed
-    [tiles, blocks, 16, TILE_ROWS, 2] int16 (the two values of column pair g of block b of each tile row side
-    by side), s and o [tiles, blocks, TILE_ROWS] float32."""
-    tiles = w.shape[0] // TILE_ROWS
-    packed = np.empty((tiles, blocks, _GROUPS, TILE_ROWS, 2), np.int16)
-    s = np.empty((tiles, blocks, TILE_ROWS), np.float32)
-    o = np.empty((tiles, blocks, TILE_ROWS), np.float32)
-    for t in prange(tiles):
-        for lane in range(TILE_ROWS):
-            row = w[t * TILE_ROWS + lane]
-            _unpack_row(qtype, row, packed, t, lane)
-            for b in range(blocks):
-                s[t, b, lane], o[t, b, lane] = _scale_offset(qtype, row, b)
-    return packed, s, o
+@njit(**KERNEL)
+def _repack_tile(qtype, w, t, packed, s, o):
+    """Weight rows t*TILE_ROWS.. of w [rows, row_bytes] -> packed [1, blocks, 16, TILE_ROWS, 2] int16 (the two
+    values of column pair g of block b of each tile row side by side), s and o [1, blocks, TILE_ROWS]."""
+    for lane in range(TILE_ROWS):
+        row = w[t * TILE_ROWS + lane]
+        _unpack_row(qtype, row, packed, 0, lane)
+        for b in range(packed.shape[1]):
+            s[0, b, lane], o[0, b, lane] = _scale_offset(qtype, row, b)
 
 
 # --- the micro-kernel: one tile of weight rows times up to four input rows, in LLVM IR -----------------
@@ -270,12 +263,12 @@ def _fma(builder, a, b, c):
 
 
 def _make_tile_kernel(n_rows):
-    """tile(packed, s, o, t, xq, xd, xs, r0, out): out[r0 + i, t*TILE_ROWS : (t+1)*TILE_ROWS] for i < n_rows:
-    the products of weight tile t with input rows r0 + i (xq [m, cols] int16, xd and xs = xd * sum(xq)
-    [m, blocks] float32)."""
+    """tile(packed, s, o, t, xq, xd, xs, r0, out, col_tile): out[r0 + i, col_tile*TILE_ROWS :
+    (col_tile+1)*TILE_ROWS] for i < n_rows: the products of packed weight tile t with input rows r0 + i
+    (xq [m, cols] int16, xd and xs = xd * sum(xq) [m, blocks] float32)."""
 
     @intrinsic
-    def tile(typingctx, packed, s, o, t, xq, xd, xs, r0, out):
+    def tile(typingctx, packed, s, o, t, xq, xd, xs, r0, out, col_tile):
         def codegen(context, builder, sig, args):
             arrays = [context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 1, 2, 4, 5, 6, 8)]
             packed_a, s_a, o_a, xq_a, xd_a, xs_a, out_a = arrays
@@ -324,14 +317,14 @@ def _make_tile_kernel(n_rows):
                         acc = _fma(builder, scaled, xd_b, builder.load(accs[i][v]))
                         builder.store(_fma(builder, neg_o, xs_b, acc), accs[i][v])
 
-            col0 = builder.mul(t_v, c64(TILE_ROWS))
+            col0 = builder.mul(args[9], c64(TILE_ROWS))
             for i, r in enumerate(rows):
                 for v in range(VECTORS):
                     dst = builder.gep(out_a.data, [builder.add(builder.mul(r, out_cols), builder.add(col0, c64(v * LANES)))])
                     builder.store(builder.load(accs[i][v]), builder.bitcast(dst, fvec.as_pointer()), align=4)
             return context.get_dummy_value()
 
-        return types.none(packed, s, o, t, xq, xd, xs, r0, out), codegen
+        return types.none(packed, s, o, t, xq, xd, xs, r0, out, col_tile), codegen
 
     return tile
 
@@ -367,25 +360,34 @@ def _input_blocks(X, limit):
 
 
 @njit(parallel=True, **KERNEL)
-def _gemm(packed, s, o, xq, xd, xs, out):
-    tiles, m = packed.shape[0], xq.shape[0]
-    for t in prange(tiles):
-        r0 = 0
-        while r0 + 4 <= m:
-            _tile_4(packed, s, o, t, xq, xd, xs, r0, out)
-            r0 += 4
-        left = m - r0
-        if left == 3:
-            _tile_3(packed, s, o, t, xq, xd, xs, r0, out)
-        elif left == 2:
-            _tile_2(packed, s, o, t, xq, xd, xs, r0, out)
-        elif left == 1:
-            _tile_1(packed, s, o, t, xq, xd, xs, r0, out)
+def _gemm(qtype, w, blocks, xq, xd, xs, out, chunks):
+    """out = the products of w's rows with the input rows, the weight tiles split into `chunks` runs. Each
+    run repacks one tile at a time into its own buffer, which stays in L2 while every input row passes
+    over it (a whole repacked weight would go out to memory and back, and take page faults to allocate)."""
+    tiles, m = w.shape[0] // TILE_ROWS, xq.shape[0]
+    for c in prange(chunks):
+        packed = np.empty((1, blocks, _GROUPS, TILE_ROWS, 2), np.int16)
+        s = np.empty((1, blocks, TILE_ROWS), np.float32)
+        o = np.empty((1, blocks, TILE_ROWS), np.float32)
+        for t in range(c * tiles // chunks, (c + 1) * tiles // chunks):
+            _repack_tile(qtype, w, t, packed, s, o)
+            r0 = 0
+            while r0 + 4 <= m:
+                _tile_4(packed, s, o, 0, xq, xd, xs, r0, out, t)
+                r0 += 4
+            left = m - r0
+            if left == 3:
+                _tile_3(packed, s, o, 0, xq, xd, xs, r0, out, t)
+            elif left == 2:
+                _tile_2(packed, s, o, 0, xq, xd, xs, r0, out, t)
+            elif left == 1:
+                _tile_1(packed, s, o, 0, xq, xd, xs, r0, out, t)
 
 
-def matmul_into(qtype: int, w: np.ndarray, X: np.ndarray, Y: np.ndarray) -> None:
-    """Y [m, rows] = X [m, cols] @ W.T for a weight `supports` accepts (X float32, C-contiguous)."""
+def matmul_into(qtype: int, w: np.ndarray, X: np.ndarray, Y: np.ndarray, threads: int) -> None:
+    """Y [m, rows] = X [m, cols] @ W.T for a weight `supports` accepts (X float32, C-contiguous), over
+    `threads` threads."""
     block_bytes, block_weights = _LAYOUT[qtype]
-    packed, s, o = _repack(qtype, w, w.shape[1] // block_bytes * (block_weights // _BLOCK))
     xq, xd, xs = _input_blocks(X, _INPUT_LIMIT[qtype])
-    _gemm(packed, s, o, xq, xd, xs, Y)
+    _gemm(qtype, w, w.shape[1] // block_bytes * (block_weights // _BLOCK), xq, xd, xs, Y,
+          min(threads, w.shape[0] // TILE_ROWS))

@@ -176,8 +176,7 @@ def matmul(qtype: int, w: np.ndarray, X: np.ndarray) -> np.ndarray:
     if has_native_kernel(qtype) and n <= _MATVEC_MAX_ROWS:
         _rows_into(qtype, (w,), X, Y)
     elif int_gemm.supports(qtype, rows):
-        threads()
-        int_gemm.matmul_into(qtype, w, X, Y)
+        int_gemm.matmul_into(qtype, w, X, Y, threads())
     elif n:
         with blas_core.threads(threads()):  # the product is OpenBLAS's alone: it may have every thread
             for r0, r1, tile in _dequantized_tiles(qtype, w, cols):

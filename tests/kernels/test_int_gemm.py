@@ -19,9 +19,9 @@ def _quantized(qtype, X):
     return xq * np.repeat(xd, 32, axis=1).astype(np.float64)
 
 
-def _gemm(qtype, w, X):
+def _gemm(qtype, w, X, threads=2):
     Y = np.full((X.shape[0], w.shape[0]), np.nan, np.float32)
-    int_gemm.matmul_into(int(qtype), w, X, Y)
+    int_gemm.matmul_into(int(qtype), w, X, Y, threads)
     return Y
 
 
@@ -45,12 +45,8 @@ def test_a_row_gets_the_same_bits_whatever_the_batch(qtype):
     together = _gemm(qtype, w, X)
     for n in (1, 2, 3, 5):
         np.testing.assert_array_equal(_gemm(qtype, w, X[:n]), together[:n])
-    before = quant.threads()
-    quant.set_num_threads(1)
-    try:
-        np.testing.assert_array_equal(_gemm(qtype, w, X), together)
-    finally:
-        quant.set_num_threads(before)
+    for threads in (1, 3):
+        np.testing.assert_array_equal(_gemm(qtype, w, X, threads), together)
 
 
 def test_prefill_uses_it_past_the_row_wise_kernels():
