@@ -96,8 +96,24 @@ class ChatView(QScrollArea):
         for i, widget in enumerate(cards):
             self._column.insertWidget(at + i, widget)
         self.widgets[at:at] = cards
+        self._keep_tab_order(at, len(cards))
         self._first, self._last = min(self._first, start), max(self._last, end)
         self._sync_thinking()
+
+    def _keep_tab_order(self, at: int, count: int) -> None:
+        """New cards join the end of the window's focus chain: put widgets[at:at + count] where they are
+        shown, so Tab walks the cards and their buttons in the chat's order."""
+        if count == 0 or len(self.widgets) == count:  # a fresh window: built in order
+            return
+        if at > 0:
+            previous = self.widgets[at - 1].tab_stops()[-1]
+        else:
+            previous = self.widgets[count].previousInFocusChain()  # what Tab reached before the old top card
+            while not previous.focusPolicy() & Qt.FocusPolicy.TabFocus:
+                previous = previous.previousInFocusChain()
+        stops = [stop for card in self.widgets[at:at + count] for stop in card.tab_stops()]
+        for first, second in zip([previous, *stops], stops):
+            QWidget.setTabOrder(first, second)  # one at a time: Qt moves a compound widget without its children
 
     def _drop(self, at: int, count: int) -> None:
         """Drop the cards widgets[at:at + count]."""
@@ -133,6 +149,7 @@ class ChatView(QScrollArea):
         if self._anchor is not None and self._anchor[0] is self.widgets[i]:
             self._anchor = None
         self.widgets[i] = replacement
+        self._keep_tab_order(i, 1)
 
     def _mark_last_message(self) -> None:
         """Only the last message offers a new reply (Regenerate, or Answer on a user message left without
@@ -305,3 +322,4 @@ class ChatView(QScrollArea):
                 self._load_older()
             else:
                 self._load_newer()
+

@@ -101,6 +101,10 @@ class MessageWidget(QWidget):
         else:
             self.body.setText(text)
 
+    def tab_stops(self) -> list[QWidget]:
+        """What Tab stops at in the card, in the order shown: the card, its buttons (a code block's Copy too)."""
+        return [w for w in (self.card, *self.card.findChildren(QWidget)) if w.focusPolicy() & Qt.FocusPolicy.TabFocus]
+
     def set_found(self, found: bool) -> None:
         """Outline the card in the accent colour: the message a search led to."""
         self.card.setProperty("found", found)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 from PySide6.QtCore import QEvent, QPoint, Qt
-from PySide6.QtWidgets import QAbstractSlider, QApplication
+from PySide6.QtWidgets import QAbstractSlider, QApplication, QLineEdit, QVBoxLayout, QWidget
 
 from app.gui.chat_view import MAX_CARDS, RENDER_BATCH, ChatView
 from app.gui.conversation_list import MESSAGE_ROLE as HIT_MESSAGE_ROLE
@@ -112,6 +112,42 @@ def test_the_view_updates_the_streaming_card_in_place(qtbot, model):
     assert [w.message_id for w in view.widgets] == ["a0", "a1", "a2", "a3"]
     assert view.widgets[0].actions_["delete"].isEnabled()
     assert [("regenerate" in w.actions_) for w in view.widgets] == [False, False, False, True]
+
+
+def tab_stops(start: QWidget) -> list[str]:
+    """Where Tab goes from `start` round to it again: each card's row and the stop's accessible name."""
+    stops, current = [], start.nextInFocusChain()
+    while current is not start:
+        card = current
+        while card is not None and not isinstance(card, MessageWidget):
+            card = card.parentWidget()
+        if current.focusPolicy() & Qt.FocusPolicy.TabFocus and current.isEnabled():
+            stops.append(f"{card.message_id if card else '-'} {current.accessibleName()}")
+        current = current.nextInFocusChain()
+    return stops
+
+
+def test_tab_walks_the_cards_in_the_chat_s_order_as_cards_are_built_and_rebuilt(qtbot, model):
+    page = QWidget()
+    column = QVBoxLayout(page)
+    before, after = QLineEdit(accessibleName="before"), QLineEdit(accessibleName="after")
+    model.show_branch(branch("a", 3 * RENDER_BATCH))
+    view = ChatView(model)
+    for widget in (before, view, after):
+        column.addWidget(widget)
+    qtbot.addWidget(page)
+    page.show()
+    bar = view.verticalScrollBar()
+    qtbot.waitUntil(lambda: bar.maximum() > 0)
+    bar.triggerAction(QAbstractSlider.SliderAction.SliderToMinimum)  # older cards, built after the others
+    model.show_branch(branch("a", 3 * RENDER_BATCH - 1))  # the last reply deleted: the card before it rebuilt
+    QApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+    shown = range(RENDER_BATCH, 3 * RENDER_BATCH - 1)
+    expected = [stop for i in shown for stop in
+                ([f"a{i} You message", f"a{i} Copy message", f"a{i} Edit message", f"a{i} Delete message"]
+                 if i % 2 == 0 else [f"a{i} Assistant message", f"a{i} Copy message", f"a{i} Delete message"])]
+    expected.insert(-2, f"a{shown[-1]} Answer message")  # the last message, a user's, offers an answer
+    assert tab_stops(before) == ["- Conversation", *expected, "- after"]
 
 
 def long_conversation(store: HistoryStore, count: int) -> str:
