@@ -3,12 +3,13 @@ card (app.gui.message_widget).
 
 Cards are real widgets (selectable text, Markdown, hover and Tab-reachable actions, in-place editing), so
 they are built only for a window of rows near the view: a conversation opens with its newest RENDER_BATCH
-messages; reaching the top builds the next older batch, keeping the message under the reader's eyes still,
-and a jump to a message far away (a search hit) builds a batch around it, with newer batches built as the
-reader scrolls down. The view follows the model's signals: a reset rebuilds the window, inserted and
-removed rows add and drop the cards they concern, a row's streamed text updates its one card. While a
-reply streams the view follows the bottom only if the reader is already there, so reading further up
-never jumps.
+messages; reaching the top builds the next older batch, a jump to a message far away (a search hit) builds
+a batch around it, and reaching the bottom of a window up in the history builds the next newer batch. At
+most MAX_CARDS exist: building a batch past that drops one at the far end. Through each of these the card
+under the reader's eyes stays where it is. The view follows the model's signals: a reset rebuilds the
+window, inserted and removed rows add and drop the cards they concern, a row's streamed text updates its
+one card. While a reply streams the view follows the bottom only if the reader is already there, so
+reading further up never jumps.
 """
 
 from __future__ import annotations
