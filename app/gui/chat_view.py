@@ -1,24 +1,31 @@
-"""The scrolling list of messages in the active branch.
+"""The scrolling chat: a view over the MessageModel (app.gui.message_model) that shows each row as a message
+card (app.gui.message_widget).
 
-Long conversations stay fast by building widgets only for the newest messages (RENDER_BATCH at a time);
-scrolling to the top builds the next older batch, keeping the message under the reader's eyes still.
-While a reply streams the view follows the bottom only if the reader is already there, so reading
-further up never jumps.
+Cards are real widgets (selectable text, Markdown, hover and Tab-reachable actions, in-place editing), so
+they are built only for a window of rows near the view: a conversation opens with its newest RENDER_BATCH
+messages; reaching the top builds the next older batch, a jump to a message far away (a search hit) builds
+a batch around it, and reaching the bottom of a window up in the history builds the next newer batch. At
+most MAX_CARDS exist: building a batch past that drops one at the far end. Through each of these the card
+under the reader's eyes stays where it is. The view follows the model's signals: a reset rebuilds the
+window, inserted and removed rows add and drop the cards they concern, a row's streamed text updates its
+one card. While a reply streams the view follows the bottom only if the reader is already there, so
+reading further up never jumps.
 """
 
 from __future__ import annotations
 
-from typing import Callable
-
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, QModelIndex, QObject, QPoint, Qt, QTimer, Signal
 from PySide6.QtWidgets import QAbstractSlider, QHBoxLayout, QScrollArea, QVBoxLayout, QWidget
 from shiboken6 import isValid
 
+from app.gui.message_model import (CONTENT_ROLE, MESSAGE_ROLE, SIBLINGS_ROLE, STREAMING_ROLE, TEXT_ROLES,
+                                   MessageModel)
 from app.gui.message_widget import MessageWidget
 from app.gui.theme import SPACE_L, SPACE_XL, centred
 from app.gui.thinking_indicator import ThinkingIndicator
 
 RENDER_BATCH = 40
+MAX_CARDS = 3 * RENDER_BATCH  # beyond this, building a batch drops one at the window's far end
 FOLLOW_SLACK_PX = 24
 FOUND_HIGHLIGHT_MS = 3000  # how long a message found by search stays highlighted
 
@@ -28,11 +35,10 @@ class ChatView(QScrollArea):
     edit_requested = Signal(str, str)
     delete_requested = Signal(str)
     switch_requested = Signal(str)
-    shown_changed = Signal()  # messages appeared or went: the window shows the welcome screen when none
 
-    def __init__(self, siblings_of: Callable[[str], list[str]]):
+    def __init__(self, model: MessageModel):
         super().__init__()
-        self._siblings_of = siblings_of
+        self.model = model
         self.setWidgetResizable(True)
         self.setAccessibleName("Conversation")
         container = QWidget()
@@ -49,143 +55,182 @@ class ChatView(QScrollArea):
         self._column.setSpacing(SPACE_L)
         self._column.addStretch()
         self.setWidget(container)
-        self.messages: list[dict] = []
-        self.widgets: list[MessageWidget] = []   # for messages[self._first:], then any pending ones
-        # The one record of a reply in progress (the window reads it): the widget it streams into, the
-        # thinking mark shown in it until its first text, and whether one streams (branch-changing actions
-        # wait meanwhile).
-        self.streaming: MessageWidget | None = None
-        self.thinking: ThinkingIndicator | None = None
-        self.busy = False
-        self._first = 0
+        self.widgets: list[MessageWidget] = []   # the cards of rows [self._first, self._last)
+        self._first = self._last = 0
+        self.thinking: ThinkingIndicator | None = None  # shown in an empty reply being written
         self._follow = True
-        self._anchor: int | None = None  # distance from the bottom to keep while older messages load
+        # A card to hold at its place in the view (and that place) while cards are built or dropped around it
+        self._anchor: tuple[MessageWidget, int] | None = None
         self._target: MessageWidget | None = None  # a message to keep in view while the layout settles
         bar = self.verticalScrollBar()
         bar.valueChanged.connect(self._scrolled)
         bar.rangeChanged.connect(self._range_changed)
         bar.actionTriggered.connect(self._user_scrolled)
+        model.modelReset.connect(self.rebuild)
+        model.rowsInserted.connect(self._rows_inserted)
+        model.rowsRemoved.connect(self._rows_removed)
+        model.dataChanged.connect(self._data_changed)
+        model.streaming_changed.connect(self._streaming_changed)
+        self.rebuild()
 
-    # -- showing a branch ----------------------------------------------------------------------------
-    def show_messages(self, messages: list[dict]) -> None:
-        """Show `messages` (root to leaf), keeping the widgets of the unchanged leading messages."""
-        keep = 0
-        for old, new in zip(self.messages[self._first:], messages[self._first:]):
-            if (old["id"], old["content"]) != (new["id"], new["content"]):
-                break
-            keep += 1
-        continuing = (bool(self.messages) and bool(messages) and messages[0]["id"] == self.messages[0]["id"]
-                      and self._first < len(messages))  # the same conversation, changed at its end
-        if not continuing:
-            keep, self._first = 0, max(0, len(messages) - RENDER_BATCH)
-        self._truncate(keep)
-        self.messages = list(messages)
-        for message in messages[self._first + keep:]:
-            self._append(message)
-        self._mark_last_message()
-        self.shown_changed.emit()
+    def widget_of(self, message_id: str) -> MessageWidget | None:
+        """The card of a message, if it is built."""
+        return next((w for w in self.widgets if w.message_id == message_id), None)
 
-    def clear(self) -> None:
-        self._follow, self._target = True, None
-        self._first = 0
-        self._truncate(0)
-        self.messages = []
-        self.shown_changed.emit()
+    # -- the window of built cards -------------------------------------------------------------------
+    def rebuild(self) -> None:
+        """Cards for the newest rows, built afresh (another conversation, or another theme), at the bottom."""
+        count = self.model.rowCount()
+        self._show_window(max(0, count - RENDER_BATCH), count)
+        self._follow = True
 
-    def _make(self, message: dict, is_last: bool = False) -> MessageWidget:
-        siblings = self._siblings_of(message["id"]) if message["id"] else []
-        widget = MessageWidget(message, siblings, is_last=is_last)
-        widget.set_branch_actions_enabled(not self.busy)
+    def _show_window(self, first: int, last: int) -> None:
+        self._anchor = self._target = None
+        self._drop(0, len(self.widgets))
+        self._first = self._last = first
+        self._build(first, last)
+
+    def _build(self, start: int, end: int) -> None:
+        """Cards for rows [start, end), which adjoin the window (before its first row or after its last)."""
+        at = 0 if end == self._first and self._first != self._last else len(self.widgets)
+        cards = [self._make(row) for row in range(start, end)]
+        for i, widget in enumerate(cards):
+            self._column.insertWidget(at + i, widget)
+        self.widgets[at:at] = cards
+        self._keep_tab_order(at, len(cards))
+        self._first, self._last = min(self._first, start), max(self._last, end)
+        self._sync_thinking()
+
+    def _keep_tab_order(self, at: int, count: int) -> None:
+        """New cards join the end of the window's focus chain: put widgets[at:at + count] where they are
+        shown, so Tab walks the cards and their buttons in the chat's order."""
+        if count == 0 or len(self.widgets) == count:  # a fresh window: built in order
+            return
+        if at > 0:
+            previous = self.widgets[at - 1].tab_stops()[-1]
+        else:
+            previous = self.widgets[count].previousInFocusChain()  # what Tab reached before the old top card
+            while not previous.focusPolicy() & Qt.FocusPolicy.TabFocus:
+                previous = previous.previousInFocusChain()
+        stops = [stop for card in self.widgets[at:at + count] for stop in card.tab_stops()]
+        for first, second in zip([previous, *stops], stops):
+            QWidget.setTabOrder(first, second)  # one at a time: Qt moves a compound widget without its children
+
+    def _drop(self, at: int, count: int) -> None:
+        """Drop the cards widgets[at:at + count]."""
+        gone = self.widgets[at:at + count]
+        if self._target in gone:
+            self._target = None
+        if self._anchor is not None and self._anchor[0] in gone:
+            self._anchor = None
+        for widget in gone:
+            self._column.removeWidget(widget)
+            widget.deleteLater()
+        del self.widgets[at:at + count]
+
+    def _make(self, row: int) -> MessageWidget:
+        index = self.model.index(row)
+        message = index.data(MESSAGE_ROLE)
+        is_last = row == self.model.rowCount() - 1 and message["id"] is not None
+        widget = MessageWidget(message, index.data(SIBLINGS_ROLE), is_last=is_last)
+        widget.set_branch_actions_enabled(not self.model.streaming)
         widget.regenerate_requested.connect(self.regenerate_requested)
         widget.edit_requested.connect(self.edit_requested)
         widget.delete_requested.connect(self.delete_requested)
         widget.switch_requested.connect(self.switch_requested)
         return widget
 
-    def _append(self, message: dict) -> MessageWidget:
-        widget = self._make(message)
-        self.widgets.append(widget)
-        self._column.insertWidget(self._column.count() - 1, widget)  # above the trailing stretch
-        return widget
-
-    def _truncate(self, count: int) -> None:
-        if self._target in self.widgets[count:]:
-            self._target = None
-        for widget in self.widgets[count:]:
-            self._column.removeWidget(widget)
-            widget.deleteLater()
-        del self.widgets[count:]
+    def _remake(self, row: int) -> None:
+        i = row - self._first
+        replacement = self._make(row)
+        self._column.replaceWidget(self.widgets[i], replacement)
+        self.widgets[i].deleteLater()
+        if self._target is self.widgets[i]:
+            self._target = replacement
+        if self._anchor is not None and self._anchor[0] is self.widgets[i]:
+            self._anchor = None
+        self.widgets[i] = replacement
+        self._keep_tab_order(i, 1)
 
     def _mark_last_message(self) -> None:
         """Only the last message offers a new reply (Regenerate, or Answer on a user message left without
-        one by a stopped reply); rebuild the one or two widgets whose place in that changed."""
-        last = len(self.messages) - 1
+        one by a stopped reply); rebuild the one or two cards whose place in that changed."""
+        last = self.model.rowCount() - 1
         for i, widget in enumerate(self.widgets):
             want = i + self._first == last and widget.message_id is not None
             if want != ("regenerate" in widget.actions_):
-                replacement = self._make(widget.message, is_last=want)
-                self._column.replaceWidget(widget, replacement)
-                widget.deleteLater()
-                self.widgets[i] = replacement
+                self._remake(i + self._first)
 
-    # -- a reply in progress ---------------------------------------------------------------------
-    def _set_busy(self, busy: bool) -> None:
-        self.busy = busy
-        if not busy:
-            self._stop_thinking()  # a turn that ended without text
+    # -- the model's signals -----------------------------------------------------------------------
+    def _rows_inserted(self, _parent: QModelIndex, start: int, end: int) -> None:
+        count = end - start + 1
+        if start < self._first or (start == self._first and self._first < self._last):
+            self._first, self._last = self._first + count, self._last + count  # above the window: not built
+        elif start <= self._last:  # in the window or right after it: the window ends with (a batch of) them
+            self._drop(start - self._first, self._last - start)  # cards below them (none when appended)
+            self._last = start
+            self._build(start, min(end + 1, start + RENDER_BATCH))
+        self._mark_last_message()
+
+    def _rows_removed(self, _parent: QModelIndex, start: int, end: int) -> None:
+        shown_from, shown_to = max(start, self._first), min(end + 1, self._last)
+        if shown_from < shown_to:
+            self._drop(shown_from - self._first, shown_to - shown_from)
+        before = max(0, min(end + 1, self._first) - start)  # removed rows above the window
+        self._first -= before
+        self._last = self._first + len(self.widgets)
+        if not self.widgets and self.model.rowCount():  # the window went: the rows up to where it was
+            self._first = self._last = min(start, self.model.rowCount())
+            self._build(max(0, self._first - RENDER_BATCH), self._first)
+        self._mark_last_message()
+        self._sync_thinking()
+
+    def _data_changed(self, top: QModelIndex, bottom: QModelIndex, roles: list[int]) -> None:
+        for row in range(max(top.row(), self._first), min(bottom.row() + 1, self._last)):
+            if roles and set(roles) <= set(TEXT_ROLES):  # streamed text: the card follows it in place
+                self.widgets[row - self._first].set_content(self.model.index(row).data(CONTENT_ROLE))
+            elif roles != [STREAMING_ROLE]:  # stored anew (a finished or stopped reply): a card of its new state
+                self._remake(row)
+        self._sync_thinking()
+
+    def _streaming_changed(self, streaming: bool) -> None:
         for widget in self.widgets:
-            widget.set_branch_actions_enabled(not busy)
+            widget.set_branch_actions_enabled(not streaming)
+        if streaming:
+            self.scroll_to_bottom()
+        self._sync_thinking()
 
-    def begin_reply(self, keep: int, user_text: str | None = None, response_format: str | None = None) -> None:
-        """Show a reply being written after the first `keep` messages, below a new user message if given;
-        `response_format` is the kind of format the reply follows (None: free text)."""
-        self._set_busy(True)
-        keep = max(keep, self._first)
-        self._truncate(keep - self._first)
-        self.messages = self.messages[:keep]
-        if user_text is not None:
-            self._append({"id": None, "role": "user", "content": user_text})
-        self.streaming = self._append({"id": None, "role": "assistant", "content": "",
-                                       "meta": {"response_format": response_format}})
-        self._stop_thinking()
-        self.thinking = ThinkingIndicator(self.streaming)
-        self.streaming.layout().addWidget(self.thinking)
-        self.scroll_to_bottom()
-        self.shown_changed.emit()
-
-    def end_reply(self) -> None:
-        """The reply ended (or was abandoned); the store's version replaces it when the window refreshes."""
-        self.streaming = None
-        self._set_busy(False)
-
-    def append_reply(self, text: str) -> None:
-        self._anchor = None  # from here on the page grows below the view, which then stays put
-        if text:
-            self._stop_thinking()
-        self.streaming.set_content(self.streaming.content + text)
-
-    def _stop_thinking(self) -> None:
-        if self.thinking is not None and isValid(self.thinking):  # not gone with a reply widget cleared away
+    def _sync_thinking(self) -> None:
+        """The thinking mark sits in the card of the reply being written until its first text."""
+        row, card = self.model.reply_row, None
+        if row is not None and self._first <= row < self._last and not self.model.index(row).data(CONTENT_ROLE):
+            card = self.widgets[row - self._first]
+        if self.thinking is not None and isValid(self.thinking) and self.thinking.parent() is card:
+            return
+        if self.thinking is not None and isValid(self.thinking):  # not gone with a card dropped
             self.thinking.hide()
             self.thinking.deleteLater()
         self.thinking = None
-
-    def last_reply_text(self) -> str | None:
-        replies = [w for w in self.widgets if w.role == "assistant"]
-        return replies[-1].content if replies else None
+        if card is not None:
+            self.thinking = ThinkingIndicator(card)
+            card.layout().addWidget(self.thinking)
 
     # -- scrolling ---------------------------------------------------------------------------------
     def scroll_to_bottom(self) -> None:
+        count = self.model.rowCount()
+        if not self._shows_the_end():  # the window is up in the history: the newest rows instead
+            self._show_window(max(0, count - RENDER_BATCH), count)
         self._follow, self._anchor, self._target = True, None, None
         self.verticalScrollBar().setValue(self.verticalScrollBar().maximum())
 
     def scroll_to_message(self, message_id: str) -> MessageWidget | None:
-        index = next((i for i, m in enumerate(self.messages) if m["id"] == message_id), None)
-        if index is None:
+        row = self.model.row_of(message_id)
+        if row is None:
             return None
-        while index < self._first:
-            self._load_older()
-        widget = self.widgets[index - self._first]
+        if not self._first <= row < self._last:  # a batch around it, newer ones built as the reader scrolls
+            first = max(0, row - RENDER_BATCH // 2)
+            self._show_window(first, min(self.model.rowCount(), first + RENDER_BATCH))
+        widget = self.widgets[row - self._first]
         self._follow, self._anchor, self._target = False, None, widget
         self._show_target()
         QTimer.singleShot(0, self._show_target)
@@ -209,21 +254,57 @@ class ChatView(QScrollArea):
     def _load_older(self) -> None:
         if self._first == 0:
             return
-        start = max(0, self._first - RENDER_BATCH)
-        bar = self.verticalScrollBar()
-        # Older messages grow the page above the view: holding the distance to the bottom holds the view.
-        self._anchor = bar.maximum() - bar.value()
-        older = [self._make(m) for m in self.messages[start:self._first]]
-        for i, widget in enumerate(older):
-            self._column.insertWidget(i, widget)
-        self.widgets[:0] = older
-        self._first = start
+        self._hold_view()
+        self._build(max(0, self._first - RENDER_BATCH), self._first)
+        if len(self.widgets) > MAX_CARDS:  # the newest, far below the view
+            self._drop(MAX_CARDS, len(self.widgets) - MAX_CARDS)
+            self._last = self._first + MAX_CARDS
+
+    def _load_newer(self) -> None:
+        if self._shows_the_end():
+            return
+        self._hold_view()
+        self._build(self._last, min(self.model.rowCount(), self._last + RENDER_BATCH))
+        if len(self.widgets) > MAX_CARDS:  # the oldest, far above the view
+            dropped = len(self.widgets) - MAX_CARDS
+            self._drop(0, dropped)
+            self._first += dropped
+
+    def _page_y(self, widget: QWidget) -> int:
+        return widget.mapTo(self.widget(), QPoint(0, 0)).y()
+
+    def _hold_view(self) -> None:
+        """Cards built or dropped above the view would move what the reader sees: hold the card at the top
+        of the view where it is until the layout settles (or the reader scrolls)."""
+        top = self.verticalScrollBar().value()
+        card = next((w for w in self.widgets if self._page_y(w) + w.height() > top), None)
+        if card is not None:
+            self._anchor = (card, self._page_y(card) - top)
+            card.installEventFilter(self)  # it moves when the cards above it are laid out
+
+    def _apply_anchor(self) -> None:
+        card, offset = self._anchor
+        self.verticalScrollBar().setValue(self._page_y(card) - offset)
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if event.type() == QEvent.Type.Move and self._anchor is not None and watched is self._anchor[0]:
+            self._apply_anchor()
+        return False
 
     def _scrolled(self, value: int) -> None:
         bar = self.verticalScrollBar()
-        self._follow = value >= bar.maximum() - FOLLOW_SLACK_PX
-        if value == bar.minimum() and self._first > 0 and self._anchor is None:
+        at_bottom = value >= bar.maximum() - FOLLOW_SLACK_PX
+        self._follow = at_bottom and self._anchor is None  # a held view may touch the bottom of a page still growing
+        if self._anchor is not None or self._target is not None:  # a view being held: build nothing more yet
+            return
+        if value == bar.minimum() and self._first > 0:
             self._load_older()
+        elif at_bottom and not self._shows_the_end():
+            self._load_newer()
+
+    def _shows_the_end(self) -> bool:
+        """The window reaches the newest message (only then is there a bottom to follow)."""
+        return self._last == self.model.rowCount()
 
     def _user_scrolled(self, action: int) -> None:
         if action != QAbstractSlider.SliderAction.SliderNoAction:
@@ -233,9 +314,13 @@ class ChatView(QScrollArea):
         bar = self.verticalScrollBar()
         if self._target is not None:
             self._show_target()
-        elif self._follow:
+        elif self._follow and self._shows_the_end():
             bar.setValue(maximum)
         elif self._anchor is not None:
-            bar.setValue(maximum - self._anchor)
-        if maximum == 0 and self._first > 0:  # the rendered messages do not fill the view yet
-            self._load_older()
+            self._apply_anchor()
+        if maximum == 0:  # the built cards do not fill the view yet
+            if self._first > 0:
+                self._load_older()
+            else:
+                self._load_newer()
+

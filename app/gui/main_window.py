@@ -20,6 +20,7 @@ from app.gui.document_jobs import DocumentsClient
 from app.gui.documents_dialog import DocumentsDialog
 from app.gui.icons import IconButton
 from app.gui.kernel_warmup import KernelWarmup
+from app.gui.message_model import MessageModel
 from app.gui.model_picker import ModelPicker, model_label
 from app.gui.preferences import Preferences
 from app.gui.server_switch import ServerSwitch
@@ -67,7 +68,8 @@ class MainWindow(QMainWindow):
         self._pending_jump: str | None = None     # a search hit to show once its branch is
 
         self.sidebar = Sidebar(self.store)
-        self.chat_view = ChatView(self._siblings)
+        self.chat_model = MessageModel(self._siblings)  # the active branch, and whether a reply streams
+        self.chat_view = ChatView(self.chat_model)
         self.welcome = WelcomeScreen()
         self.composer = Composer()
         self.sidebar_button = IconButton("sidebar", "Toggle sidebar", "Show or hide the conversations (Ctrl+B)")
@@ -195,7 +197,8 @@ class MainWindow(QMainWindow):
         self.sidebar_button.clicked.connect(self.toggle_sidebar)
         self.new_chat_button.clicked.connect(self.new_chat)
         self.welcome.prompt_chosen.connect(self.send_example)
-        self.chat_view.shown_changed.connect(self._show_welcome_if_empty)
+        for shown_changed in (self.chat_model.modelReset, self.chat_model.rowsInserted, self.chat_model.rowsRemoved):
+            shown_changed.connect(self._show_welcome_if_empty)
         QGuiApplication.styleHints().colorSchemeChanged.connect(self._system_scheme_changed)
         self.settings_button.clicked.connect(self.edit_settings)
         self.storage_banner.retry_requested.connect(self.client.save_pending)
@@ -247,8 +250,10 @@ class MainWindow(QMainWindow):
         self.current_id, self._new_chat_settings = conversation_id, {}
         self.attachment_bar.show_notice("")
         self.preferences.last_conversation = conversation_id
-        self.chat_view.clear()
-        self._refresh_if_current(conversation_id)
+        if conversation_id is None:
+            self.chat_model.clear()
+        else:  # another conversation's branch resets the chat once
+            self._refresh_if_current(conversation_id)
         self.sidebar.select(conversation_id)
         self.composer.input.setFocus()
 
@@ -256,7 +261,7 @@ class MainWindow(QMainWindow):
         """Show the stored branch; while a reply streams the view is the turn's until it ends."""
         if conversation_id is None or conversation_id != self.current_id or self.streaming:
             return
-        self.chat_view.show_messages(self.store.active_branch(conversation_id))
+        self.chat_model.show_branch(self.store.active_branch(conversation_id))
         if self._pending_jump and self.chat_view.scroll_to_message(self._pending_jump):
             self._pending_jump = None
         title = self.store.get_conversation(conversation_id)["title"] or UNTITLED
@@ -291,12 +296,12 @@ class MainWindow(QMainWindow):
 
     # -- turns -------------------------------------------------------------------------------------
     def send(self, text: str) -> None:
-        self._begin_turn(len(self.chat_view.messages), text)
+        self._begin_turn(self.chat_model.rowCount(), text)
         self.client.send(text)
 
     def regenerate(self) -> None:
         """A new reply in place of the last one (or to a last user message that has none)."""
-        messages = self.chat_view.messages
+        messages = self.chat_model.messages
         if self.streaming or not messages:
             return
         self._begin_turn(len(messages) - (messages[-1]["role"] == "assistant"))
@@ -305,8 +310,7 @@ class MainWindow(QMainWindow):
     def edit(self, message_id: str, text: str) -> None:
         if self.streaming or not text.strip():
             return
-        index = next(i for i, m in enumerate(self.chat_view.messages) if m["id"] == message_id)
-        self._begin_turn(index, text)
+        self._begin_turn(self.chat_model.row_of(message_id), text)
         self.client.edit(message_id, text)
 
     def send_example(self, text: str) -> None:
@@ -319,26 +323,26 @@ class MainWindow(QMainWindow):
             self.composer.input.setFocus()
 
     def _show_welcome_if_empty(self) -> None:
-        self.chat_stack.setCurrentWidget(self.chat_view if self.chat_view.widgets else self.welcome)
+        self.chat_stack.setCurrentWidget(self.chat_view if self.chat_model.rowCount() else self.welcome)
 
     @property
     def streaming(self) -> bool:
-        """A reply is being written: the chat view holds that state, the rest of the window reads it."""
-        return self.chat_view.busy
+        """A reply is being written: the chat's model holds that state, the rest of the window reads it."""
+        return self.chat_model.streaming
 
     def _begin_turn(self, keep: int, user_text: str | None = None) -> None:
         """While a reply streams, sending and the actions that change the branch wait for it."""
         response_format = (self.current_settings().get("sampler") or {}).get("response_format")
-        self.chat_view.begin_reply(keep, user_text, response_format and response_format["type"])
+        self.chat_model.begin_reply(keep, user_text, response_format and response_format["type"])
         self.composer.set_busy(True)
 
     def _end_turn(self) -> None:
-        self.chat_view.end_reply()
+        self.chat_model.end_reply()
         self.composer.set_busy(False)
 
     def _reply_text(self, text: str, turn) -> None:
         if self.streaming and turn is self.client.current_turn:
-            self.chat_view.append_reply(text)
+            self.chat_model.append_reply(text)
 
     def _prefill_progress(self, progress, turn) -> None:
         if self.streaming and turn is self.client.current_turn:
@@ -352,7 +356,7 @@ class MainWindow(QMainWindow):
         if turn is self.client.current_turn:
             self._end_turn()
             if conversation_id is None:  # the turn never started (the engine said why)
-                self.chat_view.clear()
+                self.chat_model.clear()
             if self.storage_banner.reply is None:  # else the view keeps the reply the store has not got yet
                 self._refresh_if_current(conversation_id)
         if conversation_id is not None:  # a first message titles it, and every turn moves it up the list
@@ -364,7 +368,7 @@ class MainWindow(QMainWindow):
             self.composer.input.setPlainText(unsent)
 
     def copy_last_reply(self) -> None:
-        text = self.chat_view.last_reply_text()
+        text = self.chat_model.last_reply_text()
         if text:
             QGuiApplication.clipboard().setText(text)
 
@@ -452,7 +456,7 @@ class MainWindow(QMainWindow):
         with turns makes way for a new one (which says so)."""
         if not paths:
             return
-        if self.current_id is not None or self.chat_view.messages or self.streaming:
+        if self.current_id is not None or self.chat_model.rowCount() or self.streaming:
             self.new_chat()
             names = ", ".join(Path(p).name for p in paths)
             self.attachment_bar.show_notice(f"Documents attach to a chat before its first message: a new chat was "
@@ -564,8 +568,7 @@ class MainWindow(QMainWindow):
 
     def changeEvent(self, event: QEvent) -> None:
         if event.type() == QEvent.Type.PaletteChange and not self.closed:  # the theme changed: re-render
-            self.chat_view.clear()
-            self._refresh_if_current(self.current_id)
+            self.chat_view.rebuild()
         super().changeEvent(event)
 
     @property

@@ -14,6 +14,7 @@ from PySide6.QtWidgets import (QApplication, QFrame, QGraphicsOpacityEffect, QHB
 from app.gui.icons import IconButton
 from app.gui.json_view import JSON_FORMATS, JsonView
 from app.gui.markdown_view import SELECTABLE, MarkdownView
+from app.gui.message_model import is_stopped, response_format
 from app.gui.theme import SPACE_L, SPACE_M, repolish
 
 ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
@@ -67,7 +68,7 @@ class MessageWidget(QWidget):
             self.body.setTextFormat(Qt.TextFormat.PlainText)
             self.body.setWordWrap(True)
             self.body.setTextInteractionFlags(SELECTABLE)
-        elif (message.get("meta") or {}).get("response_format") in JSON_FORMATS:
+        elif response_format(message) in JSON_FORMATS:
             self.body = JsonView(message["content"])
         else:
             self.body = MarkdownView(message["content"])
@@ -100,6 +101,10 @@ class MessageWidget(QWidget):
         else:
             self.body.setText(text)
 
+    def tab_stops(self) -> list[QWidget]:
+        """What Tab stops at in the card, in the order shown: the card, its buttons (a code block's Copy too)."""
+        return [w for w in (self.card, *self.card.findChildren(QWidget)) if w.focusPolicy() & Qt.FocusPolicy.TabFocus]
+
     def set_found(self, found: bool) -> None:
         """Outline the card in the accent colour: the message a search led to."""
         self.card.setProperty("found", found)
@@ -122,7 +127,7 @@ class MessageWidget(QWidget):
             self.header.addWidget(widget)
 
     def _add_stopped_mark(self) -> QLabel | None:
-        if (self.message.get("meta") or {}).get("finish_reason") != "cancelled":
+        if not is_stopped(self.message):
             return None
         mark = QLabel("stopped")
         mark.setObjectName("stoppedMark")

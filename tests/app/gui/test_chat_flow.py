@@ -46,7 +46,7 @@ def test_stop_mid_reply_keeps_the_partial_reply(qtbot, open_window):
     window.apply_settings({"system_prompt": None, "sampler": {"temperature": 0.0, "max_tokens": 400}})
     window.composer.input.setPlainText("Write a long story about a dragon.")
     qtbot.keyClick(window.composer.input, Qt.Key.Key_Return)
-    qtbot.waitUntil(lambda: len(window.chat_view.streaming.content) > 20, timeout=TURN_TIMEOUT_MS)
+    qtbot.waitUntil(lambda: len(window.chat_model.last_reply_text()) > 20, timeout=TURN_TIMEOUT_MS)
     assert window.composer.stop_button.isVisible()
     assert not window.chat_view.widgets[0].actions_["edit"].isEnabled()  # the tree waits for the reply
     assert window.chat_view.widgets[0].actions_["copy"].isEnabled()

@@ -96,7 +96,7 @@ def test_a_dropped_document_is_read_counted_recorded_and_attached_again_when_the
     [left_out] = settled(qtbot, gone)
     assert left_out.state == FAILED and "facts.md was left out" in left_out.reason
     send(qtbot, gone, "And item 4?")
-    assert gone.chat_view.messages[-1]["role"] == "assistant"
+    assert gone.chat_model.messages[-1]["role"] == "assistant"
     gone.close()
 
 
@@ -108,7 +108,7 @@ def test_a_chat_with_turns_makes_way_for_a_new_one_and_a_chips_x_removes_or_stop
     send(qtbot, w, "hi")
     assert w.current_id is not None
     w.attach_files([str(doc)])
-    assert w.current_id is None and not w.chat_view.messages  # a new chat, which says why
+    assert w.current_id is None and not w.chat_model.messages  # a new chat, which says why
     assert "new chat was started for notes.txt" in w.attachment_bar.notice.text()
     [chip] = settled(qtbot, w)
     assert chip.state == READY
@@ -161,7 +161,7 @@ def test_bad_files_fail_their_chip_with_the_reason_and_the_chat_stays_usable(qtb
         assert bad[c.name] in c.reason, c.reason
     assert "failed — " in w.attachment_bar.chips[0].label.text()
     send(qtbot, w, "hi")  # the chat goes on, behind no document
-    assert w.chat_view.messages[-1]["role"] == "assistant"
+    assert w.chat_model.messages[-1]["role"] == "assistant"
     assert w.store.attachments(w.current_id) == []
     w.close()
 

@@ -62,7 +62,7 @@ def test_an_empty_reply_shows_thinking_until_its_first_text_while_the_status_lin
     turn = window.client.current_turn
     qtbot.waitUntil(view.thinking.isVisible)  # a widget added to a shown one shows with the next event loop
     assert view.thinking.text().startswith("thinking")
-    assert view.streaming.content == ""
+    assert window.chat_model.last_reply_text() == ""
 
     worker.prefill_progress.emit(PrefillProgress(0, 5000), turn)
     assert status.text() == "reading prompt 0 / 5,000 tokens"  # not the last turn's figures
@@ -74,7 +74,7 @@ def test_an_empty_reply_shows_thinking_until_its_first_text_while_the_status_lin
     worker.reply_text.emit("Once upon", turn)
     worker.reply_progress.emit(ReplyProgress(2), turn)
     assert view.thinking is None and not any(w.isVisible() for w in view.findChildren(ThinkingIndicator))
-    assert view.streaming.content == "Once upon" and status.text() == "writing the reply: 2 tokens"
+    assert window.chat_model.last_reply_text() == "Once upon" and status.text() == "writing the reply: 2 tokens"
     worker.reply_progress.emit(ReplyProgress(40, 31.46), turn)
     assert status.text() == "writing the reply: 40 tokens  ·  31.5 tok/s"
     worker.reply_progress.emit(ReplyProgress(99, 1.0), threading.Event())  # an abandoned turn's: ignored

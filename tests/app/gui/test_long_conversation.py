@@ -32,7 +32,7 @@ def test_a_long_conversation_opens_fast_and_scrolls_back(qtbot, open_window, fuc
     opened_ms = (time.perf_counter() - start) * 1e3
     view = window.chat_view
     print(f"\nopening {MESSAGES} messages took {opened_ms:.0f} ms ({len(view.widgets)} widgets built)")
-    assert len(view.messages) == MESSAGES and len(view.widgets) == RENDER_BATCH
+    assert window.chat_model.rowCount() == MESSAGES and len(view.widgets) == RENDER_BATCH
     assert view.widgets[-1].content.startswith(f"**{MESSAGES // 2 - 1}**")
 
     qtbot.waitUntil(lambda: view.verticalScrollBar().maximum() > 0)
@@ -44,7 +44,7 @@ def test_a_long_conversation_opens_fast_and_scrolls_back(qtbot, open_window, fuc
     top = lambda: oldest_shown.mapTo(view.widget(), QPoint(0, 0)).y()  # in the scrolled page, not its column
     qtbot.waitUntil(lambda: top() - view.verticalScrollBar().value() == margin)
 
-    target = view.messages[3]["id"]  # far above: scroll_to_message builds everything down to it
+    target = window.chat_model.messages[3]["id"]  # far above: scroll_to_message builds a batch around it
     assert view.scroll_to_message(target) is view.widgets[3]
 
 
@@ -55,13 +55,13 @@ def test_streaming_follows_the_bottom_but_never_moves_a_reader_who_scrolled_up(q
             store.add_message(cid, "user", f"Say {i}.")
             store.add_message(cid, "assistant", f"{i}.\n\n" + "- a line\n" * 6)
     window = open_window(cid)
-    view, bar = window.chat_view, window.chat_view.verticalScrollBar()
+    bar = window.chat_view.verticalScrollBar()
     window.composer.input.setPlainText("List ten animals, one per line.")
     window.composer.send_button.click()
-    qtbot.waitUntil(lambda: len(view.streaming.content) > 10, timeout=TURN_TIMEOUT_MS)
+    qtbot.waitUntil(lambda: len(window.chat_model.last_reply_text()) > 10, timeout=TURN_TIMEOUT_MS)
     qtbot.waitUntil(lambda: bar.value() == bar.maximum())  # following the reply as it grows
     bar.triggerAction(QAbstractSlider.SliderAction.SliderPageStepSub)  # the reader scrolls up
-    reading_at, length = bar.value(), len(view.streaming.content)
+    reading_at, length = bar.value(), len(window.chat_model.last_reply_text())
     qtbot.waitUntil(lambda: not window.streaming, timeout=TURN_TIMEOUT_MS)
     assert len(window.store.active_branch(cid)[-1]["content"]) > length  # the reply grew meanwhile
     qtbot.wait(50)

@@ -82,6 +82,7 @@ def test_a_connection_lost_mid_reply_is_told_and_the_text_received_is_kept(qtbot
     with stub_endpoint(["Hel", "lo"]) as url:
         with qtbot.waitSignal(window.client.worker.remote_connected, timeout=10_000):
             window.use_remote({"url": url, "api_key": "", "model": "stub"})
+        qtbot.waitUntil(lambda: window.model_button.text() == f"stub at {url}")  # the window has it too
         send(qtbot, window, "hi")
     qtbot.waitUntil(lambda: bool(errors(window)))
     # the stub's close reaches the client as the stream's end or as a reset, whichever the timing gives
