@@ -189,7 +189,9 @@ def test_an_export_to_an_unwritable_place_is_one_error_line(empty_home, capsys):
 def test_an_imported_message_too_big_for_the_context_is_left_out_or_refused(home, monkeypatch, capsys, tmp_path,
                                                                              policy):
     export = {"format": "fucina-conversation", "version": 1,
-              "conversation": {"model": "m.gguf", "sampler": {"ctx": 512, "context_policy": policy},
+              # a stored chat replies with its own settings (the command line's apply to new chats): greedy
+              "conversation": {"model": "m.gguf", "sampler": {"ctx": 512, "context_policy": policy,
+                                                              "temperature": 0, "max_tokens": 12},
                                "active_leaf": "a"},
               "messages": [{"id": "u", "parent_id": None, "role": "user", "content": "imported " * 1_000_000},
                            {"id": "a", "parent_id": "u", "role": "assistant", "content": "ok"}]}
