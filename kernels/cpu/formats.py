@@ -8,7 +8,8 @@ reads. A `FormatSet` argument names the formats a call can meet; its Numba type 
 is compiled (and cached) per set, with only their code.
 
 `switch(cases, params)` makes the choice: `select(formats, qtype, *params)` calls `cases[qtype](*params)`,
-with branches for the formats of the set only (a type id outside it raises).
+with branches for the formats of the set only (a type id outside it gets the set's last format's kernel:
+callers make the set from the types they pass).
 """
 
 from __future__ import annotations
@@ -73,13 +74,16 @@ def switch(cases: dict, params: tuple[str, ...]):
 
 def _branches(cases: dict, args: str, qtypes: tuple[int, ...]):
     """The body of `select` for one format set: one branch per format (exec: the branches are its code)."""
+    if not qtypes:
+        raise TypeError("a kernel call's format set needs at least one GGML type id")
     missing = [q for q in qtypes if q not in cases]
     if missing:
         raise TypeError(f"no kernel for GGML type ids {missing}")
     lines = [f"def select(formats, qtype, {args}):"]
-    for q in qtypes:
+    for q in qtypes[:-1]:
         lines += [f"    if qtype == {q}:", f"        return kernel_{q}({args})"]
-    lines.append('    raise ValueError("a weight format outside the format set of the kernel call")')
+    # the last without a test: a raise for other ids would keep a prange loop around `select` serial
+    lines.append(f"    return kernel_{qtypes[-1]}({args})")
     namespace = {"__name__": __name__} | {f"kernel_{q}": cases[q] for q in qtypes}
     exec("\n".join(lines), namespace)
     return namespace["select"]

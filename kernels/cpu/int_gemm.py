@@ -31,7 +31,9 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from kernels.cpu import formats
 from kernels.cpu import quant_blocks as qb
+from kernels.cpu.formats import switch
 from kernels.cpu.int8_dot import _fifth_bits, _low_high
 from kernels.cpu.quant_blocks import KERNEL, k_scale_min, load_f16
 
@@ -190,52 +192,58 @@ def _q6_k_values(builder, ptr, sub):
 _unpack_q6_k = _make_unpack_row(qb.Q6_K, _q6_k_values)
 
 
-@njit(**KERNEL)
-def _scale_offset(qtype, row, b):
-    """(s, o) of block b (of 32 weights) of a weight row: w = s * q - o for its unsigned values q."""
-    if qtype == qb.Q4_0:
-        d = load_f16(row, b * 18)
-        return d, d * np.float32(8)
-    if qtype == qb.Q4_1:
-        return load_f16(row, b * 20), -load_f16(row, b * 20 + 2)
-    if qtype == qb.Q5_0:
-        d = load_f16(row, b * 22)
-        return d, d * np.float32(16)
-    if qtype == qb.Q5_1:
-        return load_f16(row, b * 24), -load_f16(row, b * 24 + 2)
-    if qtype == qb.Q8_0:
-        d = load_f16(row, b * 34)
-        return d, d * np.float32(128)
-    if qtype == qb.Q6_K:
-        return load_f16(row, (b // 8) * 210 + 208), np.float32(0)
-    size = 144 if qtype == qb.Q4_K else 176
-    o = (b // 8) * size
-    sc, mn = k_scale_min(row, o + 4, b % 8)
-    return load_f16(row, o) * sc, load_f16(row, o + 2) * mn
+# (s, o) of block b (of 32 weights) of a weight row: w = s * q - o for its unsigned values q, per format
 
 
-@njit(**KERNEL)
-def _unpack_row(qtype, row, packed, t, lane):
-    if qtype == qb.Q4_0:
-        _unpack_q4_0(row, packed, t, lane)
-    elif qtype == qb.Q4_1:
-        _unpack_q4_1(row, packed, t, lane)
-    elif qtype == qb.Q5_0:
-        _unpack_q5_0(row, packed, t, lane)
-    elif qtype == qb.Q5_1:
-        _unpack_q5_1(row, packed, t, lane)
-    elif qtype == qb.Q8_0:
-        _unpack_q8_0(row, packed, t, lane)
-    elif qtype == qb.Q4_K:
-        _unpack_q4_k(row, packed, t, lane)
-    elif qtype == qb.Q6_K:
-        _unpack_q6_k(row, packed, t, lane)
-    else:
-        _unpack_q5_k(row, packed, t, lane)
+def _d_offset(qtype, offset):
+    """Formats w = d * (q - offset): (d, d * offset)."""
+    block_bytes = _LAYOUT[qtype][0]
+
+    def scale_offset(row, b):
+        d = load_f16(row, b * block_bytes)
+        return d, d * np.float32(offset)
+    return njit(inline="always")(scale_offset)
+
+
+def _d_min(qtype):
+    """Formats w = d * q + m: (d, -m)."""
+    block_bytes = _LAYOUT[qtype][0]
+
+    def scale_offset(row, b):
+        return load_f16(row, b * block_bytes), -load_f16(row, b * block_bytes + 2)
+    return njit(inline="always")(scale_offset)
+
+
+def _k_quant_scale_min(qtype):
+    """Q4_K, Q5_K: w = d * sc * q - dmin * m, sub-block b % 8 of super-block b // 8."""
+    block_bytes = _LAYOUT[qtype][0]
+
+    def scale_offset(row, b):
+        o = (b // 8) * block_bytes
+        sc, mn = k_scale_min(row, o + 4, b % 8)
+        return load_f16(row, o) * sc, load_f16(row, o + 2) * mn
+    return njit(inline="always")(scale_offset)
+
+
+@njit(inline="always")
+def _q6_k_scale_offset(row, b):
+    return load_f16(row, (b // 8) * 210 + 208), np.float32(0)  # its 16-weight scales are in the values
+
+
+_scale_offset = switch({
+    qb.Q4_0: _d_offset(qb.Q4_0, 8), qb.Q4_1: _d_min(qb.Q4_1), qb.Q5_0: _d_offset(qb.Q5_0, 16),
+    qb.Q5_1: _d_min(qb.Q5_1), qb.Q8_0: _d_offset(qb.Q8_0, 128), qb.Q6_K: _q6_k_scale_offset,
+    qb.Q4_K: _k_quant_scale_min(qb.Q4_K), qb.Q5_K: _k_quant_scale_min(qb.Q5_K),
+}, ("row", "b"))
+
+_unpack_row = switch({
+    qb.Q4_0: _unpack_q4_0, qb.Q4_1: _unpack_q4_1, qb.Q5_0: _unpack_q5_0, qb.Q5_1: _unpack_q5_1,
+    qb.Q8_0: _unpack_q8_0, qb.Q4_K: _unpack_q4_k, qb.Q6_K: _unpack_q6_k, qb.Q5_K: _unpack_q5_k,
+}, ("row", "packed", "t", "lane"))
 
 
 @njit(parallel=True, **KERNEL)
-def _repack(qtype, w, blocks):
+def _repack(formats, qtype, w, blocks):
     """w [rows, row_bytes] (rows a multiple of TILE_ROWS, `blocks` blocks of 32 weights per row) -> packed
     [tiles, blocks, 16, TILE_ROWS, 2] int16 (the two values of column pair g of block b of each tile row side
     by side), s and o [tiles, blocks, TILE_ROWS] float32."""
@@ -246,9 +254,9 @@ def _repack(qtype, w, blocks):
     for t in prange(tiles):
         for lane in range(TILE_ROWS):
             row = w[t * TILE_ROWS + lane]
-            _unpack_row(qtype, row, packed, t, lane)
+            _unpack_row(formats, qtype, row, packed, t, lane)
             for b in range(blocks):
-                s[t, b, lane], o[t, b, lane] = _scale_offset(qtype, row, b)
+                s[t, b, lane], o[t, b, lane] = _scale_offset(formats, qtype, row, b)
     return packed, s, o
 
 
@@ -386,6 +394,6 @@ def _gemm(packed, s, o, xq, xd, xs, out):
 def matmul_into(qtype: int, w: np.ndarray, X: np.ndarray, Y: np.ndarray) -> None:
     """Y [m, rows] = X [m, cols] @ W.T for a weight `supports` accepts (X float32, C-contiguous)."""
     block_bytes, block_weights = _LAYOUT[qtype]
-    packed, s, o = _repack(qtype, w, w.shape[1] // block_bytes * (block_weights // _BLOCK))
+    packed, s, o = _repack(formats.of([qtype]), qtype, w, w.shape[1] // block_bytes * (block_weights // _BLOCK))
     xq, xd, xs = _input_blocks(X, _INPUT_LIMIT[qtype])
     _gemm(packed, s, o, xq, xd, xs, Y)
