@@ -120,9 +120,10 @@ def run_stage(plan: dict, stage: str) -> None:
         try:
             cache = model.new_cache(64)
             if stage == "prefill":
-                load_tokenizer(model.file.metadata).encode(TEXT)
                 for rows in PROMPT_ROWS:
                     model.forward(list(range(rows)), cache)
+                # last: the decode stage, running alongside, needs the long prompt's output product too
+                load_tokenizer(model.file.metadata).encode(TEXT)
             else:
                 model.forward([1], cache)
                 model.forward_rows([1, 2, 3], cache)  # speculative verification

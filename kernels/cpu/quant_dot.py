@@ -330,5 +330,5 @@ def products(formats, qtypes, ws, X, Y, chunks):
     act = activations(X)
     if chunks > 1:
         _products_parallel(formats, qtypes, ws, starts, X, act, Y, chunks)
-    else:
-        _products_range(formats, qtypes, ws, starts, X, act, Y, 0, starts[-1])
+    else:  # all the rows, bounds as int64 (a literal 0 would compile another _products_range)
+        _products_range(formats, qtypes, ws, starts, X, act, Y, starts[0], starts[-1])
