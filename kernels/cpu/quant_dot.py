@@ -26,8 +26,8 @@ import numpy as np
 from numba import njit, prange
 
 from kernels.cpu import int8_dot
-from kernels.cpu.formats import switch
 from kernels.cpu.f16 import f16_bits_to_f32
+from kernels.cpu.formats import switch
 from kernels.cpu.int8_dot import (
     rows_dot_q4_0, rows_dot_q4_1, rows_dot_q4_k, rows_dot_q5_0, rows_dot_q5_1, rows_dot_q6_k, rows_dot_q8_0,
 )
