@@ -31,7 +31,10 @@ from engine.errors import FucinaError
 
 STAGES = ("prefill", "decode")
 N_EMBD, N_HEAD, N_HEAD_KV, N_FF, N_LAYERS = 256, 4, 2, 256, 2  # 256: a K-quant block fits a row
-PROMPT_ROWS = (16, 3)  # a prompt slice through BLAS and one short enough for the block kernels
+# A prompt longer than the block kernels take (16 rows: it goes through the integer GEMM or BLAS), then
+# one short enough for them. The long one first: the short one's products are the decode stage's too, which
+# by then has compiled and cached them (the stages run side by side, and Numba looks in its cache first).
+PROMPT_ROWS = (32, 3)
 # the BPE merge kernels (SentencePiece runs the same ones) see a short and a long word
 TEXT = "hi there, " + "x" * 80
 
@@ -117,9 +120,10 @@ def run_stage(plan: dict, stage: str) -> None:
         try:
             cache = model.new_cache(64)
             if stage == "prefill":
-                load_tokenizer(model.file.metadata).encode(TEXT)
                 for rows in PROMPT_ROWS:
                     model.forward(list(range(rows)), cache)
+                # last: the decode stage, running alongside, needs the long prompt's output product too
+                load_tokenizer(model.file.metadata).encode(TEXT)
             else:
                 model.forward([1], cache)
                 model.forward_rows([1, 2, 3], cache)  # speculative verification

@@ -1,7 +1,8 @@
 #!/bin/sh
 # Build the one-folder bundle (packaging/fucina.spec), then smoke-test it: render the window offscreen with
 # `--screenshot`, report the bundle's size and its cold start (first launch, empty kernel cache) and its
-# warm start. Heavy (minutes, ~1 GB of disk while building): a CI job of its own, not the test suite:
+# warm start, and reply on the GPU backend. Heavy (minutes, ~1 GB of disk while building), so not part of
+# the test suite; .ci/run runs it after the tests:
 #   pip install -e '.[bundle]' && packaging/build_bundle.sh
 # Needs a downloaded default model for the screenshot to show a loaded model (it works without one).
 set -eu
@@ -21,4 +22,20 @@ for run in cold warm; do
     echo "$run start to screenshot: $(echo "$end - $start" | bc) s"
 done
 "$APP" models list > /dev/null
+# The GPU backend is bundled: a tiny model (the warm-up's writer, Q8_0 weights) replies with --backend gpu.
+# Without a GPU, or a software Vulkan driver, the CPU replies after one warning; a bundle without wgpu would
+# say that the backend needs the package.
+"$PYTHON" -c "import sys; from pathlib import Path; from engine.warmup import write_model
+write_model(Path(sys.argv[1]), {'arch': 'llama', 'types': {'*': 'Q8_0'}})" "$SCRATCH/tiny.gguf"
+NUMBA_CACHE_DIR="$SCRATCH/numba" "$APP" generate "$SCRATCH/tiny.gguf" --prompt-ids 1,2,3 --max-tokens 2 \
+    --backend gpu > /dev/null 2> "$SCRATCH/gpu.log" || { cat "$SCRATCH/gpu.log" >&2; exit 1; }
+if grep -q "wgpu package\|not installed" "$SCRATCH/gpu.log"; then
+    cat "$SCRATCH/gpu.log" >&2
+    echo "the bundle lacks the GPU backend" >&2
+    exit 1
+elif grep -q "^warning:" "$SCRATCH/gpu.log"; then
+    echo "GPU backend: bundled; no GPU here, the CPU replied ($(grep -m1 '^warning:' "$SCRATCH/gpu.log"))"
+else
+    echo "GPU backend: a reply ran on the GPU"
+fi
 echo "bundle OK"

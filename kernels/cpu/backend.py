@@ -14,7 +14,7 @@ import numpy as np
 from numba import typed
 
 from kernels.backend import Q8_0_BLOCK, Q8_0_BLOCK_BYTES, AttentionShape, LayerSpec, Segment
-from kernels.cpu import decode, ops, q8_0, quant
+from kernels.cpu import decode, formats, ops, q8_0, quant, quant_dot
 from kernels.cpu import quant_generic as generic
 from kernels.cpu.attention import attention_prefill
 
@@ -85,6 +85,8 @@ class CpuRowStack:
 
     def __init__(self, layers: list):
         self.layers = typed.List(layers)
+        groups = [(k.qkv_types, k.out_types, k.gate_up_types, k.down_types) for k in layers]
+        self.formats = formats.of(np.concatenate(sum(groups, ())))  # the kernel compiles for these only
 
     def forward(self, x: np.ndarray, segments: Sequence[Segment]) -> None:
         slots = np.empty(x.shape[0], np.int64)
@@ -100,7 +102,7 @@ class CpuRowStack:
         for slot, s in enumerate(segments):
             slots[s.row_start : s.row_end] = slot
             positions[s.row_start : s.row_end] = np.arange(s.pos0, s.pos0 + (s.row_end - s.row_start))
-        decode.forward_rows(x, self.layers, kcs, vcs, slots, positions, quant.threads())
+        decode.forward_rows(self.formats, x, self.layers, kcs, vcs, slots, positions, quant.threads())
 
 
 class CpuBackend:
@@ -185,8 +187,8 @@ def _kernel_layer(spec: LayerSpec) -> decode.Layer | None:
         return None
 
     def weights(parts):
-        return (tuple(quant.kernel_weight(p.qtype, p.raw) for p in parts),
-                np.array([p.qtype for p in parts], np.int64))
+        qtypes, ws = quant_dot.stack([p.qtype for p in parts], [quant.kernel_weight(p.qtype, p.raw) for p in parts])
+        return ws, qtypes
 
     def vector(v):
         return np.zeros(0, np.float32) if v is None else v

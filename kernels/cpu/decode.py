@@ -30,19 +30,19 @@ from numba.extending import overload
 from kernels.cpu import ops
 from kernels.cpu.attention import decode_heads
 from kernels.cpu.f16 import f32_to_f16_bits
-from kernels.cpu.quant_blocks import KERNEL
+from kernels.cpu.quant_blocks import KERNEL, KERNEL_ONCE
 from kernels.cpu.quant_dot import parallel_chunks, products
 from kernels.cpu.q8_0 import dequantize_rows, quantize_row
 
 
 class Layer(NamedTuple):
-    qkv: tuple               # q, k, v weights
+    qkv: tuple               # q, k, v weights (each group of weights as quant_dot.stack pads it)
     qkv_types: np.ndarray    # their GGML type ids, int64
-    out: tuple               # (attention output weight,)
+    out: tuple               # attention output weight
     out_types: np.ndarray
     gate_up: tuple           # gate, up weights
     gate_up_types: np.ndarray
-    down: tuple              # (down weight,)
+    down: tuple              # down weight
     down_types: np.ndarray
     attn_norm: np.ndarray
     ffn_norm: np.ndarray
@@ -112,13 +112,13 @@ def _attend_overload(q, kc, vc, n_keys, window, scale, out):
     return attend_q8_0
 
 
-@njit(**KERNEL)
-def _attention(x, layer, li, n_layers, kcs, vcs, slots, positions, threads, h, out):
+@njit(**KERNEL_ONCE)
+def _attention(formats, x, layer, li, n_layers, kcs, vcs, slots, positions, threads, h, out):
     """out [m, n_embd] = the attention block's output for the rows of x, given h = its normed input."""
     m = x.shape[0]
     n_head, n_kv, hd = layer.n_head, layer.n_kv, layer.head_dim
     qkv = np.empty((m, (n_head + 2 * n_kv) * hd), np.float32)
-    products(layer.qkv_types, layer.qkv, h, qkv, parallel_chunks(layer.qkv, threads))
+    products(formats, layer.qkv_types, layer.qkv, h, qkv, parallel_chunks(layer.qkv, threads))
     eps = np.float32(layer.eps)
     q3 = np.empty((m, n_head, hd), np.float32)
     for i in range(m):
@@ -148,30 +148,31 @@ def _attention(x, layer, li, n_layers, kcs, vcs, slots, positions, threads, h, o
         cache = slots[i] * n_layers + li
         attend(q3[i], kcs[cache], vcs[cache], positions[i] + 1, layer.window, np.float32(layer.attn_scale),
                attn[i].reshape(n_head, hd))
-    products(layer.out_types, layer.out, attn, out, parallel_chunks(layer.out, threads))
+    products(formats, layer.out_types, layer.out, attn, out, parallel_chunks(layer.out, threads))
     if layer.post_attn_norm.size:
         _norm_rows(out, layer.post_attn_norm, eps, out)
 
 
-@njit(**KERNEL)
-def _ffn(layer, h, threads, out):
+@njit(**KERNEL_ONCE)
+def _ffn(formats, layer, h, threads, out):
     """out [m, n_embd] = the FFN block's output for its normed input h."""
     m = h.shape[0]
     n_ff = layer.gate_up[0].shape[0]
     gate_up = np.empty((m, 2 * n_ff), np.float32)
-    products(layer.gate_up_types, layer.gate_up, h, gate_up, parallel_chunks(layer.gate_up, threads))
+    products(formats, layer.gate_up_types, layer.gate_up, h, gate_up, parallel_chunks(layer.gate_up, threads))
     gated = np.empty((m, n_ff), np.float32)
     for i in range(m):
         ops.gated_range(layer.activation, gate_up[i, :n_ff], gate_up[i, n_ff:], gated[i], 0, n_ff)
-    products(layer.down_types, layer.down, gated, out, parallel_chunks(layer.down, threads))
+    products(formats, layer.down_types, layer.down, gated, out, parallel_chunks(layer.down, threads))
     if layer.post_ffn_norm.size:
         _norm_rows(out, layer.post_ffn_norm, np.float32(layer.eps), out)
 
 
 @njit(**KERNEL)
-def forward_rows(x, layers, kcs, vcs, slots, positions, threads):
+def forward_rows(formats, x, layers, kcs, vcs, slots, positions, threads):
     """x [m, n_embd] (the rows' embeddings) += every layer's attention and FFN outputs, in place; row i's
-    keys and values are written to its cache at positions[i]."""
+    keys and values are written to its cache at positions[i]. formats (kernels.cpu.formats) holds the types
+    of every layer's weights."""
     n_layers = len(layers)
     h = np.empty_like(x)
     a = np.empty_like(x)
@@ -179,10 +180,10 @@ def forward_rows(x, layers, kcs, vcs, slots, positions, threads):
         layer = layers[li]
         eps = np.float32(layer.eps)
         _norm_rows(x, layer.attn_norm, eps, h)
-        _attention(x, layer, li, n_layers, kcs, vcs, slots, positions, threads, h, a)
+        _attention(formats, x, layer, li, n_layers, kcs, vcs, slots, positions, threads, h, a)
         for i in range(x.shape[0]):
             _add(x[i], a[i])
         _norm_rows(x, layer.ffn_norm, eps, h)
-        _ffn(layer, h, threads, a)
+        _ffn(formats, layer, h, threads, a)
         for i in range(x.shape[0]):
             _add(x[i], a[i])

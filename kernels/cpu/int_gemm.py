@@ -31,7 +31,9 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from kernels.cpu import formats
 from kernels.cpu import quant_blocks as qb
+from kernels.cpu.formats import switch
 from kernels.cpu.int8_dot import _fifth_bits, _low_high
 from kernels.cpu.quant_blocks import KERNEL, k_scale_min, load_f16
 
@@ -190,59 +192,65 @@ def _q6_k_values(builder, ptr, sub):
 _unpack_q6_k = _make_unpack_row(qb.Q6_K, _q6_k_values)
 
 
-@njit(**KERNEL)
-def _scale_offset(qtype, row, b):
-    """(s, o) of block b (of 32 weights) of a weight row: w = s * q - o for its unsigned values q."""
-    if qtype == qb.Q4_0:
-        d = load_f16(row, b * 18)
-        return d, d * np.float32(8)
-    if qtype == qb.Q4_1:
-        return load_f16(row, b * 20), -load_f16(row, b * 20 + 2)
-    if qtype == qb.Q5_0:
-        d = load_f16(row, b * 22)
-        return d, d * np.float32(16)
-    if qtype == qb.Q5_1:
-        return load_f16(row, b * 24), -load_f16(row, b * 24 + 2)
-    if qtype == qb.Q8_0:
-        d = load_f16(row, b * 34)
-        return d, d * np.float32(128)
-    if qtype == qb.Q6_K:
-        return load_f16(row, (b // 8) * 210 + 208), np.float32(0)
-    size = 144 if qtype == qb.Q4_K else 176
-    o = (b // 8) * size
-    sc, mn = k_scale_min(row, o + 4, b % 8)
-    return load_f16(row, o) * sc, load_f16(row, o + 2) * mn
+# (s, o) of block b (of 32 weights) of a weight row: w = s * q - o for its unsigned values q, per format
+
+
+def _d_offset(qtype, offset):
+    """Formats w = d * (q - offset): (d, d * offset)."""
+    block_bytes = _LAYOUT[qtype][0]
+
+    def scale_offset(row, b):
+        d = load_f16(row, b * block_bytes)
+        return d, d * np.float32(offset)
+    return njit(inline="always")(scale_offset)
+
+
+def _d_min(qtype):
+    """Formats w = d * q + m: (d, -m)."""
+    block_bytes = _LAYOUT[qtype][0]
+
+    def scale_offset(row, b):
+        return load_f16(row, b * block_bytes), -load_f16(row, b * block_bytes + 2)
+    return njit(inline="always")(scale_offset)
+
+
+def _k_quant_scale_min(qtype):
+    """Q4_K, Q5_K: w = d * sc * q - dmin * m, sub-block b % 8 of super-block b // 8."""
+    block_bytes = _LAYOUT[qtype][0]
+
+    def scale_offset(row, b):
+        o = (b // 8) * block_bytes
+        sc, mn = k_scale_min(row, o + 4, b % 8)
+        return load_f16(row, o) * sc, load_f16(row, o + 2) * mn
+    return njit(inline="always")(scale_offset)
+
+
+@njit(inline="always")
+def _q6_k_scale_offset(row, b):
+    return load_f16(row, (b // 8) * 210 + 208), np.float32(0)  # its 16-weight scales are in the values
+
+
+_scale_offset = switch({
+    qb.Q4_0: _d_offset(qb.Q4_0, 8), qb.Q4_1: _d_min(qb.Q4_1), qb.Q5_0: _d_offset(qb.Q5_0, 16),
+    qb.Q5_1: _d_min(qb.Q5_1), qb.Q8_0: _d_offset(qb.Q8_0, 128), qb.Q6_K: _q6_k_scale_offset,
+    qb.Q4_K: _k_quant_scale_min(qb.Q4_K), qb.Q5_K: _k_quant_scale_min(qb.Q5_K),
+}, ("row", "b"))
+
+_unpack_row = switch({
+    qb.Q4_0: _unpack_q4_0, qb.Q4_1: _unpack_q4_1, qb.Q5_0: _unpack_q5_0, qb.Q5_1: _unpack_q5_1,
+    qb.Q8_0: _unpack_q8_0, qb.Q4_K: _unpack_q4_k, qb.Q6_K: _unpack_q6_k, qb.Q5_K: _unpack_q5_k,
+}, ("row", "packed", "t", "lane"))
 
 
 @njit(**KERNEL)
-def _unpack_row(qtype, row, packed, t, lane):
-    if qtype == qb.Q4_0:
-        _unpack_q4_0(row, packed, t, lane)
-    elif qtype == qb.Q4_1:
-        _unpack_q4_1(row, packed, t, lane)
-    elif qtype == qb.Q5_0:
-        _unpack_q5_0(row, packed, t, lane)
-    elif qtype == qb.Q5_1:
-        _unpack_q5_1(row, packed, t, lane)
-    elif qtype == qb.Q8_0:
-        _unpack_q8_0(row, packed, t, lane)
-    elif qtype == qb.Q4_K:
-        _unpack_q4_k(row, packed, t, lane)
-    elif qtype == qb.Q6_K:
-        _unpack_q6_k(row, packed, t, lane)
-    else:
-        _unpack_q5_k(row, packed, t, lane)
-
-
-@njit(**KERNEL)
-def _repack_tile(qtype, w, t, packed, s, o):
+def _repack_tile(formats, qtype, w, t, packed, s, o):
     """Weight rows t*TILE_ROWS.. of w [rows, row_bytes] -> packed [1, blocks, 16, TILE_ROWS, 2] int16 (the two
     values of column pair g of block b of each tile row side by side), s and o [1, blocks, TILE_ROWS]."""
     for lane in range(TILE_ROWS):
         row = w[t * TILE_ROWS + lane]
-        _unpack_row(qtype, row, packed, 0, lane)
+        _unpack_row(formats, qtype, row, packed, 0, lane)
         for b in range(packed.shape[1]):
-            s[0, b, lane], o[0, b, lane] = _scale_offset(qtype, row, b)
+            s[0, b, lane], o[0, b, lane] = _scale_offset(formats, qtype, row, b)
 
 
 # --- the micro-kernel: one tile of weight rows times up to four input rows, in LLVM IR -----------------
@@ -360,7 +368,7 @@ def _input_blocks(X, limit):
 
 
 @njit(parallel=True, **KERNEL)
-def _gemm(qtype, w, blocks, xq, xd, xs, out, chunks):
+def _gemm(formats, qtype, w, blocks, xq, xd, xs, out, chunks):
     """out = the products of w's rows with the input rows, the weight tiles split into `chunks` runs. Each
     run repacks one tile at a time into its own buffer, which stays in L2 while every input row passes
     over it (a whole repacked weight would go out to memory and back, and take page faults to allocate)."""
@@ -370,7 +378,7 @@ def _gemm(qtype, w, blocks, xq, xd, xs, out, chunks):
         s = np.empty((1, blocks, TILE_ROWS), np.float32)
         o = np.empty((1, blocks, TILE_ROWS), np.float32)
         for t in range(c * tiles // chunks, (c + 1) * tiles // chunks):
-            _repack_tile(qtype, w, t, packed, s, o)
+            _repack_tile(formats, qtype, w, t, packed, s, o)
             r0 = 0
             while r0 + 4 <= m:
                 _tile_4(packed, s, o, 0, xq, xd, xs, r0, out, t)
@@ -389,5 +397,5 @@ def matmul_into(qtype: int, w: np.ndarray, X: np.ndarray, Y: np.ndarray, threads
     `threads` threads."""
     block_bytes, block_weights = _LAYOUT[qtype]
     xq, xd, xs = _input_blocks(X, _INPUT_LIMIT[qtype])
-    _gemm(qtype, w, w.shape[1] // block_bytes * (block_weights // _BLOCK), xq, xd, xs, Y,
+    _gemm(formats.of([qtype]), qtype, w, w.shape[1] // block_bytes * (block_weights // _BLOCK), xq, xd, xs, Y,
           min(threads, w.shape[0] // TILE_ROWS))

@@ -28,7 +28,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from kernels import blas_core
-from kernels.cpu import int_gemm
+from kernels.cpu import formats, int_gemm
 from kernels.cpu import quant_blocks as blocks
 from kernels.cpu import quant_dot as dot
 from kernels.cpu import quant_generic as generic
@@ -218,7 +218,7 @@ def _rows_into(qtype: int, ws: tuple[np.ndarray, ...], X: np.ndarray, Y: np.ndar
                     np.matmul(tile, x, out=y[row0 + r0 : row0 + r1])
     elif X.shape[0]:
         chunks = threads() if sum(w.nbytes for w in ws) >= _PARALLEL_MIN_BYTES else 1
-        dot.products(np.full(len(ws), qtype), ws, X, Y, chunks)
+        dot.products(formats.of([qtype]), *dot.stack([qtype] * len(ws), ws), X, Y, chunks)
 
 
 def _decode(qtype: int, w: np.ndarray, ids: np.ndarray, cols: int) -> np.ndarray:
@@ -226,7 +226,7 @@ def _decode(qtype: int, w: np.ndarray, ids: np.ndarray, cols: int) -> np.ndarray
     if not has_native_kernel(qtype):
         return generic.dequantize_rows(qtype, w[ids])
     out = np.empty((ids.shape[0], cols), np.float32)
-    blocks.decode_rows(qtype, w, ids, out, blocks.N16)
+    blocks.decode_rows(formats.of([qtype]), qtype, w, ids, out, blocks.N16)
     return out
 
 
@@ -240,5 +240,6 @@ def _dequantized_tiles(qtype: int, w: np.ndarray, cols: int):
         if buf is None:
             yield r0, r1, generic.dequantize_rows(qtype, w[r0:r1])
         else:
-            blocks.decode_rows(qtype, w, np.arange(r0, r1, dtype=np.int64), buf[: r1 - r0], blocks.N16)
+            blocks.decode_rows(formats.of([qtype]), qtype, w, np.arange(r0, r1, dtype=np.int64), buf[: r1 - r0],
+                               blocks.N16)
             yield r0, r1, buf[: r1 - r0]

@@ -5,9 +5,10 @@ block starts or ends with f16 scales, quants are packed little-endian, and
 K-quant super-blocks hold 256 weights in sub-blocks of 16 or 32.
 
 Each `decode_<format>(w, ids, out, n16)` writes the float32 values of rows
-`w[ids[i]]` into `out[i]`; `decode_rows` dispatches on the GGML type id. It
-runs on one thread: even for prefill tiles, decoding costs a few percent of the
-sgemm that follows, less than another threaded entry point costs to compile.
+`w[ids[i]]` into `out[i]`; `decode_rows` dispatches on the GGML type id among
+a set of formats (kernels.cpu.formats). It runs on one thread: even for
+prefill tiles, decoding costs a few percent of the sgemm that follows, less
+than another threaded entry point costs to compile.
 
 Three idioms keep the inner loops vectorized by LLVM (check with `inspect_asm`):
 - inner loops run `range(span(n16, 16))` or `range(span(n16, 32))`: `n16` is
@@ -27,6 +28,7 @@ from gguf.constants import GGMLQuantizationType as T
 from numba import njit
 
 from kernels.cpu.f16 import f16_bits_to_f32
+from kernels.cpu.formats import switch
 
 # No fast-math: reassociation lets each compilation order float sums its own way, so a cold and a warm
 # cache (or a kernel inlined in two places) gave different bits. Sums that must vectorize spell their order
@@ -301,32 +303,14 @@ def decode_q6_k(w, ids, out, n16):
 # --- entry points -----------------------------------------------------------
 
 
+_decode = switch({
+    Q4_K: decode_q4_k, Q6_K: decode_q6_k, Q8_0: decode_q8_0, Q5_0: decode_q5_0, Q4_0: decode_q4_0,
+    Q4_1: decode_q4_1, Q5_1: decode_q5_1, Q5_K: decode_q5_k, Q3_K: decode_q3_k, Q2_K: decode_q2_k,
+    F32: decode_f32, F16: decode_f16, BF16: decode_bf16,
+}, ("w", "ids", "out", "n16"))
+
+
 @njit(**KERNEL)
-def decode_rows(qtype, w, ids, out, n16):
-    """out[i] = W[ids[i]] as float32."""
-    if qtype == Q4_K:
-        decode_q4_k(w, ids, out, n16)
-    elif qtype == Q6_K:
-        decode_q6_k(w, ids, out, n16)
-    elif qtype == Q8_0:
-        decode_q8_0(w, ids, out, n16)
-    elif qtype == Q5_0:
-        decode_q5_0(w, ids, out, n16)
-    elif qtype == Q4_0:
-        decode_q4_0(w, ids, out, n16)
-    elif qtype == Q4_1:
-        decode_q4_1(w, ids, out, n16)
-    elif qtype == Q5_1:
-        decode_q5_1(w, ids, out, n16)
-    elif qtype == Q5_K:
-        decode_q5_k(w, ids, out, n16)
-    elif qtype == Q3_K:
-        decode_q3_k(w, ids, out, n16)
-    elif qtype == Q2_K:
-        decode_q2_k(w, ids, out, n16)
-    elif qtype == F32:
-        decode_f32(w, ids, out, n16)
-    elif qtype == F16:
-        decode_f16(w, ids, out, n16)
-    elif qtype == BF16:
-        decode_bf16(w, ids, out, n16)
+def decode_rows(formats, qtype, w, ids, out, n16):
+    """out[i] = W[ids[i]] as float32, W of GGML type qtype, one of `formats` (kernels.cpu.formats)."""
+    _decode(formats, qtype, w, ids, out, n16)

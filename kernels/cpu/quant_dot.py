@@ -27,6 +27,7 @@ from numba import njit, prange
 
 from kernels.cpu import int8_dot
 from kernels.cpu.f16 import f16_bits_to_f32
+from kernels.cpu.formats import switch
 from kernels.cpu.int8_dot import (
     rows_dot_q4_0, rows_dot_q4_1, rows_dot_q4_k, rows_dot_q5_0, rows_dot_q5_1, rows_dot_q6_k, rows_dot_q8_0,
 )
@@ -219,45 +220,31 @@ def dot_q6_k(w, xq, xd, xsum, out):
 # --- entry points -----------------------------------------------------------
 
 
-@njit(**KERNEL)
-def _dispatch(qtype, w, X, act, Y, n16):
-    """Y[n] = w times X[n] for every input row n, given act = activations(X)."""
-    xs, xq, xd, xsum = act
-    # the int8 formats take all input rows at once (each weight block unpacked once for several)
-    if qtype == Q4_K:
-        dot_q4_k(w, xq, xd, xsum, Y)
-    elif qtype == Q6_K:
-        dot_q6_k(w, xq, xd, xsum, Y)
-    elif qtype == Q8_0:
-        dot_q8_0(w, xq, xd, xsum, Y)
-    elif qtype == Q5_0:
-        dot_q5_0(w, xq, xd, xsum, Y)
-    elif qtype == Q4_0:
-        dot_q4_0(w, xq, xd, xsum, Y)
-    elif qtype == Q4_1:
-        dot_q4_1(w, xq, xd, xsum, Y)
-    elif qtype == Q5_1:
-        dot_q5_1(w, xq, xd, xsum, Y)
-    else:
+def _all_rows(dot):
+    """An int8 format's product: every input row at once (each weight block unpacked once for several)."""
+    def product(w, X, act, Y, n16):
+        xs, xq, xd, xsum = act
+        dot(w, xq, xd, xsum, Y)
+    return njit(inline="always")(product)
+
+
+def _each_row(dot):
+    """A float format's product: its kernel takes one input row."""
+    def product(w, X, act, Y, n16):
+        xs = act[0]
         for n in range(X.shape[0]):
-            _dispatch_row(qtype, w, X[n], xs[n], Y[n], n16)
+            dot(w, X[n], xs[n], Y[n], n16)
+    return njit(inline="always")(product)
 
 
-@njit(**KERNEL)
-def _dispatch_row(qtype, w, x, xs, out, n16):
-    """out = w times one input row x, for the float kernels, which take one input row."""
-    if qtype == Q5_K:
-        dot_q5_k(w, x, xs, out, n16)
-    elif qtype == Q3_K:
-        dot_q3_k(w, x, xs, out, n16)
-    elif qtype == Q2_K:
-        dot_q2_k(w, x, xs, out, n16)
-    elif qtype == F32:
-        dot_f32(w, x, xs, out, n16)
-    elif qtype == F16:
-        dot_f16(w, x, xs, out, n16)
-    elif qtype == BF16:
-        dot_bf16(w, x, xs, out, n16)
+# product(formats, qtype, w, X, act, Y, n16): Y[n] = w times X[n] for every input row n, given
+# act = activations(X)
+_product = switch({
+    Q4_K: _all_rows(dot_q4_k), Q6_K: _all_rows(dot_q6_k), Q8_0: _all_rows(dot_q8_0), Q5_0: _all_rows(dot_q5_0),
+    Q4_0: _all_rows(dot_q4_0), Q4_1: _all_rows(dot_q4_1), Q5_1: _all_rows(dot_q5_1), Q5_K: _each_row(dot_q5_k),
+    Q3_K: _each_row(dot_q3_k), Q2_K: _each_row(dot_q2_k), F32: _each_row(dot_f32), F16: _each_row(dot_f16),
+    BF16: _each_row(dot_bf16),
+}, ("w", "X", "act", "Y", "n16"))
 
 
 @njit(**KERNEL)
@@ -282,7 +269,7 @@ _ROW_TILE_BYTES = 64 << 10
 
 
 @njit(**KERNEL)
-def _products_range(qtypes, ws, starts, X, act, Y, lo, hi):
+def _products_range(formats, qtypes, ws, starts, X, act, Y, lo, hi):
     """Stacked rows [lo, hi) of the weights in ws (weight i, of GGML type qtypes[i], owns columns
     starts[i]:starts[i+1] of Y) times every row of X, given act = activations(X): each tile of
     weight rows is read once and multiplied by every input row while it stays in L2."""
@@ -295,15 +282,15 @@ def _products_range(qtypes, ws, starts, X, act, Y, lo, hi):
         tile = b - a if X.shape[0] == 1 else max(1, _ROW_TILE_BYTES // w.shape[1])
         for r0 in range(a, b, tile):
             r1 = min(b, r0 + tile)
-            _dispatch(qtypes[i], w[r0 - starts[i] : r1 - starts[i]], X, act, Y[:, r0:r1], N16)
+            _product(formats, qtypes[i], w[r0 - starts[i] : r1 - starts[i]], X, act, Y[:, r0:r1], N16)
 
 
 @njit(parallel=True, **KERNEL)
-def _products_parallel(qtypes, ws, starts, X, act, Y, chunks):
+def _products_parallel(formats, qtypes, ws, starts, X, act, Y, chunks):
     """_products_range over all the stacked rows, split into `chunks` equal row ranges."""
     total = starts[-1]
     for c in prange(chunks):
-        _products_range(qtypes, ws, starts, X, act, Y, c * total // chunks, (c + 1) * total // chunks)
+        _products_range(formats, qtypes, ws, starts, X, act, Y, c * total // chunks, (c + 1) * total // chunks)
 
 
 @njit(**KERNEL)
@@ -316,16 +303,32 @@ def parallel_chunks(ws, threads):
     return threads if nbytes >= PARALLEL_MIN_BYTES else 1
 
 
+# weights one product stacks: q, k and v at most. Fewer are padded with empty weights, so that every
+# product has the same argument types and compiles once, not once per count
+STACK = 3
+_NO_WEIGHT = np.zeros((0, 1), np.uint8)
+_NO_WEIGHT.flags.writeable = False  # the type of the weights' read-only views
+
+
+def stack(qtypes, ws) -> tuple[np.ndarray, tuple]:
+    """(qtypes, ws) as `products` takes them: GGML type ids as int64 and the weights, padded to STACK."""
+    if not 1 <= len(ws) == len(qtypes) <= STACK:
+        raise ValueError(f"a product stacks 1 to {STACK} weights with a type each, got {len(ws)} and {len(qtypes)}")
+    padding = STACK - len(ws)
+    return np.array([*qtypes, *[qtypes[0]] * padding], np.int64), (*ws, *[_NO_WEIGHT] * padding)
+
+
 @njit(**KERNEL)
-def products(qtypes, ws, X, Y, chunks):
+def products(formats, qtypes, ws, X, Y, chunks):
     """Y[n] = the stacked products of the weights in ws with X[n], for every row n of X (float32 [m, cols],
     C-contiguous; Y [m, total rows]), split over `chunks` threads. Row n's outputs are computed exactly as
-    for X[n] alone (the same activations, the same dot, the same order), whatever m and the chunks."""
+    for X[n] alone (the same activations, the same dot, the same order), whatever m and the chunks.
+    (qtypes, ws) come from `stack`; formats (kernels.cpu.formats) holds every type in qtypes."""
     starts = np.zeros(len(ws) + 1, np.int64)
     for i in range(len(ws)):
         starts[i + 1] = starts[i] + ws[i].shape[0]
     act = activations(X)
     if chunks > 1:
-        _products_parallel(qtypes, ws, starts, X, act, Y, chunks)
-    else:
-        _products_range(qtypes, ws, starts, X, act, Y, 0, starts[-1])
+        _products_parallel(formats, qtypes, ws, starts, X, act, Y, chunks)
+    else:  # all the rows, bounds as int64 (a literal 0 would compile another _products_range)
+        _products_range(formats, qtypes, ws, starts, X, act, Y, starts[0], starts[-1])

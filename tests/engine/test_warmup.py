@@ -41,3 +41,31 @@ def test_warmup_of_an_unknown_model_is_a_clear_error(capsys):
     assert "no kernel plan for 'no-such-model'" in capsys.readouterr().err
     assert fucina(["bench", "no-such-model", "--cold-start"]) == 2
     assert "--cold-start measures a starter model" in capsys.readouterr().err
+
+
+def test_after_both_stages_a_first_reply_compiles_nothing(tmp_path, monkeypatch):
+    """A prompt longer than the block kernels take (the integer GEMM's path), then decode steps: all
+    compiled by the stages already, on a model of the plan (the warm-up used to miss the long prompt's)."""
+    from numba.core import event
+
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))
+    plan = catalog()["smollm2-135m-instruct"].kernels
+    for stage in warmup.STAGES:
+        warmup.run_stage(plan, stage)
+    warmup.write_model(tmp_path / "m.gguf", plan)
+    model = load_model(tmp_path / "m.gguf")
+    compiled = []
+
+    class Compiles(event.Listener):
+        def on_start(self, ev):
+            compiled.append(ev.data["dispatcher"].py_func.__qualname__)
+
+        def on_end(self, ev):
+            pass
+
+    with event.install_listener("numba:compile", Compiles()):
+        cache = model.new_cache(64)
+        model.forward(list(range(40)), cache)
+        model.forward([7], cache)
+    model.file.close()
+    assert compiled == []

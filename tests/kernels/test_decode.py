@@ -5,11 +5,12 @@ import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType as T
 
-from kernels.cpu import ops, quant
+from kernels.cpu import formats, ops, quant
 from kernels.cpu.attention import attention_decode
 from numba import typed
 
 from kernels.cpu.decode import Layer, forward_rows
+from kernels.cpu.quant_dot import stack
 from tests.quant_weights import random_weight
 
 E, HEADS, KV, HD, FF, POS = 64, 4, 2, 16, 96, 9
@@ -31,9 +32,10 @@ def _layer(variant, rng):
     def vec(n, on=True):
         return (1 + 0.1 * rng.standard_normal(n)).astype(np.float32) if on else np.zeros(0, np.float32)
 
-    types = np.array(QTYPES, np.int64)
-    return Layer(qkv=ws[:3], qkv_types=types[:3], out=ws[3:4], out_types=types[3:4], gate_up=ws[4:6],
-                 gate_up_types=types[4:6], down=ws[6:], down_types=types[6:], attn_norm=vec(E), ffn_norm=vec(E),
+    (qkv_types, qkv), (out_types, out), (gate_up_types, gate_up), (down_types, down) = (
+        stack(QTYPES[a:b], ws[a:b]) for a, b in ((0, 3), (3, 4), (4, 6), (6, 7)))
+    return Layer(qkv=qkv, qkv_types=qkv_types, out=out, out_types=out_types, gate_up=gate_up,
+                 gate_up_types=gate_up_types, down=down, down_types=down_types, attn_norm=vec(E), ffn_norm=vec(E),
                  post_attn_norm=vec(E, post), post_ffn_norm=vec(E, post), q_norm=vec(HD, qk_norm),
                  k_norm=vec(HD, qk_norm), q_bias=vec(HEADS * HD, bias), k_bias=vec(KV * HD, bias),
                  v_bias=vec(KV * HD, bias), n_head=HEADS, n_kv=KV, head_dim=HD, rope_dims=HD, rope_neox=neox,
@@ -42,8 +44,8 @@ def _layer(variant, rng):
 
 def _reference(x, layer, kc, vc):
     """The layer through the separate kernels, the cache written as KvCache encodes it."""
-    ws = (*layer.qkv, *layer.out, *layer.gate_up, *layer.down)
-    qtypes = (*layer.qkv_types, *layer.out_types, *layer.gate_up_types, *layer.down_types)
+    ws = [w for w in (*layer.qkv, *layer.out, *layer.gate_up, *layer.down) if w.size]  # without the padding
+    qtypes = QTYPES
     eps, base, scale, neox, act, window = (layer.eps, layer.rope_base, layer.attn_scale, layer.rope_neox,
                                            layer.activation, layer.window)
     vecs = (layer.attn_norm, layer.ffn_norm, layer.post_attn_norm, layer.post_ffn_norm, layer.q_norm,
@@ -87,8 +89,8 @@ def test_fused_layer_equals_separate_kernels(variant):
 
 def _run(rows, layer, kc, vc, pos0, threads=2):
     m = rows.shape[0]
-    forward_rows(rows, typed.List([layer]), typed.List([kc]), typed.List([vc]), np.zeros(m, np.int64),
-                 np.arange(pos0, pos0 + m, dtype=np.int64), threads)
+    forward_rows(formats.of(QTYPES), rows, typed.List([layer]), typed.List([kc]), typed.List([vc]),
+                 np.zeros(m, np.int64), np.arange(pos0, pos0 + m, dtype=np.int64), threads)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
