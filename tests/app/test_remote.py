@@ -115,10 +115,16 @@ def test_fucina_chat_remote_keeps_a_cut_reply_marked(monkeypatch, capsys, tmp_pa
     with stub_endpoint(["Hel", "lo"]) as url:
         code, out = remote_chat(monkeypatch, capsys, ["hi"], "--remote", url)
     assert code == 0
-    assert "Hello" in out.out and "closed the connection" in out.err and "kept in the conversation" in out.err
+    assert "Hello" in out.out and _cut(out.err) and "kept in the conversation" in out.err
     _, (user, reply) = stored(tmp_path)
     assert user["content"] == "hi" and reply["content"] == "Hello"
-    assert reply["meta"]["finish_reason"] == INTERRUPTED and "closed the connection" in reply["meta"]["error"]
+    assert reply["meta"]["finish_reason"] == INTERRUPTED and _cut(reply["meta"]["error"])
+
+
+def _cut(message: str) -> bool:
+    """The stub's close reaches the client as a clean end or as a reset, depending on timing: either way the
+    reply was cut."""
+    return "closed the connection" in message or "connection reset" in message.lower()
 
 
 @pytest.mark.parametrize("flags, match", [
