@@ -83,9 +83,9 @@ QToolTip {{ background: {c.surface}; color: {c.text}; border: 1px solid {c.borde
 
 #header {{ background: {c.window}; border-bottom: 1px solid {c.border}; }}
 #sidebarPane {{ background: {c.sidebar}; border-right: 1px solid {c.border}; }}
-#sidebarPane QListView, #sidebarPane QListWidget {{ background: transparent; border: none; }}
-#sidebarPane QListWidget::item {{ padding: 6px {SPACE_M}px; border-radius: 6px; }}
-#sidebarPane QListWidget::item:selected {{ background: {c.raised}; color: {c.text}; }}
+#sidebarPane QListView {{ background: transparent; border: none; }}
+#sidebarPane QListView::item {{ padding: 6px {SPACE_M}px; border-radius: 6px; }}
+#sidebarPane QListView::item:selected {{ background: {c.raised}; color: {c.text}; }}
 
 QLineEdit, QPlainTextEdit, QTextEdit, QComboBox, QSpinBox, QDoubleSpinBox {{
     background: {c.surface}; border: 1px solid {c.border}; border-radius: {RADIUS_CONTROL}px; padding: 5px;
