@@ -245,3 +245,13 @@ def test_every_action_icon_is_valid_svg_drawn_in_the_theme_colour():
         text = svg.read_text(encoding="utf-8")
         assert QSvgRenderer(text.encode()).isValid(), svg.name
         assert "currentColor" in text and "#" not in text, f"{svg.name} has a fixed colour"  # tinted per theme
+
+
+def test_the_style_sheet_styles_the_sidebar_rows_the_window_shows(bare_window):
+    """Its rows are styled by their view's class: the sidebar once became a QListView while the style sheet
+    still named QListWidget, and its rows fell back to the platform's flat selection."""
+    from app.gui.theme import LIGHT, style_sheet
+
+    view = type(bare_window().sidebar.list).__name__
+    sheet = style_sheet(LIGHT)
+    assert f"#sidebarPane {view}::item {{" in sheet and f"#sidebarPane {view}::item:selected {{" in sheet
