@@ -89,7 +89,7 @@ def attention_prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos0: int, 
     group = n_head // kv_heads
     out = np.empty((n, n_head, d), dtype=np.float32)
 
-    def task(c0: int, kvh: int) -> int:
+    def task(c0: int, kvh: int) -> None:
         c1 = min(n, c0 + _QUERY_CHUNK)
         # visible keys of this chunk: those any of its queries can see
         lo = 0 if window <= 0 else max(0, q_pos0 + c0 - window + 1)
@@ -102,7 +102,6 @@ def attention_prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos0: int, 
         s = (qg @ kt.T).reshape(c1 - c0, group, hi - lo)
         _masked_softmax(s, q_pos0 + c0, lo, window, np.float32(scale))
         out[c0:c1, heads, :] = (s.reshape(-1, hi - lo) @ vt).reshape(c1 - c0, group, d)
-        return (c1 - c0) * (hi - lo)
 
     tasks = [(c0, kvh) for c0 in range(0, n, _QUERY_CHUNK) for kvh in range(kv_heads)]
     if threads <= 1 or len(tasks) < 2 or n < _THREADED_MIN_QUERIES:

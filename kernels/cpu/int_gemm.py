@@ -122,20 +122,20 @@ def _q8_0_values(builder, ptr, sub):
 
 
 def _make_unpack_row(qtype, values):
-    """unpack(row, packed, t, lane): every block of the weight row `row` (uint8 [row_bytes]) as unsigned
-    values, into packed[t, :, :, lane, :] (packed [tiles, blocks, 16, TILE_ROWS, 2] int16), for a weight of
+    """unpack(row, packed, lane): every block of the weight row `row` (uint8 [row_bytes]) as unsigned
+    values, into packed[:, :, lane, :] (a tile: packed [blocks, 16, TILE_ROWS, 2] int16), for a weight of
     GGML type `qtype`, whose format blocks hold one block of 32 or (K-quants) eight;
     values(builder, format_block_ptr, sub) gives block `sub`'s, unsigned bytes or int16."""
     block_bytes, block_weights = _LAYOUT[qtype]
     per_block = block_weights // _BLOCK
 
     @intrinsic
-    def unpack(typingctx, row, packed, t, lane):
+    def unpack(typingctx, row, packed, lane):
         def codegen(context, builder, sig, args):
             row_a, packed_a = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 1))
-            t_v, lane_v = args[2], args[3]
+            lane_v = args[2]
             c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731
-            blocks = cgutils.unpack_tuple(builder, packed_a.shape, 5)[1]
+            blocks = cgutils.unpack_tuple(builder, packed_a.shape, 4)[0]
             base = builder.bitcast(packed_a.data, _I32.as_pointer())  # in pairs
             with cgutils.for_range(builder, blocks) as loop:
                 b = loop.index
@@ -144,14 +144,13 @@ def _make_unpack_row(qtype, values):
                 if q.type.element == _I8:  # unsigned values
                     q = builder.zext(q, _vec(_I16, 32))
                 groups = builder.bitcast(q, _vec(_I32, _GROUPS))
-                first = builder.add(builder.mul(builder.add(builder.mul(t_v, blocks), b), c64(_GROUPS * TILE_ROWS)),
-                                    lane_v)
+                first = builder.add(builder.mul(b, c64(_GROUPS * TILE_ROWS)), lane_v)
                 for g in range(_GROUPS):
                     builder.store(builder.extract_element(groups, ir.Constant(_I32, g)),
                                   builder.gep(base, [builder.add(first, c64(g * TILE_ROWS))]), align=1)
             return context.get_dummy_value()
 
-        return types.none(row, packed, t, lane), codegen
+        return types.none(row, packed, lane), codegen
 
     return unpack
 
@@ -239,18 +238,18 @@ _scale_offset = switch({
 _unpack_row = switch({
     qb.Q4_0: _unpack_q4_0, qb.Q4_1: _unpack_q4_1, qb.Q5_0: _unpack_q5_0, qb.Q5_1: _unpack_q5_1,
     qb.Q8_0: _unpack_q8_0, qb.Q4_K: _unpack_q4_k, qb.Q6_K: _unpack_q6_k, qb.Q5_K: _unpack_q5_k,
-}, ("row", "packed", "t", "lane"))
+}, ("row", "packed", "lane"))
 
 
 @njit(**KERNEL)
 def _repack_tile(formats, qtype, w, t, packed, s, o):
-    """Weight rows t*TILE_ROWS.. of w [rows, row_bytes] -> packed [1, blocks, 16, TILE_ROWS, 2] int16 (the two
-    values of column pair g of block b of each tile row side by side), s and o [1, blocks, TILE_ROWS]."""
+    """Weight rows t*TILE_ROWS.. of w [rows, row_bytes] -> packed [blocks, 16, TILE_ROWS, 2] int16 (the two
+    values of column pair g of block b of each tile row side by side), s and o [blocks, TILE_ROWS]."""
     for lane in range(TILE_ROWS):
         row = w[t * TILE_ROWS + lane]
-        _unpack_row(formats, qtype, row, packed, 0, lane)
-        for b in range(packed.shape[1]):
-            s[0, b, lane], o[0, b, lane] = _scale_offset(formats, qtype, row, b)
+        _unpack_row(formats, qtype, row, packed, lane)
+        for b in range(packed.shape[0]):
+            s[b, lane], o[b, lane] = _scale_offset(formats, qtype, row, b)
 
 
 # --- the micro-kernel: one tile of weight rows times up to four input rows, in LLVM IR -----------------
@@ -271,17 +270,17 @@ def _fma(builder, a, b, c):
 
 
 def _make_tile_kernel(n_rows):
-    """tile(packed, s, o, t, xq, xd, xs, r0, out, col_tile): out[r0 + i, col_tile*TILE_ROWS :
-    (col_tile+1)*TILE_ROWS] for i < n_rows: the products of packed weight tile t with input rows r0 + i
-    (xq [m, cols] int16, xd and xs = xd * sum(xq) [m, blocks] float32)."""
+    """tile(packed, s, o, xq, xd, xs, r0, out, col_tile): out[r0 + i, col_tile*TILE_ROWS :
+    (col_tile+1)*TILE_ROWS] for i < n_rows: the products of the packed weight tile (as _repack_tile leaves
+    it) with input rows r0 + i (xq [m, cols] int16, xd and xs = xd * sum(xq) [m, blocks] float32)."""
 
     @intrinsic
-    def tile(typingctx, packed, s, o, t, xq, xd, xs, r0, out, col_tile):
+    def tile(typingctx, packed, s, o, xq, xd, xs, r0, out, col_tile):
         def codegen(context, builder, sig, args):
-            arrays = [context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 1, 2, 4, 5, 6, 8)]
+            arrays = [context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 1, 2, 3, 4, 5, 7)]
             packed_a, s_a, o_a, xq_a, xd_a, xs_a, out_a = arrays
-            t_v, r0_v = args[3], args[7]
-            blocks = cgutils.unpack_tuple(builder, packed_a.shape, 5)[1]
+            r0_v = args[6]
+            blocks = cgutils.unpack_tuple(builder, packed_a.shape, 4)[0]
             cols = cgutils.unpack_tuple(builder, xq_a.shape, 2)[1]
             out_cols = cgutils.unpack_tuple(builder, out_a.shape, 2)[1]
 
@@ -292,9 +291,7 @@ def _make_tile_kernel(n_rows):
                 return builder.load(builder.bitcast(builder.gep(base, [index]), vtype.as_pointer()), align=align)
 
             fvec, ivec, wvec = _vec(_F32, LANES), _vec(_I32, LANES), _vec(_I16, 2 * LANES)
-            w_tile = builder.gep(packed_a.data, [builder.mul(t_v, builder.mul(blocks, c64(_BLOCK * TILE_ROWS)))])
-            so_tile = builder.mul(t_v, builder.mul(blocks, c64(TILE_ROWS)))
-            s_tile, o_tile = builder.gep(s_a.data, [so_tile]), builder.gep(o_a.data, [so_tile])
+            w_tile, s_tile, o_tile = packed_a.data, s_a.data, o_a.data
             rows = [builder.add(r0_v, c64(i)) for i in range(n_rows)]
             xq_rows = [builder.gep(xq_a.data, [builder.mul(r, cols)]) for r in rows]
             xd_rows = [builder.gep(xd_a.data, [builder.mul(r, blocks)]) for r in rows]
@@ -325,14 +322,14 @@ def _make_tile_kernel(n_rows):
                         acc = _fma(builder, scaled, xd_b, builder.load(accs[i][v]))
                         builder.store(_fma(builder, neg_o, xs_b, acc), accs[i][v])
 
-            col0 = builder.mul(args[9], c64(TILE_ROWS))
+            col0 = builder.mul(args[8], c64(TILE_ROWS))
             for i, r in enumerate(rows):
                 for v in range(VECTORS):
                     dst = builder.gep(out_a.data, [builder.add(builder.mul(r, out_cols), builder.add(col0, c64(v * LANES)))])
                     builder.store(builder.load(accs[i][v]), builder.bitcast(dst, fvec.as_pointer()), align=4)
             return context.get_dummy_value()
 
-        return types.none(packed, s, o, t, xq, xd, xs, r0, out, col_tile), codegen
+        return types.none(packed, s, o, xq, xd, xs, r0, out, col_tile), codegen
 
     return tile
 
@@ -374,22 +371,22 @@ def _gemm(formats, qtype, w, blocks, xq, xd, xs, out, chunks):
     over it (a whole repacked weight would go out to memory and back, and take page faults to allocate)."""
     tiles, m = w.shape[0] // TILE_ROWS, xq.shape[0]
     for c in prange(chunks):
-        packed = np.empty((1, blocks, _GROUPS, TILE_ROWS, 2), np.int16)
-        s = np.empty((1, blocks, TILE_ROWS), np.float32)
-        o = np.empty((1, blocks, TILE_ROWS), np.float32)
+        packed = np.empty((blocks, _GROUPS, TILE_ROWS, 2), np.int16)
+        s = np.empty((blocks, TILE_ROWS), np.float32)
+        o = np.empty((blocks, TILE_ROWS), np.float32)
         for t in range(c * tiles // chunks, (c + 1) * tiles // chunks):
             _repack_tile(formats, qtype, w, t, packed, s, o)
             r0 = 0
             while r0 + 4 <= m:
-                _tile_4(packed, s, o, 0, xq, xd, xs, r0, out, t)
+                _tile_4(packed, s, o, xq, xd, xs, r0, out, t)
                 r0 += 4
             left = m - r0
             if left == 3:
-                _tile_3(packed, s, o, 0, xq, xd, xs, r0, out, t)
+                _tile_3(packed, s, o, xq, xd, xs, r0, out, t)
             elif left == 2:
-                _tile_2(packed, s, o, 0, xq, xd, xs, r0, out, t)
+                _tile_2(packed, s, o, xq, xd, xs, r0, out, t)
             elif left == 1:
-                _tile_1(packed, s, o, 0, xq, xd, xs, r0, out, t)
+                _tile_1(packed, s, o, xq, xd, xs, r0, out, t)
 
 
 def matmul_into(qtype: int, w: np.ndarray, X: np.ndarray, Y: np.ndarray, threads: int) -> None:

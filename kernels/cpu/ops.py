@@ -57,29 +57,35 @@ def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray | Non
 
 
 @njit(**OPS, inline="always")
-def _rope_row(x, pos, inv, neox):
-    """Rotate the first 2 * inv.size dims of every head of x [heads, head_dim] to position pos."""
-    half = inv.size
-    for i in range(half):
-        theta = pos * inv[i]
-        c = np.float32(math.cos(theta))
-        s = np.float32(math.sin(theta))
-        a_idx = i if neox else 2 * i
-        b_idx = i + half if neox else 2 * i + 1
-        for h in range(x.shape[0]):
-            a = x[h, a_idx]
-            b = x[h, b_idx]
-            x[h, a_idx] = a * c - b * s
-            x[h, b_idx] = a * s + b * c
-
-
-@njit(**OPS, inline="always")
 def _inverse_frequencies(n_rot, base):
     half = n_rot // 2
     inv = np.empty(half, dtype=np.float64)
     for i in range(half):
         inv[i] = base ** (-2.0 * i / n_rot)
     return inv
+
+
+@njit(**OPS, inline="always")
+def _angles_at(pos, inv, cos, sin):
+    """cos and sin (float32 [n_rot/2]) of position pos's angles."""
+    for i in range(inv.size):
+        theta = pos * inv[i]
+        cos[i] = np.float32(math.cos(theta))
+        sin[i] = np.float32(math.sin(theta))
+
+
+@njit(**OPS, inline="always")
+def _rotate(x, cos, sin, neox):
+    """Rotate the first 2 * cos.size dims of every head of x [heads, head_dim] by the angles' cos and sin."""
+    half = cos.size
+    for i in range(half):
+        a_idx = i if neox else 2 * i
+        b_idx = i + half if neox else 2 * i + 1
+        for h in range(x.shape[0]):
+            a = x[h, a_idx]
+            b = x[h, b_idx]
+            x[h, a_idx] = a * cos[i] - b * sin[i]
+            x[h, b_idx] = a * sin[i] + b * cos[i]
 
 
 @njit(**OPS)
@@ -90,21 +96,21 @@ def rope_inplace(x, positions, n_rot, base, neox):
     style pairs 2i with 2i+1 (llama, whose GGUF q/k rows are permuted for it).
     """
     inv = _inverse_frequencies(n_rot, base)
+    cos = np.empty(inv.size, np.float32)
+    sin = np.empty(inv.size, np.float32)
     for t in range(x.shape[0]):
-        _rope_row(x[t], positions[t], inv, neox)
+        _angles_at(positions[t], inv, cos, sin)
+        _rotate(x[t], cos, sin, neox)
 
 
 @njit(**OPS, parallel=True)
 def _angles(positions, n_rot, base):
-    """cos and sin [n, n_rot/2] float32 of each position's angles, as _rope_row computes them."""
+    """cos and sin [n, n_rot/2] float32 of each position's angles."""
     inv = _inverse_frequencies(n_rot, base)
     cos = np.empty((positions.size, inv.size), np.float32)
     sin = np.empty((positions.size, inv.size), np.float32)
     for t in prange(positions.size):
-        for i in range(inv.size):
-            theta = positions[t] * inv[i]
-            cos[t, i] = np.float32(math.cos(theta))
-            sin[t, i] = np.float32(math.sin(theta))
+        _angles_at(positions[t], inv, cos[t], sin[t])
     return cos, sin
 
 
@@ -117,16 +123,8 @@ def _angle_table(positions: bytes, n_rot: int, base: float):
 
 @njit(**OPS, parallel=True)
 def _rope_parallel(x, cos, sin, neox):
-    half = cos.shape[1]
     for t in prange(x.shape[0]):
-        for i in range(half):
-            a_idx = i if neox else 2 * i
-            b_idx = i + half if neox else 2 * i + 1
-            for h in range(x.shape[1]):
-                a = x[t, h, a_idx]
-                b = x[t, h, b_idx]
-                x[t, h, a_idx] = a * cos[t, i] - b * sin[t, i]
-                x[t, h, b_idx] = a * sin[t, i] + b * cos[t, i]
+        _rotate(x[t], cos[t], sin[t], neox)
 
 
 def rope(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float, neox: bool) -> None:
