@@ -56,7 +56,7 @@ class ChatView(QScrollArea):
         self._column.addStretch()
         self.setWidget(container)
         self.widgets: list[MessageWidget] = []   # the cards of rows [self._first, self._last)
-        self._first = self._last = 0
+        self._first = 0  # the row of widgets[0]
         self.thinking: ThinkingIndicator | None = None  # shown in an empty reply being written
         self._follow = True
         # A card to hold at its place in the view (and that place) while cards are built or dropped around it
@@ -73,6 +73,11 @@ class ChatView(QScrollArea):
         model.streaming_changed.connect(self._streaming_changed)
         self.rebuild()
 
+    @property
+    def _last(self) -> int:
+        """The row after the window's last card."""
+        return self._first + len(self.widgets)
+
     def widget_of(self, message_id: str) -> MessageWidget | None:
         """The card of a message, if it is built."""
         return next((w for w in self.widgets if w.message_id == message_id), None)
@@ -87,18 +92,18 @@ class ChatView(QScrollArea):
     def _show_window(self, first: int, last: int) -> None:
         self._anchor = self._target = None
         self._drop(0, len(self.widgets))
-        self._first = self._last = first
+        self._first = first
         self._build(first, last)
 
     def _build(self, start: int, end: int) -> None:
         """Cards for rows [start, end), which adjoin the window (before its first row or after its last)."""
-        at = 0 if end == self._first and self._first != self._last else len(self.widgets)
+        at = 0 if end == self._first and self.widgets else len(self.widgets)
         cards = [self._make(row) for row in range(start, end)]
         for i, widget in enumerate(cards):
             self._column.insertWidget(at + i, widget)
         self.widgets[at:at] = cards
         self._keep_tab_order(at, len(cards))
-        self._first, self._last = min(self._first, start), max(self._last, end)
+        self._first = min(self._first, start)
         self._sync_thinking()
 
     def _keep_tab_order(self, at: int, count: int) -> None:
@@ -165,10 +170,9 @@ class ChatView(QScrollArea):
     def _rows_inserted(self, _parent: QModelIndex, start: int, end: int) -> None:
         count = end - start + 1
         if start < self._first or (start == self._first and self._first < self._last):
-            self._first, self._last = self._first + count, self._last + count  # above the window: not built
+            self._first += count  # above the window: not built
         elif start <= self._last:  # in the window or right after it: the window ends with (a batch of) them
             self._drop(start - self._first, self._last - start)  # cards below them (none when appended)
-            self._last = start
             self._build(start, min(end + 1, start + RENDER_BATCH))
         self._mark_last_message()
 
@@ -178,9 +182,8 @@ class ChatView(QScrollArea):
             self._drop(shown_from - self._first, shown_to - shown_from)
         before = max(0, min(end + 1, self._first) - start)  # removed rows above the window
         self._first -= before
-        self._last = self._first + len(self.widgets)
         if not self.widgets and self.model.rowCount():  # the window went: the rows up to where it was
-            self._first = self._last = min(start, self.model.rowCount())
+            self._first = min(start, self.model.rowCount())
             self._build(max(0, self._first - RENDER_BATCH), self._first)
         self._mark_last_message()
         self._sync_thinking()
@@ -258,7 +261,6 @@ class ChatView(QScrollArea):
         self._build(max(0, self._first - RENDER_BATCH), self._first)
         if len(self.widgets) > MAX_CARDS:  # the newest, far below the view
             self._drop(MAX_CARDS, len(self.widgets) - MAX_CARDS)
-            self._last = self._first + MAX_CARDS
 
     def _load_newer(self) -> None:
         if self._shows_the_end():
