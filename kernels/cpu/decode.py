@@ -28,7 +28,7 @@ from numba import njit, types
 from numba.extending import overload
 
 from kernels.cpu import ops
-from kernels.cpu.attention import decode_heads
+from kernels.cpu.attention_lanes import attend_rows
 from kernels.cpu.f16 import f32_to_f16_bits
 from kernels.cpu.quant_blocks import KERNEL
 from kernels.cpu.quant_dot import parallel_chunks, products
@@ -98,17 +98,19 @@ def _store_rows_overload(rows, dst):
 
 
 def attend(q, kc, vc, n_keys, window, scale, out):
-    """Attention of one row's heads q [heads, head_dim] over cache rows [0, n_keys) (Numba-only)."""
+    """Attention of rows q [m, heads, head_dim] of one cache, row i over its rows [0, n_keys[i])
+    (Numba-only)."""
     raise NotImplementedError
 
 
 @overload(attend, inline="always")
 def _attend_overload(q, kc, vc, n_keys, window, scale, out):
     if kc.dtype == types.uint16:
-        return lambda q, kc, vc, n_keys, window, scale, out: decode_heads(q, kc, vc, n_keys, window, scale, out)
+        return lambda q, kc, vc, n_keys, window, scale, out: attend_rows(q, kc, vc, n_keys, window, scale, out)
 
     def attend_q8_0(q, kc, vc, n_keys, window, scale, out):  # the values a dequantized cache would hold
-        decode_heads(q, dequantize_rows(kc[:n_keys]), dequantize_rows(vc[:n_keys]), n_keys, window, scale, out)
+        n = n_keys.max()
+        attend_rows(q, dequantize_rows(kc[:n]), dequantize_rows(vc[:n]), n_keys, window, scale, out)
     return attend_q8_0
 
 
@@ -145,11 +147,18 @@ def _attention(formats, x, layer, li, n_layers, kcs, vcs, slots, positions, thre
         cache = slots[i] * n_layers + li
         store_rows(ki[0], kcs[cache][positions[i]])
         store_rows(v.reshape(n_kv, hd), vcs[cache][positions[i]])
-    attn = np.empty((m, n_head * hd), np.float32)
-    for i in range(m):  # every row's keys are in the cache now; row i reads up to its own position
-        cache = slots[i] * n_layers + li
-        attend(q3[i], kcs[cache], vcs[cache], positions[i] + 1, layer.window, np.float32(layer.attn_scale),
-               attn[i].reshape(n_head, hd))
+    attn = np.empty((m, n_head, hd), np.float32)
+    n_keys = positions + 1
+    i0 = 0
+    while i0 < m:  # every row's keys are in the cache now; row i reads up to its own position
+        i1 = i0 + 1
+        while i1 < m and slots[i1] == slots[i0]:  # the run of rows of one cache attends together
+            i1 += 1
+        cache = slots[i0] * n_layers + li
+        attend(q3[i0:i1], kcs[cache], vcs[cache], n_keys[i0:i1], layer.window, np.float32(layer.attn_scale),
+               attn[i0:i1])
+        i0 = i1
+    attn = attn.reshape(m, n_head * hd)
     products(formats, layer.out_types, layer.out, attn, out, parallel_chunks(layer.out, threads))
     if layer.post_attn_norm.size:
         _norm_rows(out, layer.post_attn_norm, eps, out)
