@@ -121,13 +121,15 @@ def _q8_0_values(builder, ptr, sub):
     return builder.xor(v, ir.Constant(_vec(_I8, 32), [128] * 32))
 
 
-def _make_unpack_row(qtype, values):
+def _make_unpack_row(qtype, values, quads=False):
     """unpack(row, packed, lane): every block of the weight row `row` (uint8 [row_bytes]) as unsigned
-    values, into packed[:, :, lane, :] (a tile: packed [blocks, 16, TILE_ROWS, 2] int16), for a weight of
-    GGML type `qtype`, whose format blocks hold one block of 32 or (K-quants) eight;
-    values(builder, format_block_ptr, sub) gives block `sub`'s, unsigned bytes or int16."""
+    values, into packed[:, :, lane, :] (a tile: packed [blocks, 16, tile rows, 2] int16, or with `quads`
+    packed [blocks, 8, tile rows, 4] uint8: each block's values in groups of two or four side by side), for a
+    weight of GGML type `qtype`, whose format blocks hold one block of 32 or (K-quants) eight;
+    values(builder, format_block_ptr, sub) gives block `sub`'s, unsigned bytes or (not with quads) int16."""
     block_bytes, block_weights = _LAYOUT[qtype]
     per_block = block_weights // _BLOCK
+    groups = _BLOCK // 4 if quads else _GROUPS
 
     @intrinsic
     def unpack(typingctx, row, packed, lane):
@@ -135,19 +137,19 @@ def _make_unpack_row(qtype, values):
             row_a, packed_a = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 1))
             lane_v = args[2]
             c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731
-            blocks = cgutils.unpack_tuple(builder, packed_a.shape, 4)[0]
-            base = builder.bitcast(packed_a.data, _I32.as_pointer())  # in pairs
+            blocks, _, tile_rows, _ = cgutils.unpack_tuple(builder, packed_a.shape, 4)
+            base = builder.bitcast(packed_a.data, _I32.as_pointer())  # a group per i32
             with cgutils.for_range(builder, blocks) as loop:
                 b = loop.index
                 ptr = builder.gep(row_a.data, [builder.mul(builder.udiv(b, c64(per_block)), c64(block_bytes))])
                 q = values(builder, ptr, builder.urem(b, c64(per_block)))
-                if q.type.element == _I8:  # unsigned values
+                if q.type.element == _I8 and not quads:  # unsigned values
                     q = builder.zext(q, _vec(_I16, 32))
-                groups = builder.bitcast(q, _vec(_I32, _GROUPS))
-                first = builder.add(builder.mul(b, c64(_GROUPS * TILE_ROWS)), lane_v)
-                for g in range(_GROUPS):
-                    builder.store(builder.extract_element(groups, ir.Constant(_I32, g)),
-                                  builder.gep(base, [builder.add(first, c64(g * TILE_ROWS))]), align=1)
+                grouped = builder.bitcast(q, _vec(_I32, groups))
+                first = builder.add(builder.mul(b, builder.mul(c64(groups), tile_rows)), lane_v)
+                for g in range(groups):
+                    builder.store(builder.extract_element(grouped, ir.Constant(_I32, g)),
+                                  builder.gep(base, [builder.add(first, builder.mul(c64(g), tile_rows))]), align=1)
             return context.get_dummy_value()
 
         return types.none(row, packed, lane), codegen

@@ -25,7 +25,7 @@ delete the `__pycache__/*.nb*` files).
 import numpy as np
 from numba import njit, prange
 
-from kernels.cpu import int8_dot
+from kernels.cpu import int8_dot, row_lanes
 from kernels.cpu.f16 import f16_bits_to_f32
 from kernels.cpu.formats import switch
 from kernels.cpu.int8_dot import (
@@ -220,12 +220,23 @@ def dot_q6_k(w, xq, xd, xsum, out):
 # --- entry points -----------------------------------------------------------
 
 
-def _all_rows(dot):
-    """An int8 format's product: every input row at once (each weight block unpacked once for several)."""
-    def product(w, X, act, Y, n16):
-        xs, xq, xd, xsum = act
-        dot(w, xq, xd, xsum, Y)
-    return njit(inline="always")(product)
+def _all_rows(dot, qtype):
+    """An int8 format's product: every input row at once (each weight block unpacked once for several), the
+    rows in groups of 16 in vector lanes where the host and the format have them (the same bits)."""
+    if not (row_lanes.AVAILABLE and qtype in row_lanes.FORMATS):
+        def product(w, X, act, Y, n16):
+            xs, xq, xd, xsum, xs4 = act
+            dot(w, xq, xd, xsum, Y)
+        return njit(inline="always")(product)
+    lanes = row_lanes.products_of(qtype)
+
+    def product_lanes(w, X, act, Y, n16):
+        xs, xq, xd, xsum, xs4 = act
+        done = 0
+        if X.shape[0] >= row_lanes.MIN_INPUT_ROWS:
+            done = lanes(w, xq, xd, xsum, xs4, Y)
+        dot(w[done:], xq, xd, xsum, Y[:, done:])
+    return njit(inline="always")(product_lanes)
 
 
 def _each_row(dot):
@@ -240,8 +251,9 @@ def _each_row(dot):
 # product(formats, qtype, w, X, act, Y, n16): Y[n] = w times X[n] for every input row n, given
 # act = activations(X)
 _product = switch({
-    Q4_K: _all_rows(dot_q4_k), Q6_K: _all_rows(dot_q6_k), Q8_0: _all_rows(dot_q8_0), Q5_0: _all_rows(dot_q5_0),
-    Q4_0: _all_rows(dot_q4_0), Q4_1: _all_rows(dot_q4_1), Q5_1: _all_rows(dot_q5_1), Q5_K: _each_row(dot_q5_k),
+    Q4_K: _all_rows(dot_q4_k, Q4_K), Q6_K: _all_rows(dot_q6_k, Q6_K), Q8_0: _all_rows(dot_q8_0, Q8_0),
+    Q5_0: _all_rows(dot_q5_0, Q5_0), Q4_0: _all_rows(dot_q4_0, Q4_0), Q4_1: _all_rows(dot_q4_1, Q4_1),
+    Q5_1: _all_rows(dot_q5_1, Q5_1), Q5_K: _each_row(dot_q5_k),
     Q3_K: _each_row(dot_q3_k), Q2_K: _each_row(dot_q2_k), F32: _each_row(dot_f32), F16: _each_row(dot_f16),
     BF16: _each_row(dot_bf16),
 }, ("w", "X", "act", "Y", "n16"))
@@ -250,18 +262,23 @@ _product = switch({
 @njit(**KERNEL)
 def activations(X):
     """What the kernels read besides the weights, per input row n: the sums of X[n] over runs of 16 (the
-    offset terms of the float kernels and the mins), and X[n] quantized to int8 blocks of 32 as
-    (values, scales, value sums) for the integer kernels."""
+    offset terms of the float kernels and the mins), X[n] quantized to int8 blocks of 32 as (values, scales,
+    value sums) for the integer kernels, and with several rows the sums of each four values (row_lanes)."""
     m, cols = X.shape
     xs = np.zeros((m, cols // 16), np.float32)
     xq = np.empty((m, cols // 32 * 32), np.int8)
     xd = np.empty((m, cols // 32), np.float32)
     xsum = np.empty((m, cols // 32), np.int32)
+    quads = cols // 32 * 8 if m >= row_lanes.MIN_INPUT_ROWS else 0
+    xs4 = np.empty((m, quads), np.int32)
     for n in range(m):
         for c in range(xs.shape[1] * 16):
             xs[n, c >> 4] += X[n, c]
         xq[n], xd[n], xsum[n] = int8_dot.quantize(X[n])
-    return xs, xq, xd, xsum
+        for g in range(quads):
+            xs4[n, g] = np.int32(xq[n, 4 * g]) + np.int32(xq[n, 4 * g + 1]) + np.int32(xq[n, 4 * g + 2]) \
+                + np.int32(xq[n, 4 * g + 3])
+    return xs, xq, xd, xsum, xs4
 
 
 # rows of a weight multiplied by every input row in turn: small enough to stay in L2 meanwhile
@@ -286,7 +303,8 @@ def _products_range(formats, qtypes, ws, starts, X, act, Y, lo, hi):
             continue
         w = ws[i]
         # one input row streams the weight straight through; more revisit each tile while it is in L2
-        tile = b - a if X.shape[0] == 1 else max(1, _ROW_TILE_BYTES // w.shape[1])
+        # (in whole groups of row_lanes' 16 rows)
+        tile = b - a if X.shape[0] == 1 else max(1, _ROW_TILE_BYTES // w.shape[1] // 16) * 16
         for r0 in range(a, b, tile):
             r1 = min(b, r0 + tile)
             _dispatch(formats, qtypes[i], w[r0 - starts[i] : r1 - starts[i]], X, act, Y[:, r0:r1], N16)

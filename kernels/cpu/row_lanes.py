@@ -1,0 +1,199 @@
+"""Row-wise products of several input rows with 16 weight rows side by side in vector lanes.
+
+int8_dot's row kernels run one weight row at a time: each block's integer dot has its partial sums in
+vector lanes and is scaled and accumulated per row, and its weights are unpacked again for every tile of
+four input rows. With the 16 or so rows of a verify step, that bookkeeping, not the multiplies, is the
+cost. Here a group of 16 weight rows is unpacked once into a tile (int_gemm's unpackers, four values of
+each row side by side), and every input row passes over it: one `vpdpbusd` gives, for 16 weight rows at
+once, the sum of four products that is one lane of the row kernel's dot, so the float arithmetic that
+follows is the row kernel's own, lane for lane: the same partial sums, scaled and fused-multiply-added in
+the same order, the two chains of even and odd blocks, the same final sums. A row's outputs are the bits
+of int8_dot's (tested bitwise); `usable` says where this kernel may replace it, by speed alone.
+
+The 32-weight formats that unpack: Q4_0 and Q5_0 (their values enter unsigned, q = w + C, and C times the sum
+of the four inputs comes off each integer sum, which is then exactly the row kernel's), Q4_1 and Q5_1
+(unsigned values, the mins through each block's input sum as the row kernel adds them). Q8_0's row kernel
+unpacks nothing and was as fast as the lanes at 8 and 16 rows, so it keeps it.
+"""
+
+import llvmlite.binding as llvm
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from kernels.cpu import int_gemm
+from kernels.cpu import quant_blocks as qb
+from kernels.cpu.int8_dot import _call, multiply_add
+
+_VNNI = bool(llvm.get_host_cpu_features().get("avx512vnni")) and bool(llvm.get_host_cpu_features().get("avx512bw"))
+ROWS = 16        # weight rows per tile: one int32 lane each in a 512-bit vector
+_QUADS = 8       # groups of four values per block of 32
+# fewer input rows than this stay on int8_dot's kernels: the tile's unpacking must pay for itself (at 4 rows the row
+# kernels read each weight once, in one pass of their four-row tile; measured on Qwen2.5 from 5 rows up)
+MIN_INPUT_ROWS = 5
+
+# format -> (bytes per block, C: the offset taken off its unsigned values, or None for the mins formats)
+FORMATS = {qb.Q4_0: (18, 8), qb.Q5_0: (22, 16), qb.Q4_1: (20, None), qb.Q5_1: (24, None)}
+
+_I8, _I32 = ir.IntType(8), ir.IntType(32)
+_F32 = ir.FloatType()
+_IVEC, _FVEC = ir.VectorType(_I32, ROWS), ir.VectorType(_F32, ROWS)
+
+
+# this host has the lanes (else int8_dot's kernels do all the products)
+AVAILABLE = _VNNI
+
+
+def _splat(builder, x, vtype):
+    v = builder.insert_element(ir.Constant(vtype, None), x, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, vtype.count), [0] * vtype.count))
+
+
+def _make_kernel(center):
+    """rows(packed, d, dmin, xq, xd, xsum, xs4, n, out, col0): out[n, col0 : col0 + 16] = the dots of the
+    tile's 16 weight rows with input row n (xq [m, cols] int8, xd [m, blocks] float32, xsum [m, blocks] and
+    xs4 [m, blocks, 8] int32 the sums of each block's and each group of four's values), for a format whose
+    unsigned values are w + center, or with center None, whose mins dmin come through xsum."""
+
+    @intrinsic
+    def rows(typingctx, packed, d, dmin, xq, xd, xsum, xs4, n, out, col0):
+        def codegen(context, builder, sig, args):
+            a = {i: context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 1, 2, 3, 4, 5, 6, 8)}
+            n_v, col0_v = args[7], args[9]
+            i64 = n_v.type
+            c = lambda v: ir.Constant(i64, v)  # noqa: E731
+            blocks = cgutils.unpack_tuple(builder, a[0].shape, 4)[0]
+            cols = cgutils.unpack_tuple(builder, a[3].shape, 2)[1]
+            tile = builder.bitcast(a[0].data, _IVEC.as_pointer())
+            xq_row = builder.gep(a[3].data, [builder.mul(n_v, cols)])
+            xd_row = builder.gep(a[4].data, [builder.mul(n_v, blocks)])
+            xsum_row = builder.gep(a[5].data, [builder.mul(n_v, blocks)])
+            xs4_row = builder.gep(a[6].data, [builder.mul(n_v, builder.mul(blocks, c(_QUADS)))])
+            chains = [[cgutils.alloca_once_value(builder, ir.Constant(_FVEC, None)) for _ in range(_QUADS)]
+                      for _ in range(2)]
+            offsets = [cgutils.alloca_once_value(builder, ir.Constant(_FVEC, None)) for _ in range(2)]
+            vnni = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_IVEC, [_IVEC] * 3),
+                                                  "llvm.x86.avx512.vpdpbusd.512")
+
+            def vector_at(ptr, index):
+                return builder.load(builder.bitcast(builder.gep(ptr, [index]), _FVEC.as_pointer()), align=4)
+
+            def block(b, chain):
+                xd_b = builder.load(builder.gep(xd_row, [b]))
+                scale = builder.fmul(vector_at(a[1].data, builder.mul(b, c(ROWS))), _splat(builder, xd_b, _FVEC))
+                x_block = builder.bitcast(builder.gep(xq_row, [builder.mul(b, c(32))]), _I32.as_pointer())
+                for k in range(_QUADS):
+                    w = builder.load(builder.gep(tile, [builder.add(builder.mul(b, c(_QUADS)), c(k))]), align=4)
+                    x4 = _splat(builder, builder.load(builder.gep(x_block, [c(k)]), align=1), _IVEC)
+                    dots = builder.call(vnni, [ir.Constant(_IVEC, None), w, x4])
+                    if center is not None:
+                        x_sum = builder.load(builder.gep(xs4_row, [builder.add(builder.mul(b, c(_QUADS)), c(k))]))
+                        dots = builder.sub(dots, _splat(builder, builder.mul(x_sum, ir.Constant(_I32, center)), _IVEC))
+                    acc = chains[chain][k]
+                    builder.store(multiply_add(builder, builder.sitofp(dots, _FVEC), scale, builder.load(acc)), acc)
+                if center is None:
+                    mins = vector_at(a[2].data, builder.mul(b, c(ROWS)))
+                    x_sum = builder.sitofp(builder.load(builder.gep(xsum_row, [b])), _F32)
+                    term = builder.fmul(builder.fmul(mins, _splat(builder, xd_b, _FVEC)), _splat(builder, x_sum, _FVEC))
+                    builder.store(builder.fadd(builder.load(offsets[chain]), term), offsets[chain])
+
+            with cgutils.for_range(builder, builder.lshr(blocks, c(1))) as loop:
+                b = builder.shl(loop.index, c(1))
+                block(b, 0)
+                block(builder.add(b, c(1)), 1)
+            with builder.if_then(builder.trunc(blocks, ir.IntType(1))):
+                block(builder.sub(blocks, c(1)), 0)
+            # the row kernel's ending: lane k of the two chains added, the eight lanes summed in order, the
+            # offsets' two chains after
+            total = ir.Constant(_FVEC, None)
+            for k in range(_QUADS):
+                total = builder.fadd(total, builder.fadd(builder.load(chains[0][k]), builder.load(chains[1][k])))
+            total = builder.fadd(total, builder.fadd(builder.load(offsets[0]), builder.load(offsets[1])))
+            out_shape = cgutils.unpack_tuple(builder, a[8].shape, 2)
+            out_strides = cgutils.unpack_tuple(builder, a[8].strides, 2)
+            dst = cgutils.get_item_pointer2(context, builder, a[8].data, out_shape, out_strides, sig.args[8].layout,
+                                            [n_v, col0_v])
+            builder.store(total, builder.bitcast(dst, _FVEC.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return types.none(packed, d, dmin, xq, xd, xsum, xs4, n, out, col0), codegen
+
+    return rows
+
+
+def _make_unpack(qtype):
+    """unpack(w, r0, packed, d, dmin): weight rows r0 .. r0 + 15 of w [rows, row bytes] into the tile: their
+    unsigned values, block b's group k of four of every row side by side in packed[b, k] ([blocks, 8, 16,
+    4] uint8), and per block the scales d[b] and (the mins formats) dmin[b] of the 16 rows. A block of the
+    16 rows is unpacked as int_gemm's unpackers do one, then transposed in registers."""
+    block_bytes, center = FORMATS[qtype]
+    values = _VALUES[qtype]
+
+    @intrinsic
+    def unpack(typingctx, w, r0, packed, d, dmin):
+        def codegen(context, builder, sig, args):
+            w_a, packed_a, d_a, dmin_a = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 2, 3, 4))
+            r0_v = args[1]
+            c = lambda v: ir.Constant(r0_v.type, v)  # noqa: E731
+            row_bytes = cgutils.unpack_tuple(builder, w_a.shape, 2)[1]
+            blocks = cgutils.unpack_tuple(builder, packed_a.shape, 4)[0]
+            rows = [builder.gep(w_a.data, [builder.mul(builder.add(r0_v, c(r)), row_bytes)]) for r in range(ROWS)]
+            tile = builder.bitcast(packed_a.data, _IVEC.as_pointer())
+            ahead = builder.mul(row_bytes, c(ROWS))
+            half16 = ir.VectorType(ir.HalfType(), ROWS)
+            with cgutils.for_range(builder, blocks) as loop:
+                b = loop.index
+                ptrs = [builder.gep(row, [builder.mul(b, c(block_bytes))]) for row in rows]
+                for p in ptrs:  # the next 16 rows' block: 16 streams are more than the hardware prefetcher follows
+                    _call(builder, "llvm.prefetch.p0i8", ir.VoidType(), [builder.gep(p, [ahead]), ir.Constant(_I32, 0),
+                                                                       ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+                # 16 rows of eight groups -> eight vectors of one group of 16 rows
+                groups = [builder.bitcast(values(builder, p, c(0)), ir.VectorType(_I32, _QUADS)) for p in ptrs]
+                while len(groups) > 1:
+                    n = groups[0].type.count
+                    groups = [builder.shuffle_vector(groups[i], groups[i + 1], ir.Constant(ir.VectorType(_I32, 2 * n),
+                              list(range(2 * n)))) for i in range(0, len(groups), 2)]
+                every = groups[0]  # row r's group k at r * 8 + k
+                for k in range(_QUADS):
+                    group = builder.shuffle_vector(every, every, ir.Constant(_IVEC, [r * _QUADS + k for r in range(ROWS)]))
+                    builder.store(group, builder.gep(tile, [builder.add(builder.mul(b, c(_QUADS)), c(k))]), align=4)
+                for field, array in ((0, d_a),) + (((2, dmin_a),) if center is None else ()):
+                    halves = ir.Constant(half16, None)
+                    for r, p in enumerate(ptrs):
+                        h = builder.load(builder.bitcast(builder.gep(p, [c(field)]), ir.HalfType().as_pointer()), align=1)
+                        halves = builder.insert_element(halves, h, ir.Constant(_I32, r))
+                    dst = builder.bitcast(builder.gep(array.data, [builder.mul(b, c(ROWS))]), _FVEC.as_pointer())
+                    builder.store(builder.fpext(halves, _FVEC), dst, align=4)
+            return context.get_dummy_value()
+
+        return types.none(w, r0, packed, d, dmin), codegen
+
+    return unpack
+
+
+_VALUES = {qb.Q4_0: int_gemm._block_values(2), qb.Q5_0: int_gemm._block_values(6, 2),
+           qb.Q4_1: int_gemm._block_values(4), qb.Q5_1: int_gemm._block_values(8, 4)}
+_KERNELS = {center: _make_kernel(center) for _, center in FORMATS.values()}
+
+
+def products_of(qtype):
+    """products(w, xq, xd, xsum, xs4, Y) for a format in FORMATS: Y[:, :r] for the first r = rows // 16 * 16
+    weight rows of w with every input row (xq, xd, xsum as int8_dot.quantize gives them, per row, and xs4
+    [m, blocks * 8] the sums of each group of four values); returns r."""
+    unpack = _make_unpack(qtype)
+    kernel = _KERNELS[FORMATS[qtype][1]]
+
+    def products(w, xq, xd, xsum, xs4, Y):
+        m, blocks = xd.shape
+        packed = np.empty((blocks, _QUADS, ROWS, 4), np.uint8)
+        d = np.empty((blocks, ROWS), np.float32)
+        dmin = np.empty((blocks, ROWS), np.float32)
+        r = w.shape[0] // ROWS * ROWS
+        for r0 in range(0, r, ROWS):
+            unpack(w, r0, packed, d, dmin)
+            for n in range(m):
+                kernel(packed, d, dmin, xq, xd, xsum, xs4, n, Y, r0)
+        return r
+    return njit(inline="always")(products)

@@ -1,0 +1,66 @@
+"""Products of several input rows with 16 weight rows in vector lanes give every output the bits of the
+one-row kernels, for each format they take, with weight rows left over past the last 16 and over threads."""
+
+import gguf
+import numpy as np
+import pytest
+from numba import njit
+
+import engine  # noqa: F401  (sets up Numba's threads before the kernels load)
+from kernels.cpu import quant_dot, row_lanes
+from kernels.cpu import quant_blocks as qb
+from kernels.cpu.formats import of as formats_of
+
+FORMATS = {"Q4_0": qb.Q4_0, "Q5_0": qb.Q5_0, "Q4_1": qb.Q4_1, "Q5_1": qb.Q5_1}
+
+
+def _weight(name, rows, cols, seed):
+    rng = np.random.default_rng(seed)
+    w = gguf.quants.quantize(rng.normal(size=(rows, cols)).astype(np.float32), gguf.GGMLQuantizationType[name])
+    w.flags.writeable = False
+    return w
+
+
+def _products(qtype, w, X, chunks):
+    qtypes, ws = quant_dot.stack([qtype], [w])
+    Y = np.full((X.shape[0], w.shape[0]), np.nan, np.float32)
+    quant_dot.products(formats_of(list(qtypes)), qtypes, ws, X, Y, chunks)
+    return Y
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+@pytest.mark.parametrize("m", [5, 8, 17])
+def test_rows_in_lanes_equal_each_row_alone(name, m):
+    qtype = FORMATS[name]
+    w = _weight(name, 16 * 7 + 5, 96, seed=m)  # 7 groups of 16 and 5 rows for the row kernels
+    X = (np.random.default_rng(m).normal(size=(m, 96)) * np.linspace(0.1, 9, 96)).astype(np.float32)
+    alone = np.concatenate([_products(qtype, w, X[i : i + 1], 1) for i in range(m)])
+    np.testing.assert_array_equal(_products(qtype, w, X, 1), alone)
+    np.testing.assert_array_equal(_products(qtype, w, X, 2), alone)
+
+
+@pytest.mark.skipif(not row_lanes.AVAILABLE, reason="the lanes need AVX-512 VNNI")
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_the_lanes_kernel_itself_matches_the_row_kernel(name):
+    """Called directly, so the lanes run whatever the product's dispatch decides."""
+    qtype = FORMATS[name]
+    w = _weight(name, 48, 160, seed=1)
+    X = np.random.default_rng(2).normal(size=(3, 160)).astype(np.float32)
+    xs, xq, xd, xsum, _ = quant_dot.activations(X)
+    xs4 = xq.astype(np.int32).reshape(3, -1, 4).sum(axis=2).astype(np.int32)
+    Y = np.full((3, 48), np.nan, np.float32)
+    done = _lanes(qtype)(w, xq, xd, xsum, xs4, Y)
+    assert done == 48
+    alone = np.concatenate([_products(qtype, w, X[i : i + 1], 1) for i in range(3)])
+    np.testing.assert_array_equal(Y, alone)
+
+
+_compiled = {}
+
+
+def _lanes(qtype):
+    """The format's lanes products as a function of its own (they are written to be inlined)."""
+    if qtype not in _compiled:
+        lanes = row_lanes.products_of(qtype)
+        _compiled[qtype] = njit(lambda w, xq, xd, xsum, xs4, Y: lanes(w, xq, xd, xsum, xs4, Y))
+    return _compiled[qtype]
