@@ -27,8 +27,9 @@ LANES = 16
 _F32 = ir.FloatType()
 _FVEC = ir.VectorType(_F32, LANES)
 _I32 = ir.IntType(32)
-# fewer queries per kv head than this run one head at a time: below it the lanes are mostly empty
-LANES_MIN_QUERIES = 6
+# fewer queries per kv head than this run one head at a time: below it the lanes are mostly empty (and a
+# one-row decode keeps the head-by-head kernel for all three starter models: 3, 4 and 7 heads a group)
+LANES_MIN_QUERIES = 8
 # queries whose sums over the values advance together (one widened value chunk serves them all)
 _VALUE_QUERIES = 8
 # the widest head the lanes take (their key buffer is this long)
