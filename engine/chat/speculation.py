@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import numpy as np
 
 from engine.speculative.constrained import grammar_aware
-from engine.speculative.source import DraftSource, last_forced, truncate_pending, wants_top_k
+from engine.speculative.source import DraftSource, last_forced, match_len, truncate_pending, wants_top_k
 from engine.speculative.stream import SpeculativeStream
 
 if TYPE_CHECKING:
@@ -102,6 +102,9 @@ class _TurnBoundary:
     @property
     def last_forced(self) -> bool:  # a cut forced span is still forced
         return last_forced(self.source)
+
+    def match_len(self) -> int:
+        return match_len(self.source)
 
     def observe(self, committed: Sequence[int]) -> None:
         self.source.observe(committed)

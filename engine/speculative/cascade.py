@@ -153,6 +153,12 @@ class SpeculationIndex:
                 return self._propose(self.recycling_gate, tokens)
         return []
 
+    def match_len(self) -> int:
+        """The longest current match among the sources that may draft (the conversation, the references)."""
+        matches = [self.conversation.match_len()] if not self.conversation_gate.muted else []
+        matches += [ref.source.match_len() for ref in self.references if not ref.gate.muted]
+        return max(matches, default=0)
+
     def _propose(self, gate: AcceptanceGate, tokens: list[int]) -> list[int]:
         self._pending = (gate, tokens)
         return list(tokens)

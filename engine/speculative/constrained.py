@@ -23,6 +23,7 @@ from typing import Sequence
 
 from engine.sampling.processor import LogitProcessor, StructuredProcessor, has_structure
 from engine.speculative.source import DraftSource, truncate_pending, wants_top_k
+from engine.speculative.source import match_len as source_match_len
 
 
 class ConstrainedSource:
@@ -49,6 +50,9 @@ class ConstrainedSource:
             truncate_pending(self.inner, 0)  # not verified: not the inner source's miss
         self.last_forced = bool(forced)
         return forced
+
+    def match_len(self) -> int:
+        return source_match_len(self.inner)
 
     def truncate_pending(self, new_len: int) -> None:
         if self._from_inner:  # a forced span has no accounting to shorten

@@ -29,7 +29,7 @@ import numpy as np
 from engine.errors import InvalidDecodeState, InvalidSpeculationConfig, SpeculativeError
 from engine.sampling.sampler import Sampler, top_ids
 from engine.speculative.gate import CostGate
-from engine.speculative.source import DraftSource, TopKRow, last_forced, truncate_pending, wants_top_k
+from engine.speculative.source import DraftSource, TopKRow, last_forced, match_len, truncate_pending, wants_top_k
 from engine.speculative.target import VerifyTarget
 
 
@@ -179,7 +179,8 @@ class SpeculativeDecoder:
     def _draft(self, history: Sequence[int], cap: int) -> tuple[list[int], bool]:
         """The draft this step verifies (clamped to the budget and the vocabulary) and whether there is one;
         the stats learn which kind of plain step it is otherwise."""
-        if self.gate is not None and not self.gate.allow():
+        match = match_len(self.source) if self.gate is not None else 0
+        if self.gate is not None and not self.gate.allow(match):
             self.stats.disabled_steps += 1
             return [], False
         # The gate's budget bounds uncertain drafts; a forced one (the grammar allows no other tokens) may run
@@ -190,7 +191,7 @@ class SpeculativeDecoder:
             return [], False
         suggestion = self.source.suggest(history, full)
         forced = last_forced(self.source)
-        limit = full if forced or self.gate is None else min(full, self.gate.budget())
+        limit = full if forced or self.gate is None else min(full, self.gate.budget(match))
         raw = [] if suggestion is None else list(itertools.islice(iter(suggestion), limit + 1))
         draft = []
         for t in raw[:limit]:

@@ -6,7 +6,10 @@ table is measured on the machine (`measure_verify_costs`) and, when the decoder 
 verify rescales its entry through a clamped EWMA (a busy machine or a cold cache changes the economics).
 Below min_speedup the gate turns speculation off for reprobe_after steps, then probes for probe_steps
 verify steps: it turns back on only at min_speedup + probe_margin (hysteresis), otherwise the wait doubles
-up to reprobe_max. With adapt_budget, the draft budget is the length that maximizes the expected speedup
+up to reprobe_max. While it is off, a step whose source matches the stream over at least confident_match
+tokens still speculates (copying: a quoted passage, a file returned whole, text pasted back), and when such
+steps pay over the window the gate turns back on: a reply that starts with nothing to copy must not sit out
+the copy that follows. With adapt_budget, the draft budget is the length that maximizes the expected speedup
 at the rolling acceptance rate; until the window knows that rate (a reply's start, a probe) it is
 first_budget: a first miss of a long draft costs a verify of many rows, and one such miss alone would
 fill the window and switch speculation off (measured: Qwen2.5's code edit sat 128 steps off, at 99%
@@ -69,7 +72,7 @@ class CostGate:
                  rate_window: int = 16, min_window_drafted: int = 8, min_speedup: float = 1.0,
                  probe_margin: float = 0.10, reprobe_after: int = 64, reprobe_max: int = 1024,
                  probe_steps: int = 4, adapt_budget: bool = True, first_budget: int = 4, rescale_weight: float = 0.1,
-                 rescale_clamp: tuple[float, float] = (0.5, 2.0)):
+                 rescale_clamp: tuple[float, float] = (0.5, 2.0), confident_match: int = 6):
         _check_table(cost_table)
         checks = [
             (1 <= min_draft <= max_draft, f"need 1 <= min_draft <= max_draft (got {min_draft}, {max_draft})"),
@@ -80,6 +83,7 @@ class CostGate:
              f"need 1 <= reprobe_after <= reprobe_max (got {reprobe_after}, {reprobe_max})"),
             (0 < rescale_weight <= 1, f"rescale_weight must be in (0, 1], got {rescale_weight}"),
             (0 < rescale_clamp[0] <= 1 <= rescale_clamp[1], f"rescale_clamp must bracket 1, got {rescale_clamp}"),
+            (confident_match >= 1, f"confident_match must be >= 1, got {confident_match}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -91,6 +95,7 @@ class CostGate:
         self.reprobe_after, self.reprobe_max, self.probe_steps = reprobe_after, reprobe_max, probe_steps
         self.adapt_budget, self.first_budget = adapt_budget, first_budget
         self.rescale_weight, self.rescale_clamp = rescale_weight, rescale_clamp
+        self.confident_match = confident_match
         self.state = self.ON
         # per verify step: tokens produced, plain-step cost, drafted, accepted
         self._window: deque[tuple[int, float, int, int]] = deque(maxlen=rate_window)
@@ -134,29 +139,32 @@ class CostGate:
         _, _, drafted, accepted = self._sums()
         return accepted / drafted if drafted >= self.min_window_drafted else None
 
-    def budget(self) -> int:
-        """The draft length with the best expected speedup at the rolling acceptance rate."""
-        a = self.acceptance()
+    def budget(self, match: int = 0) -> int:
+        """The draft length with the best expected speedup at the rolling acceptance rate; a draft that follows
+        a confident match (`match` tokens) may run as long as the match, up to max_draft."""
         if not self.adapt_budget:
             return self.max_draft
+        trusted = min(self.max_draft, match) if match >= self.confident_match else 0
+        a = self.acceptance()
         if a is None:
-            return max(self.min_draft, min(self.max_draft, self.first_budget))
+            return max(self.min_draft, min(self.max_draft, self.first_budget), trusted)
         best_k, best = self.min_draft, -1.0
         for k in range(self.min_draft, self.max_draft + 1):
             expected = k + 1 if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)  # i.i.d. per-token acceptance
             value = expected / self.cost(k + 1)
             if value > best:
                 best_k, best = k, value
-        return best_k
+        return max(best_k, trusted)
 
     # --- the state machine -------------------------------------------------------------------------
 
-    def allow(self) -> bool:
-        """Called once per decode step: may this step speculate?"""
+    def allow(self, match: int = 0) -> bool:
+        """Called once per decode step: may this step speculate? `match`: how many tokens the draft source's
+        current match spans (0 when it cannot say)."""
         if self.state == self.OFF:
             if self._off_left > 0:
                 self._off_left -= 1
-                return False
+                return match >= self.confident_match
             self.state = self.PROBE
             self._probe_left = self.probe_steps
             self._window.clear()
@@ -169,6 +177,11 @@ class CostGate:
             est = self.est_speedup()
             if est is not None and est < self.min_speedup:
                 self._turn_off()
+        elif self.state == self.OFF:  # a confident step: back on once they pay
+            est = self.est_speedup()
+            if est is not None and est >= self.min_speedup + self.probe_margin:
+                self.state = self.ON
+                self._backoff = self.reprobe_after
         elif self.state == self.PROBE:
             self._probe_left -= 1
             if self._probe_left <= 0:

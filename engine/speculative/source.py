@@ -7,7 +7,9 @@ also defines `observe_top_k` receives per-position top-K candidates from the ver
 computes them only for such sources); one that defines `truncate_pending` is told when its last suggestion
 was shortened before verification, so its acceptance accounting covers only what was verified. One with a
 `last_forced` attribute that is true says its last suggestion is forced (a grammar leaves the model no other
-tokens there): the decoder verifies it even when it is shorter than the minimum draft.
+tokens there): the decoder verifies it even when it is shorter than the minimum draft. One with a
+`match_len()` says how many tokens of the stream its current draft would follow from a match (the cost
+gate lets long matches speculate even while it is off).
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ class DraftSource(Protocol):
     def observe(self, committed: Sequence[int]) -> None:
         """Tokens just committed to the stream, in order (every one, drafted or not)."""
 
-    # Optional: observe_top_k(rows: Sequence[TopKRow]) -> None, truncate_pending(new_len: int) -> None and a
-    # `last_forced: bool` attribute.
+    # Optional: observe_top_k(rows: Sequence[TopKRow]) -> None, truncate_pending(new_len: int) -> None,
+    # match_len() -> int and a `last_forced: bool` attribute.
 
 
 def wants_top_k(source: DraftSource) -> bool:
@@ -41,6 +43,12 @@ def wants_top_k(source: DraftSource) -> bool:
 def last_forced(source: DraftSource) -> bool:
     """Whether `source` marked its last suggestion as forced."""
     return bool(getattr(source, "last_forced", False))
+
+
+def match_len(source: DraftSource) -> int:
+    """The length of `source`'s current match (0 when it does not say)."""
+    hook = getattr(source, "match_len", None)
+    return int(hook()) if callable(hook) else 0
 
 
 def truncate_pending(source: DraftSource, new_len: int) -> None:

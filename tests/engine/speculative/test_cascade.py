@@ -150,3 +150,15 @@ def test_acceptance_gate_rolling_window():
 def test_invalid_policy_is_refused():
     with pytest.raises(InvalidSpeculationConfig):
         SpeculationIndex(64, beta=0)
+
+
+def test_match_len_is_the_longest_match_of_a_source_that_may_draft():
+    index = SpeculationIndex(1024)
+    assert index.match_len() == 0
+    index.observe([1, 2, 3, 4, 9, 1, 2, 3])
+    assert index.match_len() == 3 == index.conversation.match_len()
+    index.add_reference([5, 1, 2, 3, 4, 6])  # the document matches [1, 2, 3] too, and later [.., 4]
+    index.observe([4])
+    assert index.match_len() == 4
+    index.conversation_gate._muted_left = 1  # a muted conversation does not vouch for a draft
+    assert index.match_len() == index.references[0].source.match_len() == 4

@@ -103,3 +103,27 @@ def test_measure_verify_costs_times_every_row_count():
 def test_degenerate_configurations_are_refused(table, options):
     with pytest.raises(InvalidSpeculationConfig):
         CostGate(table, **options)
+
+
+def test_a_confident_match_speculates_while_off_and_turns_the_gate_back_on_when_it_pays():
+    gate = CostGate(CHEAP, reprobe_after=64, rate_window=4, min_window_drafted=8, confident_match=6)
+    for _ in range(2):
+        gate.record_step(rows=5, produced=1, drafted=4, accepted=0)
+    assert gate.state == "off"
+    assert not gate.allow(match=5)  # a short match waits out the backoff
+    assert gate.allow(match=6) and gate.state == "off"  # a long one is a copy: it may speculate
+    gate.record_step(rows=5, produced=1, drafted=4, accepted=0)  # a miss: still off, still counting down
+    assert gate.state == "off" and not gate.allow(match=0)
+    gate.record_step(rows=17, produced=17, drafted=16, accepted=16)  # 18 tokens / 4.1 plain steps
+    assert gate.state == "on"
+    assert gate.allow()
+
+
+def test_a_confident_match_may_draft_as_long_as_it_is():
+    gate = CostGate(CHEAP, min_window_drafted=8, confident_match=6, max_draft=16)
+    assert gate.budget(match=5) == 4  # not confident: the first budget
+    assert gate.budget(match=11) == 11
+    assert gate.budget(match=40) == 16
+    for _ in range(4):  # half the drafts accepted: short drafts pay best, unless a match vouches for more
+        gate.record_step(rows=3, produced=2, drafted=2, accepted=1)
+    assert gate.state == "on" and gate.budget() == 2 and gate.budget(match=9) == 9
