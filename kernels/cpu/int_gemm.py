@@ -166,11 +166,10 @@ _unpack_q4_k = _make_unpack_row(qb.Q4_K, _k_quant_values(16))
 _unpack_q5_k = _make_unpack_row(qb.Q5_K, _k_quant_values(48, 16))
 
 
-def _q6_k_values(builder, ptr, sub):
-    """Q6_K's block `sub` (0-7) of the super-block at ptr as int16 sc * (q - 32), its 16-weight scales sc
-    (int8) folded in, so the block's scale is the super-block's d alone. Block sub = 4h + quarter takes
-    the low (quarter < 2) or high nibbles of ql[64h + 32 (quarter & 1) ...] and bits 2 quarter, 2 quarter + 1
-    of qh[32h ...] (as quant_blocks.decode_q6_k)."""
+def q6_k_quants(builder, ptr, sub):
+    """Q6_K's block `sub` (0-7) of the super-block at ptr as its unsigned 6-bit values q (<32 x i8>). Block
+    sub = 4h + quarter takes the low (quarter < 2) or high nibbles of ql[64h + 32 (quarter & 1) ...] and bits
+    2 quarter, 2 quarter + 1 of qh[32h ...] (as quant_blocks.decode_q6_k)."""
     c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731
     i8x32 = _vec(_I8, 32)
     half, quarter = builder.udiv(sub, c64(4)), builder.urem(sub, c64(4))
@@ -182,7 +181,14 @@ def _q6_k_values(builder, ptr, sub):
     qh = builder.load(builder.bitcast(builder.gep(ptr, [qh_at]), i8x32.as_pointer()), align=1)
     high = builder.and_(builder.lshr(qh, _splat(builder, builder.trunc(builder.mul(quarter, c64(2)), _I8), 32)),
                         ir.Constant(i8x32, [3] * 32))
-    q = builder.or_(low, builder.shl(high, ir.Constant(i8x32, [4] * 32)))
+    return builder.or_(low, builder.shl(high, ir.Constant(i8x32, [4] * 32)))
+
+
+def _q6_k_values(builder, ptr, sub):
+    """Q6_K's block `sub` of the super-block at ptr as int16 sc * (q - 32), its 16-weight scales sc (int8)
+    folded in, so the block's scale is the super-block's d alone."""
+    c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731
+    q = q6_k_quants(builder, ptr, sub)
     centred = builder.sub(builder.zext(q, _vec(_I16, 32)), ir.Constant(_vec(_I16, 32), [32] * 32))
     scales = builder.load(builder.bitcast(builder.gep(ptr, [builder.add(c64(192), builder.mul(sub, c64(2)))]),
                                           _vec(_I8, 2).as_pointer()), align=1)

@@ -303,8 +303,9 @@ def _products_range(formats, qtypes, ws, starts, X, act, Y, lo, hi):
             continue
         w = ws[i]
         # one input row streams the weight straight through; more revisit each tile while it is in L2
-        # (in whole groups of row_lanes' 16 rows)
-        tile = b - a if X.shape[0] == 1 else max(1, _ROW_TILE_BYTES // w.shape[1] // 16) * 16
+        tile = b - a if X.shape[0] == 1 else max(1, _ROW_TILE_BYTES // w.shape[1])
+        if X.shape[0] >= row_lanes.MIN_INPUT_ROWS:  # whole groups of the lanes' rows
+            tile = max(1, tile // row_lanes.ROWS) * row_lanes.ROWS
         for r0 in range(a, b, tile):
             r1 = min(b, r0 + tile)
             _dispatch(formats, qtypes[i], w[r0 - starts[i] : r1 - starts[i]], X, act, Y[:, r0:r1], N16)

@@ -10,10 +10,12 @@ follows is the row kernel's own, lane for lane: the same partial sums, scaled an
 the same order, the two chains of even and odd blocks, the same final sums. A row's outputs are the bits
 of int8_dot's (tested bitwise); `usable` says where this kernel may replace it, by speed alone.
 
-The 32-weight formats that unpack: Q4_0 and Q5_0 (their values enter unsigned, q = w + C, and C times the sum
-of the four inputs comes off each integer sum, which is then exactly the row kernel's), Q4_1 and Q5_1
-(unsigned values, the mins through each block's input sum as the row kernel adds them). Q8_0's row kernel
-unpacks nothing and was as fast as the lanes at 8 and 16 rows, so it keeps it.
+The formats that unpack: Q4_0 and Q5_0 (their values enter unsigned, q = w + C, and C times the sum of the
+four inputs comes off each integer sum, which is then exactly the row kernel's), Q4_1 and Q5_1 (unsigned
+values, the mins through each block's input sum as the row kernel adds them), Q4_K (a sub-block's integer
+dot is one whole sum, then its scale and min in float, four chains) and Q6_K (the two 16-weight groups'
+dots, centred, times their int8 scales in int32, as exact as the row kernel's). Q8_0's row kernel unpacks
+nothing and was as fast as the lanes at 8 and 16 rows, so it keeps it.
 """
 
 import llvmlite.binding as llvm
@@ -26,6 +28,7 @@ from numba.extending import intrinsic
 from kernels.cpu import int_gemm
 from kernels.cpu import quant_blocks as qb
 from kernels.cpu.int8_dot import _call, multiply_add
+from kernels.cpu.quant_blocks import k_scale_min
 
 _VNNI = bool(llvm.get_host_cpu_features().get("avx512vnni")) and bool(llvm.get_host_cpu_features().get("avx512bw"))
 ROWS = 16        # weight rows per tile: one int32 lane each in a 512-bit vector
@@ -34,8 +37,14 @@ _QUADS = 8       # groups of four values per block of 32
 # kernels read each weight once, in one pass of their four-row tile; measured on Qwen2.5 from 5 rows up)
 MIN_INPUT_ROWS = 5
 
-# format -> (bytes per block, C: the offset taken off its unsigned values, or None for the mins formats)
-FORMATS = {qb.Q4_0: (18, 8), qb.Q5_0: (22, 16), qb.Q4_1: (20, None), qb.Q5_1: (24, None)}
+# format -> (bytes per block, blocks of 32 weights in it)
+FORMATS = {qb.Q4_0: (18, 1), qb.Q5_0: (22, 1), qb.Q4_1: (20, 1), qb.Q5_1: (24, 1), qb.Q4_K: (144, 8),
+           qb.Q6_K: (210, 8)}
+# where the f16 scale d and the second f16 (a min, Q4_K's dmin; None: no such) sit in a format block
+_SCALE_FIELDS = {qb.Q4_0: (0, None), qb.Q5_0: (0, None), qb.Q4_1: (0, 2), qb.Q5_1: (0, 2), qb.Q4_K: (0, 2),
+                 qb.Q6_K: (208, None)}
+# the 32-weight formats' C, the offset taken off their unsigned values (None: a mins format)
+_CENTER = {qb.Q4_0: 8, qb.Q5_0: 16, qb.Q4_1: None, qb.Q5_1: None}
 
 _I8, _I32 = ir.IntType(8), ir.IntType(32)
 _F32 = ir.FloatType()
@@ -111,11 +120,7 @@ def _make_kernel(center):
             for k in range(_QUADS):
                 total = builder.fadd(total, builder.fadd(builder.load(chains[0][k]), builder.load(chains[1][k])))
             total = builder.fadd(total, builder.fadd(builder.load(offsets[0]), builder.load(offsets[1])))
-            out_shape = cgutils.unpack_tuple(builder, a[8].shape, 2)
-            out_strides = cgutils.unpack_tuple(builder, a[8].strides, 2)
-            dst = cgutils.get_item_pointer2(context, builder, a[8].data, out_shape, out_strides, sig.args[8].layout,
-                                            [n_v, col0_v])
-            builder.store(total, builder.bitcast(dst, _FVEC.as_pointer()), align=4)
+            _store_rows(context, builder, a[8], sig.args[8], n_v, col0_v, total)
             return context.get_dummy_value()
 
         return types.none(packed, d, dmin, xq, xd, xsum, xs4, n, out, col0), codegen
@@ -123,13 +128,138 @@ def _make_kernel(center):
     return rows
 
 
+@intrinsic
+def _q4_k_rows(typingctx, packed, d, dmin, sc, mn, xq, xd, xsum, n, out, col0):
+    """out[n, col0 : col0 + 16] for a Q4_K tile (d, dmin, sc, mn per block of 32, as floats): the row
+    kernel's arithmetic (int8_dot._q4_k_dots), its chain c (sub-blocks 2c, 2c + 1 of each super-block) in
+    a vector of its own: per pair, d * (sc1 * xd1 * (w1 . x) + sc2 * xd2 * (w2 . x)) - dmin * (m1 * xd1 *
+    xsum1 + m2 * xd2 * xsum2), the integer dots whole sums over the sub-block."""
+
+    def codegen(context, builder, sig, args):
+        a = {i: context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 1, 2, 3, 4, 5, 6, 7, 9)}
+        n_v, col0_v = args[8], args[10]
+        c = lambda v: ir.Constant(n_v.type, v)  # noqa: E731
+        blocks = cgutils.unpack_tuple(builder, a[0].shape, 4)[0]
+        cols = cgutils.unpack_tuple(builder, a[5].shape, 2)[1]
+        tile = builder.bitcast(a[0].data, _IVEC.as_pointer())
+        xq_row = builder.gep(a[5].data, [builder.mul(n_v, cols)])
+        xd_row = builder.gep(a[6].data, [builder.mul(n_v, blocks)])
+        xsum_row = builder.gep(a[7].data, [builder.mul(n_v, blocks)])
+        chains = [cgutils.alloca_once_value(builder, ir.Constant(_FVEC, None)) for _ in range(4)]
+        vnni = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_IVEC, [_IVEC] * 3),
+                                              "llvm.x86.avx512.vpdpbusd.512")
+
+        def rows_at(array, b):
+            return builder.load(builder.bitcast(builder.gep(array.data, [builder.mul(b, c(ROWS))]), _FVEC.as_pointer()),
+                                align=4)
+
+        def block_dot(b):
+            x_block = builder.bitcast(builder.gep(xq_row, [builder.mul(b, c(32))]), _I32.as_pointer())
+            dots = ir.Constant(_IVEC, None)
+            for k in range(_QUADS):
+                w = builder.load(builder.gep(tile, [builder.add(builder.mul(b, c(_QUADS)), c(k))]), align=4)
+                x4 = _splat(builder, builder.load(builder.gep(x_block, [c(k)]), align=1), _IVEC)
+                dots = builder.call(vnni, [dots, w, x4])
+            return builder.sitofp(dots, _FVEC)
+
+        with cgutils.for_range(builder, builder.udiv(blocks, c(8))) as loop:
+            first = builder.mul(loop.index, c(8))
+            dv, dminv = rows_at(a[1], first), rows_at(a[2], first)
+            for chain in range(4):
+                b1 = builder.add(first, c(2 * chain))
+                b2 = builder.add(b1, c(1))
+                xd1 = _splat(builder, builder.load(builder.gep(xd_row, [b1])), _FVEC)
+                xd2 = _splat(builder, builder.load(builder.gep(xd_row, [b2])), _FVEC)
+                xs1 = _splat(builder, builder.sitofp(builder.load(builder.gep(xsum_row, [b1])), _F32), _FVEC)
+                xs2 = _splat(builder, builder.sitofp(builder.load(builder.gep(xsum_row, [b2])), _F32), _FVEC)
+                lo = builder.fmul(xd1, block_dot(b1))
+                hi = builder.fmul(xd2, block_dot(b2))
+                mins = builder.fadd(builder.fmul(builder.fmul(rows_at(a[4], b1), xd1), xs1),
+                                    builder.fmul(builder.fmul(rows_at(a[4], b2), xd2), xs2))
+                scaled = builder.fmul(dv, builder.fadd(builder.fmul(rows_at(a[3], b1), lo),
+                                                       builder.fmul(rows_at(a[3], b2), hi)))
+                acc = chains[chain]
+                builder.store(builder.fadd(builder.load(acc), builder.fsub(scaled, builder.fmul(dminv, mins))), acc)
+        v = [builder.load(acc) for acc in chains]
+        total = builder.fadd(builder.fadd(v[0], v[1]), builder.fadd(v[2], v[3]))
+        _store_rows(context, builder, a[9], sig.args[9], n_v, col0_v, total)
+        return context.get_dummy_value()
+
+    return types.none(packed, d, dmin, sc, mn, xq, xd, xsum, n, out, col0), codegen
+
+
+@intrinsic
+def _q6_k_rows(typingctx, packed, d, sc, xq, xd, xs4, n, out, col0):
+    """out[n, col0 : col0 + 16] for a Q6_K tile (d per block of 32 as float, sc [blocks, 2, 16] the int8
+    scales of each block's two 16-weight groups): the row kernel's arithmetic (int8_dot._q6_k_dots), block p
+    of each half super-block in chain p: d * xd * (sc1 * (q1 - 32) . x1 + sc2 * (q2 - 32) . x2), the integer
+    sum exact as there."""
+
+    def codegen(context, builder, sig, args):
+        a = {i: context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 1, 2, 3, 4, 5, 7)}
+        n_v, col0_v = args[6], args[8]
+        c = lambda v: ir.Constant(n_v.type, v)  # noqa: E731
+        blocks = cgutils.unpack_tuple(builder, a[0].shape, 4)[0]
+        cols = cgutils.unpack_tuple(builder, a[3].shape, 2)[1]
+        tile = builder.bitcast(a[0].data, _IVEC.as_pointer())
+        scales = builder.bitcast(a[2].data, _IVEC.as_pointer())
+        xq_row = builder.gep(a[3].data, [builder.mul(n_v, cols)])
+        xd_row = builder.gep(a[4].data, [builder.mul(n_v, blocks)])
+        xs4_row = builder.gep(a[5].data, [builder.mul(n_v, builder.mul(blocks, c(_QUADS)))])
+        chains = [cgutils.alloca_once_value(builder, ir.Constant(_FVEC, None)) for _ in range(4)]
+        vnni = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_IVEC, [_IVEC] * 3),
+                                              "llvm.x86.avx512.vpdpbusd.512")
+
+        def group_dot(b, first):
+            """(q - 32) . x over the 16-weight group of block b starting at quad `first`, for the 16 rows."""
+            x_block = builder.bitcast(builder.gep(xq_row, [builder.mul(b, c(32))]), _I32.as_pointer())
+            dots = ir.Constant(_IVEC, None)
+            x_sum = ir.Constant(_I32, 0)
+            for k in range(first, first + 4):
+                quad = builder.add(builder.mul(b, c(_QUADS)), c(k))
+                w = builder.load(builder.gep(tile, [quad]), align=4)
+                x4 = _splat(builder, builder.load(builder.gep(x_block, [c(k)]), align=1), _IVEC)
+                dots = builder.call(vnni, [dots, w, x4])
+                x_sum = builder.add(x_sum, builder.load(builder.gep(xs4_row, [quad])))
+            return builder.sub(dots, _splat(builder, builder.mul(x_sum, ir.Constant(_I32, 32)), _IVEC))
+
+        with cgutils.for_range(builder, builder.udiv(blocks, c(4))) as loop:
+            for p, acc in enumerate(chains):  # block b's chain is b % 4 (its place in a half super-block)
+                b = builder.add(builder.mul(loop.index, c(4)), c(p))
+                pair = builder.mul(b, c(2))
+                sums = builder.add(builder.mul(builder.load(builder.gep(scales, [pair]), align=4), group_dot(b, 0)),
+                                   builder.mul(builder.load(builder.gep(scales, [builder.add(pair, c(1))]), align=4),
+                                               group_dot(b, 4)))
+                xd_b = _splat(builder, builder.load(builder.gep(xd_row, [b])), _FVEC)
+                dv = builder.load(builder.bitcast(builder.gep(a[1].data, [builder.mul(b, c(ROWS))]),
+                                                  _FVEC.as_pointer()), align=4)
+                term = builder.fmul(builder.fmul(dv, xd_b), builder.sitofp(sums, _FVEC))
+                builder.store(builder.fadd(builder.load(acc), term), acc)
+        v = [builder.load(acc) for acc in chains]
+        total = builder.fadd(builder.fadd(v[0], v[1]), builder.fadd(v[2], v[3]))
+        _store_rows(context, builder, a[7], sig.args[7], n_v, col0_v, total)
+        return context.get_dummy_value()
+
+    return types.none(packed, d, sc, xq, xd, xs4, n, out, col0), codegen
+
+
+def _store_rows(context, builder, out_a, out_type, n, col0, values):
+    """out[n, col0 : col0 + 16] = values (a <16 x float>), out a 2-d float32 array of any strides."""
+    shape = cgutils.unpack_tuple(builder, out_a.shape, 2)
+    strides = cgutils.unpack_tuple(builder, out_a.strides, 2)
+    dst = cgutils.get_item_pointer2(context, builder, out_a.data, shape, strides, out_type.layout, [n, col0])
+    builder.store(values, builder.bitcast(dst, _FVEC.as_pointer()), align=4)
+
+
 def _make_unpack(qtype):
     """unpack(w, r0, packed, d, dmin): weight rows r0 .. r0 + 15 of w [rows, row bytes] into the tile: their
-    unsigned values, block b's group k of four of every row side by side in packed[b, k] ([blocks, 8, 16,
-    4] uint8), and per block the scales d[b] and (the mins formats) dmin[b] of the 16 rows. A block of the
-    16 rows is unpacked as int_gemm's unpackers do one, then transposed in registers."""
-    block_bytes, center = FORMATS[qtype]
+    unsigned values, block b's group k of four of every row side by side in packed[b, k] ([blocks of 32, 8,
+    16, 4] uint8), and per block of 32 the f16 scales of the 16 rows' format block: d[b] and (the mins
+    formats, Q4_K) dmin[b] (Q6_K's d is at byte 208). A block of the 16 rows is unpacked as int_gemm's unpackers do one, then
+    transposed in registers."""
+    block_bytes, per_block = FORMATS[qtype]
     values = _VALUES[qtype]
+    d_at, dmin_at = _SCALE_FIELDS[qtype]
 
     @intrinsic
     def unpack(typingctx, w, r0, packed, d, dmin):
@@ -145,12 +275,14 @@ def _make_unpack(qtype):
             half16 = ir.VectorType(ir.HalfType(), ROWS)
             with cgutils.for_range(builder, blocks) as loop:
                 b = loop.index
-                ptrs = [builder.gep(row, [builder.mul(b, c(block_bytes))]) for row in rows]
+                sub = builder.urem(b, c(per_block))
+                ptrs = [builder.gep(row, [builder.mul(builder.udiv(b, c(per_block)), c(block_bytes))]) for row in rows]
                 for p in ptrs:  # the next 16 rows' block: 16 streams are more than the hardware prefetcher follows
-                    _call(builder, "llvm.prefetch.p0i8", ir.VoidType(), [builder.gep(p, [ahead]), ir.Constant(_I32, 0),
+                    at = builder.add(ahead, builder.mul(sub, c(block_bytes // per_block)))
+                    _call(builder, "llvm.prefetch.p0i8", ir.VoidType(), [builder.gep(p, [at]), ir.Constant(_I32, 0),
                                                                        ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
                 # 16 rows of eight groups -> eight vectors of one group of 16 rows
-                groups = [builder.bitcast(values(builder, p, c(0)), ir.VectorType(_I32, _QUADS)) for p in ptrs]
+                groups = [builder.bitcast(values(builder, p, sub), ir.VectorType(_I32, _QUADS)) for p in ptrs]
                 while len(groups) > 1:
                     n = groups[0].type.count
                     groups = [builder.shuffle_vector(groups[i], groups[i + 1], ir.Constant(ir.VectorType(_I32, 2 * n),
@@ -159,7 +291,7 @@ def _make_unpack(qtype):
                 for k in range(_QUADS):
                     group = builder.shuffle_vector(every, every, ir.Constant(_IVEC, [r * _QUADS + k for r in range(ROWS)]))
                     builder.store(group, builder.gep(tile, [builder.add(builder.mul(b, c(_QUADS)), c(k))]), align=4)
-                for field, array in ((0, d_a),) + (((2, dmin_a),) if center is None else ()):
+                for field, array in ((d_at, d_a),) + (((dmin_at, dmin_a),) if dmin_at is not None else ()):
                     halves = ir.Constant(half16, None)
                     for r, p in enumerate(ptrs):
                         h = builder.load(builder.bitcast(builder.gep(p, [c(field)]), ir.HalfType().as_pointer()), align=1)
@@ -174,8 +306,29 @@ def _make_unpack(qtype):
 
 
 _VALUES = {qb.Q4_0: int_gemm._block_values(2), qb.Q5_0: int_gemm._block_values(6, 2),
-           qb.Q4_1: int_gemm._block_values(4), qb.Q5_1: int_gemm._block_values(8, 4)}
-_KERNELS = {center: _make_kernel(center) for _, center in FORMATS.values()}
+           qb.Q4_1: int_gemm._block_values(4), qb.Q5_1: int_gemm._block_values(8, 4),
+           qb.Q4_K: int_gemm._k_quant_values(16), qb.Q6_K: int_gemm.q6_k_quants}
+_KERNELS = {center: _make_kernel(center) for center in _CENTER.values()}
+
+
+@njit(inline="always")
+def _q4_k_sub_scales(w, r0, sc, mn):
+    """sc, mn [blocks of 32, 16]: the 6-bit scale and min of each sub-block of rows r0 .. r0 + 15."""
+    for lane in range(ROWS):
+        row = w[r0 + lane]
+        for b in range(sc.shape[0]):
+            sc[b, lane], mn[b, lane] = k_scale_min(row, (b // 8) * 144 + 4, b % 8)
+
+
+@njit(inline="always")
+def _q6_k_group_scales(w, r0, sc):
+    """sc [blocks of 32, 2, 16]: the int8 scales of the two 16-weight groups of each block of rows r0 .. r0 + 15."""
+    for lane in range(ROWS):
+        row = w[r0 + lane]
+        for b in range(sc.shape[0]):
+            o = (b // 8) * 210 + 192 + 2 * (b % 8)
+            sc[b, 0, lane] = np.int8(row[o])
+            sc[b, 1, lane] = np.int8(row[o + 1])
 
 
 def products_of(qtype):
@@ -183,7 +336,41 @@ def products_of(qtype):
     weight rows of w with every input row (xq, xd, xsum as int8_dot.quantize gives them, per row, and xs4
     [m, blocks * 8] the sums of each group of four values); returns r."""
     unpack = _make_unpack(qtype)
-    kernel = _KERNELS[FORMATS[qtype][1]]
+    if qtype == qb.Q4_K:
+        kernel = _q4_k_rows
+
+        def products(w, xq, xd, xsum, xs4, Y):
+            m, blocks = xd.shape
+            packed = np.empty((blocks, _QUADS, ROWS, 4), np.uint8)
+            d = np.empty((blocks, ROWS), np.float32)
+            dmin = np.empty((blocks, ROWS), np.float32)
+            sc = np.empty((blocks, ROWS), np.float32)
+            mn = np.empty((blocks, ROWS), np.float32)
+            r = w.shape[0] // ROWS * ROWS
+            for r0 in range(0, r, ROWS):
+                unpack(w, r0, packed, d, dmin)
+                _q4_k_sub_scales(w, r0, sc, mn)
+                for n in range(m):
+                    kernel(packed, d, dmin, sc, mn, xq, xd, xsum, n, Y, r0)
+            return r
+        return njit(inline="always")(products)
+
+    if qtype == qb.Q6_K:
+        def products(w, xq, xd, xsum, xs4, Y):
+            m, blocks = xd.shape
+            packed = np.empty((blocks, _QUADS, ROWS, 4), np.uint8)
+            d = np.empty((blocks, ROWS), np.float32)
+            sc = np.empty((blocks, 2, ROWS), np.int32)
+            r = w.shape[0] // ROWS * ROWS
+            for r0 in range(0, r, ROWS):
+                unpack(w, r0, packed, d, d)
+                _q6_k_group_scales(w, r0, sc)
+                for n in range(m):
+                    _q6_k_rows(packed, d, sc, xq, xd, xs4, n, Y, r0)
+            return r
+        return njit(inline="always")(products)
+
+    kernel = _KERNELS[_CENTER[qtype]]
 
     def products(w, xq, xd, xsum, xs4, Y):
         m, blocks = xd.shape

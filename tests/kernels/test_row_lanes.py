@@ -10,13 +10,14 @@ import engine  # noqa: F401  (sets up Numba's threads before the kernels load)
 from kernels.cpu import quant_dot, row_lanes
 from kernels.cpu import quant_blocks as qb
 from kernels.cpu.formats import of as formats_of
+from tests.quant_weights import random_weight
 
-FORMATS = {"Q4_0": qb.Q4_0, "Q5_0": qb.Q5_0, "Q4_1": qb.Q4_1, "Q5_1": qb.Q5_1}
+FORMATS = {"Q4_0": qb.Q4_0, "Q5_0": qb.Q5_0, "Q4_1": qb.Q4_1, "Q5_1": qb.Q5_1, "Q4_K": qb.Q4_K, "Q6_K": qb.Q6_K}
+COLS = 512  # two K-quant super-blocks
 
 
-def _weight(name, rows, cols, seed):
-    rng = np.random.default_rng(seed)
-    w = gguf.quants.quantize(rng.normal(size=(rows, cols)).astype(np.float32), gguf.GGMLQuantizationType[name])
+def _weight(name, rows, seed):
+    w = random_weight(gguf.GGMLQuantizationType[name], rows, COLS, np.random.default_rng(seed))
     w.flags.writeable = False
     return w
 
@@ -32,8 +33,8 @@ def _products(qtype, w, X, chunks):
 @pytest.mark.parametrize("m", [5, 8, 17])
 def test_rows_in_lanes_equal_each_row_alone(name, m):
     qtype = FORMATS[name]
-    w = _weight(name, 16 * 7 + 5, 96, seed=m)  # 7 groups of 16 and 5 rows for the row kernels
-    X = (np.random.default_rng(m).normal(size=(m, 96)) * np.linspace(0.1, 9, 96)).astype(np.float32)
+    w = _weight(name, 16 * 7 + 5, seed=m)  # 7 groups of 16 and 5 rows for the row kernels
+    X = (np.random.default_rng(m).normal(size=(m, COLS)) * np.linspace(0.1, 9, COLS)).astype(np.float32)
     alone = np.concatenate([_products(qtype, w, X[i : i + 1], 1) for i in range(m)])
     np.testing.assert_array_equal(_products(qtype, w, X, 1), alone)
     np.testing.assert_array_equal(_products(qtype, w, X, 2), alone)
@@ -44,8 +45,8 @@ def test_rows_in_lanes_equal_each_row_alone(name, m):
 def test_the_lanes_kernel_itself_matches_the_row_kernel(name):
     """Called directly, so the lanes run whatever the product's dispatch decides."""
     qtype = FORMATS[name]
-    w = _weight(name, 48, 160, seed=1)
-    X = np.random.default_rng(2).normal(size=(3, 160)).astype(np.float32)
+    w = _weight(name, 48, seed=1)
+    X = np.random.default_rng(2).normal(size=(3, COLS)).astype(np.float32)
     xs, xq, xd, xsum, _ = quant_dot.activations(X)
     xs4 = xq.astype(np.int32).reshape(3, -1, 4).sum(axis=2).astype(np.int32)
     Y = np.full((3, 48), np.nan, np.float32)
