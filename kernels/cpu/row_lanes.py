@@ -6,9 +6,10 @@ four input rows. With the 16 or so rows of a verify step, that bookkeeping, not 
 cost. Here a group of 16 weight rows is unpacked once into a tile (int_gemm's unpackers, four values of
 each row side by side), and every input row passes over it: one `vpdpbusd` gives, for 16 weight rows at
 once, the sum of four products that is one lane of the row kernel's dot, so the float arithmetic that
-follows is the row kernel's own, lane for lane: the same partial sums, scaled and fused-multiply-added in
-the same order, the two chains of even and odd blocks, the same final sums. A row's outputs are the bits
-of int8_dot's (tested bitwise); `usable` says where this kernel may replace it, by speed alone.
+follows is the row kernel's own, lane for lane (for the 32-weight formats: the same partial sums, scaled and
+fused-multiply-added in the same order, the two chains of even and odd blocks, the same final sums). A
+row's outputs are the bits of int8_dot's (tested bitwise), so quant_dot takes the lanes by speed alone:
+on hosts with them (AVAILABLE), for the FORMATS here, from MIN_INPUT_ROWS input rows.
 
 The formats that unpack: Q4_0 and Q5_0 (their values enter unsigned, q = w + C, and C times the sum of the
 four inputs comes off each integer sum, which is then exactly the row kernel's), Q4_1 and Q5_1 (unsigned
