@@ -17,10 +17,10 @@ from engine.speculative.source import DraftSource
 from engine.speculative.target import CacheTarget
 from engine.speculative.verify_costs import verify_cost_table
 
-# The gate judges over at least four drafts (of its first budget, 4): a single miss at a reply's start must
-# not switch speculation off for the next reprobe_after tokens, and a reply with nothing to copy must not
-# pay for many misses before it is switched off.
-GATE_MIN_DRAFTED = 16
+# The gate judges over at least three drafts (of its first budget, 3): a reply with nothing to copy must not
+# pay for many misses before it is switched off, and one that turns to copying later speculates again on
+# its long matches (CostGate.confident_match) whatever the gate decided at its start.
+GATE_MIN_DRAFTED = 8
 
 
 class SpeculativeStream:

@@ -55,7 +55,7 @@ def test_probe_needs_the_margin_to_turn_back_on():
 
 def test_budget_adapts_to_acceptance():
     gate = CostGate(CHEAP, min_window_drafted=8)
-    assert gate.budget() == 4  # no evidence yet: a short first draft (a long miss would cost many rows)
+    assert gate.budget() == 3  # no evidence yet: a short first draft (a long miss would cost many rows)
     for _ in range(4):
         gate.record_step(rows=17, produced=17, drafted=16, accepted=16)
     assert gate.budget() == 16
@@ -121,7 +121,7 @@ def test_a_confident_match_speculates_while_off_and_turns_the_gate_back_on_when_
 
 def test_a_confident_match_may_draft_as_long_as_it_is():
     gate = CostGate(CHEAP, min_window_drafted=8, confident_match=6, max_draft=16)
-    assert gate.budget(match=5) == 4  # not confident: the first budget
+    assert gate.budget(match=5) == 3  # not confident: the first budget
     assert gate.budget(match=11) == 11
     assert gate.budget(match=40) == 16
     for _ in range(4):  # half the drafts accepted: short drafts pay best, unless a match vouches for more
