@@ -61,6 +61,24 @@ def _splat(builder, x, vtype):
     return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, vtype.count), [0] * vtype.count))
 
 
+def _row_of(builder, array, n, width):
+    """The address of row n of a C-contiguous 2-d array argument with rows `width` elements long."""
+    return builder.gep(array.data, [builder.mul(n, width)])
+
+
+def _quad_dot(builder, tile, xq_row, b, k, acc):
+    """acc + the tile's 16 rows' dots of their four values of group k of block b with the input row's four
+    values there (xq_row: int8), one `vpdpbusd` (unsigned weights times signed inputs, summed in int32)."""
+    i64 = b.type
+    w = builder.load(builder.gep(tile, [builder.add(builder.mul(b, ir.Constant(i64, _QUADS)), ir.Constant(i64, k))]),
+                     align=4)
+    x = builder.gep(xq_row, [builder.add(builder.mul(b, ir.Constant(i64, 32)), ir.Constant(i64, 4 * k))])
+    x4 = _splat(builder, builder.load(builder.bitcast(x, _I32.as_pointer()), align=1), _IVEC)
+    vnni = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_IVEC, [_IVEC] * 3),
+                                          "llvm.x86.avx512.vpdpbusd.512")
+    return builder.call(vnni, [acc, w, x4])
+
+
 def _make_kernel(center):
     """rows(packed, d, dmin, xq, xd, xsum, xs4, n, out, col0): out[n, col0 : col0 + 16] = the dots of the
     tile's 16 weight rows with input row n (xq [m, cols] int8, xd [m, blocks] float32, xsum [m, blocks] and
@@ -77,15 +95,12 @@ def _make_kernel(center):
             blocks = cgutils.unpack_tuple(builder, a[0].shape, 4)[0]
             cols = cgutils.unpack_tuple(builder, a[3].shape, 2)[1]
             tile = builder.bitcast(a[0].data, _IVEC.as_pointer())
-            xq_row = builder.gep(a[3].data, [builder.mul(n_v, cols)])
-            xd_row = builder.gep(a[4].data, [builder.mul(n_v, blocks)])
-            xsum_row = builder.gep(a[5].data, [builder.mul(n_v, blocks)])
-            xs4_row = builder.gep(a[6].data, [builder.mul(n_v, builder.mul(blocks, c(_QUADS)))])
+            xq_row, xd_row, xsum_row = _row_of(builder, a[3], n_v, cols), _row_of(builder, a[4], n_v, blocks), \
+                _row_of(builder, a[5], n_v, blocks)
+            xs4_row = _row_of(builder, a[6], n_v, builder.mul(blocks, c(_QUADS)))
             chains = [[cgutils.alloca_once_value(builder, ir.Constant(_FVEC, None)) for _ in range(_QUADS)]
                       for _ in range(2)]
             offsets = [cgutils.alloca_once_value(builder, ir.Constant(_FVEC, None)) for _ in range(2)]
-            vnni = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_IVEC, [_IVEC] * 3),
-                                                  "llvm.x86.avx512.vpdpbusd.512")
 
             def vector_at(ptr, index):
                 return builder.load(builder.bitcast(builder.gep(ptr, [index]), _FVEC.as_pointer()), align=4)
@@ -93,11 +108,8 @@ def _make_kernel(center):
             def block(b, chain):
                 xd_b = builder.load(builder.gep(xd_row, [b]))
                 scale = builder.fmul(vector_at(a[1].data, builder.mul(b, c(ROWS))), _splat(builder, xd_b, _FVEC))
-                x_block = builder.bitcast(builder.gep(xq_row, [builder.mul(b, c(32))]), _I32.as_pointer())
                 for k in range(_QUADS):
-                    w = builder.load(builder.gep(tile, [builder.add(builder.mul(b, c(_QUADS)), c(k))]), align=4)
-                    x4 = _splat(builder, builder.load(builder.gep(x_block, [c(k)]), align=1), _IVEC)
-                    dots = builder.call(vnni, [ir.Constant(_IVEC, None), w, x4])
+                    dots = _quad_dot(builder, tile, xq_row, b, k, ir.Constant(_IVEC, None))
                     if center is not None:
                         x_sum = builder.load(builder.gep(xs4_row, [builder.add(builder.mul(b, c(_QUADS)), c(k))]))
                         dots = builder.sub(dots, _splat(builder, builder.mul(x_sum, ir.Constant(_I32, center)), _IVEC))
@@ -143,24 +155,18 @@ def _q4_k_rows(typingctx, packed, d, dmin, sc, mn, xq, xd, xsum, n, out, col0):
         blocks = cgutils.unpack_tuple(builder, a[0].shape, 4)[0]
         cols = cgutils.unpack_tuple(builder, a[5].shape, 2)[1]
         tile = builder.bitcast(a[0].data, _IVEC.as_pointer())
-        xq_row = builder.gep(a[5].data, [builder.mul(n_v, cols)])
-        xd_row = builder.gep(a[6].data, [builder.mul(n_v, blocks)])
-        xsum_row = builder.gep(a[7].data, [builder.mul(n_v, blocks)])
+        xq_row, xd_row, xsum_row = _row_of(builder, a[5], n_v, cols), _row_of(builder, a[6], n_v, blocks), \
+            _row_of(builder, a[7], n_v, blocks)
         chains = [cgutils.alloca_once_value(builder, ir.Constant(_FVEC, None)) for _ in range(4)]
-        vnni = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_IVEC, [_IVEC] * 3),
-                                              "llvm.x86.avx512.vpdpbusd.512")
 
         def rows_at(array, b):
             return builder.load(builder.bitcast(builder.gep(array.data, [builder.mul(b, c(ROWS))]), _FVEC.as_pointer()),
                                 align=4)
 
         def block_dot(b):
-            x_block = builder.bitcast(builder.gep(xq_row, [builder.mul(b, c(32))]), _I32.as_pointer())
             dots = ir.Constant(_IVEC, None)
             for k in range(_QUADS):
-                w = builder.load(builder.gep(tile, [builder.add(builder.mul(b, c(_QUADS)), c(k))]), align=4)
-                x4 = _splat(builder, builder.load(builder.gep(x_block, [c(k)]), align=1), _IVEC)
-                dots = builder.call(vnni, [dots, w, x4])
+                dots = _quad_dot(builder, tile, xq_row, b, k, dots)
             return builder.sitofp(dots, _FVEC)
 
         with cgutils.for_range(builder, builder.udiv(blocks, c(8))) as loop:
@@ -204,24 +210,18 @@ def _q6_k_rows(typingctx, packed, d, sc, xq, xd, xs4, n, out, col0):
         cols = cgutils.unpack_tuple(builder, a[3].shape, 2)[1]
         tile = builder.bitcast(a[0].data, _IVEC.as_pointer())
         scales = builder.bitcast(a[2].data, _IVEC.as_pointer())
-        xq_row = builder.gep(a[3].data, [builder.mul(n_v, cols)])
-        xd_row = builder.gep(a[4].data, [builder.mul(n_v, blocks)])
-        xs4_row = builder.gep(a[5].data, [builder.mul(n_v, builder.mul(blocks, c(_QUADS)))])
+        xq_row, xd_row = _row_of(builder, a[3], n_v, cols), _row_of(builder, a[4], n_v, blocks)
+        xs4_row = _row_of(builder, a[5], n_v, builder.mul(blocks, c(_QUADS)))
         chains = [cgutils.alloca_once_value(builder, ir.Constant(_FVEC, None)) for _ in range(4)]
-        vnni = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_IVEC, [_IVEC] * 3),
-                                              "llvm.x86.avx512.vpdpbusd.512")
 
         def group_dot(b, first):
             """(q - 32) . x over the 16-weight group of block b starting at quad `first`, for the 16 rows."""
-            x_block = builder.bitcast(builder.gep(xq_row, [builder.mul(b, c(32))]), _I32.as_pointer())
             dots = ir.Constant(_IVEC, None)
             x_sum = ir.Constant(_I32, 0)
             for k in range(first, first + 4):
-                quad = builder.add(builder.mul(b, c(_QUADS)), c(k))
-                w = builder.load(builder.gep(tile, [quad]), align=4)
-                x4 = _splat(builder, builder.load(builder.gep(x_block, [c(k)]), align=1), _IVEC)
-                dots = builder.call(vnni, [dots, w, x4])
-                x_sum = builder.add(x_sum, builder.load(builder.gep(xs4_row, [quad])))
+                dots = _quad_dot(builder, tile, xq_row, b, k, dots)
+                x_sum = builder.add(x_sum, builder.load(builder.gep(xs4_row, [builder.add(builder.mul(b, c(_QUADS)),
+                                                                                          c(k))])))
             return builder.sub(dots, _splat(builder, builder.mul(x_sum, ir.Constant(_I32, 32)), _IVEC))
 
         with cgutils.for_range(builder, builder.udiv(blocks, c(4))) as loop:
