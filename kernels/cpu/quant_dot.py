@@ -232,10 +232,12 @@ def _all_rows(dot, qtype):
 
     def product_lanes(w, X, act, Y, n16):
         xs, xq, xd, xsum, xs4 = act
-        done = 0
-        if X.shape[0] >= row_lanes.MIN_INPUT_ROWS:
-            done = lanes(w, xq, xd, xsum, xs4, Y)
-        dot(w[done:], xq, xd, xsum, Y[:, done:])
+        if X.shape[0] < row_lanes.MIN_INPUT_ROWS:
+            dot(w, xq, xd, xsum, Y)  # the weight as it is: a slice of it would be a slower-typed array
+            return
+        done = lanes(w, xq, xd, xsum, xs4, Y)
+        if done < w.shape[0]:
+            dot(w[done:], xq, xd, xsum, Y[:, done:])
     return njit(inline="always")(product_lanes)
 
 
