@@ -114,7 +114,6 @@ def _lane_values(typingctx, p, v, kvh, j0, j1, lanes, out):
         p_a, v_a, out_a = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 1, 6))
         kvh_v, j0_v, j1_v, lanes_v = args[2], args[3], args[4], args[5]
         hd = cgutils.unpack_tuple(builder, out_a.shape, 2)[1]
-        zero = ir.Constant(hd.type, 0)
         accs = [cgutils.alloca_once(builder, _FVEC) for _ in range(_VALUE_QUERIES)]
         groups = builder.udiv(builder.add(lanes_v, ir.Constant(hd.type, _VALUE_QUERIES - 1)),
                               ir.Constant(hd.type, _VALUE_QUERIES))

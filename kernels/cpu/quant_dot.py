@@ -225,13 +225,13 @@ def _all_rows(dot, qtype):
     rows in groups of 16 in vector lanes where the host and the format have them (the same bits)."""
     if not (row_lanes.AVAILABLE and qtype in row_lanes.FORMATS):
         def product(w, X, act, Y, n16):
-            xs, xq, xd, xsum, xs4 = act
+            _, xq, xd, xsum, _ = act
             dot(w, xq, xd, xsum, Y)
         return njit(inline="always")(product)
     lanes = row_lanes.products_of(qtype)
 
     def product_lanes(w, X, act, Y, n16):
-        xs, xq, xd, xsum, xs4 = act
+        _, xq, xd, xsum, xs4 = act
         if X.shape[0] < row_lanes.MIN_INPUT_ROWS:
             dot(w, xq, xd, xsum, Y)  # the weight as it is: a slice of it would be a slower-typed array
             return

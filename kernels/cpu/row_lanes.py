@@ -31,7 +31,6 @@ from kernels.cpu import quant_blocks as qb
 from kernels.cpu.int8_dot import _call, multiply_add
 from kernels.cpu.quant_blocks import k_scale_min
 
-_VNNI = bool(llvm.get_host_cpu_features().get("avx512vnni")) and bool(llvm.get_host_cpu_features().get("avx512bw"))
 ROWS = 16        # weight rows per tile: one int32 lane each in a 512-bit vector
 _QUADS = 8       # groups of four values per block of 32
 # fewer input rows than this stay on int8_dot's kernels: the tile's unpacking must pay for itself (at 4 rows the row
@@ -47,13 +46,13 @@ _SCALE_FIELDS = {qb.Q4_0: (0, None), qb.Q5_0: (0, None), qb.Q4_1: (0, 2), qb.Q5_
 # the 32-weight formats' C, the offset taken off their unsigned values (None: a mins format)
 _CENTER = {qb.Q4_0: 8, qb.Q5_0: 16, qb.Q4_1: None, qb.Q5_1: None}
 
-_I8, _I32 = ir.IntType(8), ir.IntType(32)
+_I32 = ir.IntType(32)
 _F32 = ir.FloatType()
 _IVEC, _FVEC = ir.VectorType(_I32, ROWS), ir.VectorType(_F32, ROWS)
 
 
-# this host has the lanes (else int8_dot's kernels do all the products)
-AVAILABLE = _VNNI
+# this host has the lanes, AVX-512 VNNI (else int8_dot's kernels do all the products)
+AVAILABLE = all(llvm.get_host_cpu_features().get(f) for f in ("avx512bw", "avx512vnni"))
 
 
 def _splat(builder, x, vtype):

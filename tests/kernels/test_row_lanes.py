@@ -47,7 +47,7 @@ def test_the_lanes_kernel_itself_matches_the_row_kernel(name):
     qtype = FORMATS[name]
     w = _weight(name, 48, seed=1)
     X = np.random.default_rng(2).normal(size=(3, COLS)).astype(np.float32)
-    xs, xq, xd, xsum, _ = quant_dot.activations(X)
+    _, xq, xd, xsum, _ = quant_dot.activations(X)
     xs4 = xq.astype(np.int32).reshape(3, -1, 4).sum(axis=2).astype(np.int32)
     Y = np.full((3, 48), np.nan, np.float32)
     done = _lanes(qtype)(w, xq, xd, xsum, xs4, Y)
