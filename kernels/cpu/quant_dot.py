@@ -233,11 +233,9 @@ def _all_rows(dot, qtype):
     def product_lanes(w, X, act, Y, n16):
         _, xq, xd, xsum, xs4 = act
         if X.shape[0] < row_lanes.MIN_INPUT_ROWS:
-            dot(w, xq, xd, xsum, Y)  # the weight as it is: a slice of it would be a slower-typed array
-            return
-        done = lanes(w, xq, xd, xsum, xs4, Y)
-        if done < w.shape[0]:
-            dot(w[done:], xq, xd, xsum, Y[:, done:])
+            dot(w, xq, xd, xsum, Y)
+        else:
+            lanes(w, xq, xd, xsum, xs4, Y)
     return njit(inline="always")(product_lanes)
 
 

@@ -244,11 +244,21 @@ def _q6_k_rows(typingctx, packed, d, sc, xq, xd, xs4, n, out, col0):
 
 
 def _store_rows(context, builder, out_a, out_type, n, col0, values):
-    """out[n, col0 : col0 + 16] = values (a <16 x float>), out a 2-d float32 array of any strides."""
+    """out[n, col0 : col0 + 16] = values (a <16 x float>), out a 2-d float32 array of any strides; past its
+    last column (a weight's last rows, fewer than 16) the lanes are not stored."""
     shape = cgutils.unpack_tuple(builder, out_a.shape, 2)
     strides = cgutils.unpack_tuple(builder, out_a.strides, 2)
-    dst = cgutils.get_item_pointer2(context, builder, out_a.data, shape, strides, out_type.layout, [n, col0])
-    builder.store(values, builder.bitcast(dst, _FVEC.as_pointer()), align=4)
+    dst = builder.bitcast(cgutils.get_item_pointer2(context, builder, out_a.data, shape, strides, out_type.layout,
+                                                    [n, col0]), _FVEC.as_pointer())
+    left = builder.sub(shape[1], col0)
+    with builder.if_else(builder.icmp_signed(">=", left, ir.Constant(left.type, ROWS))) as (whole, part):
+        with whole:
+            builder.store(values, dst, align=4)
+        with part:
+            lanes = ir.Constant(_IVEC, list(range(ROWS)))
+            mask = builder.icmp_signed("<", lanes, _splat(builder, builder.trunc(left, _I32), _IVEC))
+            _call(builder, "llvm.masked.store.v16f32.p0v16f32", ir.VoidType(),
+                  [values, dst, ir.Constant(_I32, 4), mask])
 
 
 def _make_unpack(qtype):
@@ -269,7 +279,12 @@ def _make_unpack(qtype):
             c = lambda v: ir.Constant(r0_v.type, v)  # noqa: E731
             row_bytes = cgutils.unpack_tuple(builder, w_a.shape, 2)[1]
             blocks = cgutils.unpack_tuple(builder, packed_a.shape, 4)[0]
-            rows = [builder.gep(w_a.data, [builder.mul(builder.add(r0_v, c(r)), row_bytes)]) for r in range(ROWS)]
+            last = builder.sub(cgutils.unpack_tuple(builder, w_a.shape, 2)[0], c(1))
+            rows = []  # past the weight's last row (its last group of fewer than 16), that row again
+            for r in range(ROWS):
+                row = builder.add(r0_v, c(r))
+                row = builder.select(builder.icmp_signed(">", row, last), last, row)
+                rows.append(builder.gep(w_a.data, [builder.mul(row, row_bytes)]))
             tile = builder.bitcast(packed_a.data, _IVEC.as_pointer())
             ahead = builder.mul(row_bytes, c(ROWS))
             half16 = ir.VectorType(ir.HalfType(), ROWS)
@@ -332,9 +347,9 @@ def _q6_k_group_scales(w, r0, sc):
 
 
 def products_of(qtype):
-    """products(w, xq, xd, xsum, xs4, Y) for a format in FORMATS: Y[:, :r] for the first r = rows // 16 * 16
-    weight rows of w with every input row (xq, xd, xsum as int8_dot.quantize gives them, per row, and xs4
-    [m, blocks * 8] the sums of each group of four values); returns r."""
+    """products(w, xq, xd, xsum, xs4, Y) for a format in FORMATS: Y = the products of every weight row of w
+    with every input row (xq, xd, xsum as int8_dot.quantize gives them, per row, and xs4 [m, blocks * 8] the
+    sums of each group of four values), 16 weight rows at a time (the last group may be short)."""
     unpack = _make_unpack(qtype)
     if qtype == qb.Q4_K:
         kernel = _q4_k_rows
@@ -346,13 +361,11 @@ def products_of(qtype):
             dmin = np.empty((blocks, ROWS), np.float32)
             sc = np.empty((blocks, ROWS), np.float32)
             mn = np.empty((blocks, ROWS), np.float32)
-            r = w.shape[0] // ROWS * ROWS
-            for r0 in range(0, r, ROWS):
+            for r0 in range(0, w.shape[0], ROWS):
                 unpack(w, r0, packed, d, dmin)
                 _q4_k_sub_scales(w, r0, sc, mn)
                 for n in range(m):
                     kernel(packed, d, dmin, sc, mn, xq, xd, xsum, n, Y, r0)
-            return r
         return njit(inline="always")(products)
 
     if qtype == qb.Q6_K:
@@ -361,13 +374,11 @@ def products_of(qtype):
             packed = np.empty((blocks, _QUADS, ROWS, 4), np.uint8)
             d = np.empty((blocks, ROWS), np.float32)
             sc = np.empty((blocks, 2, ROWS), np.int32)
-            r = w.shape[0] // ROWS * ROWS
-            for r0 in range(0, r, ROWS):
+            for r0 in range(0, w.shape[0], ROWS):
                 unpack(w, r0, packed, d, d)
                 _q6_k_group_scales(w, r0, sc)
                 for n in range(m):
                     _q6_k_rows(packed, d, sc, xq, xd, xs4, n, Y, r0)
-            return r
         return njit(inline="always")(products)
 
     kernel = _KERNELS[_CENTER[qtype]]
@@ -377,10 +388,8 @@ def products_of(qtype):
         packed = np.empty((blocks, _QUADS, ROWS, 4), np.uint8)
         d = np.empty((blocks, ROWS), np.float32)
         dmin = np.empty((blocks, ROWS), np.float32)
-        r = w.shape[0] // ROWS * ROWS
-        for r0 in range(0, r, ROWS):
+        for r0 in range(0, w.shape[0], ROWS):
             unpack(w, r0, packed, d, dmin)
             for n in range(m):
                 kernel(packed, d, dmin, xq, xd, xsum, xs4, n, Y, r0)
-        return r
     return njit(inline="always")(products)
