@@ -22,38 +22,33 @@ from kernels.cpu.quant_blocks import KERNEL
 def decode_heads(q, k, v, n_keys, window, scale, out):
     """out [heads, d] = attention of one query row q [heads, d] (C-contiguous) over cache rows
     [0, n_keys) of k, v [positions, kv_heads, d] (f16 bits or float32), heads split over threads."""
-    for h in prange(q.shape[0]):
-        decode_head(q, k, v, n_keys, window, scale, out, h)
-
-
-@njit(**KERNEL)
-def decode_head(q, k, v, n_keys, window, scale, out, h):
-    """out[h] = attention of query head h of the row q [heads, d] (see decode_heads)."""
-    d = q.shape[1]
-    kvh = h // (q.shape[0] // k.shape[1])
+    n_head, d = q.shape
+    group = n_head // k.shape[1]
     start = 0
     if window > 0 and n_keys > window:
         start = n_keys - window
-    scores = np.empty(n_keys - start, dtype=np.float32)
-    m = np.float32(-np.inf)
-    for j in range(start, n_keys):
-        s = dot(q[h], k[j, kvh]) * scale
-        scores[j - start] = s
-        if s > m:
-            m = s
-    for j in range(scores.size):  # apart from the sum, so the exp vectorizes
-        scores[j] = exp32(scores[j] - m)
-    total = np.float32(0.0)
-    for j in range(scores.size):
-        total += scores[j]
-    acc = np.zeros(d, dtype=np.float32)
-    for j in range(start, n_keys):
-        p = scores[j - start]
+    for h in prange(n_head):
+        kvh = h // group
+        scores = np.empty(n_keys - start, dtype=np.float32)
+        m = np.float32(-np.inf)
+        for j in range(start, n_keys):
+            s = dot(q[h], k[j, kvh]) * scale
+            scores[j - start] = s
+            if s > m:
+                m = s
+        for j in range(scores.size):  # apart from the sum, so the exp vectorizes
+            scores[j] = exp32(scores[j] - m)
+        total = np.float32(0.0)
+        for j in range(scores.size):
+            total += scores[j]
+        acc = np.zeros(d, dtype=np.float32)
+        for j in range(start, n_keys):
+            p = scores[j - start]
+            for c in range(d):
+                acc[c] += p * as_f32(v[j, kvh, c])
+        inv = np.float32(1.0) / total
         for c in range(d):
-            acc[c] += p * as_f32(v[j, kvh, c])
-    inv = np.float32(1.0) / total
-    for c in range(d):
-        out[h, c] = acc[c] * inv
+            out[h, c] = acc[c] * inv
 
 
 def attention_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_keys: int, window: int, scale: float,

@@ -18,7 +18,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from kernels.cpu.attention import decode_head
+from kernels.cpu.attention import decode_heads
 from kernels.cpu.fast_exp import exp32
 from kernels.cpu.int8_dot import multiply_add
 from kernels.cpu.quant_blocks import KERNEL
@@ -141,72 +141,65 @@ def _lane_values(typingctx, p, v, kvh, j0, j1, lanes, out):
     return types.none(p, v, kvh, j0, j1, lanes, out), codegen
 
 
-@njit(**KERNEL)
-def _lane_task(q, k, v, n_keys, window, scale, out, kvh, first):
-    """The queries first .. first + 15 of kv head kvh (as attend_rows numbers them)."""
-    m, n_head, d = q.shape
-    group = n_head // k.shape[1]
-    lanes = min(LANES, m * group - first)
-    qt = np.zeros((d, LANES), np.float32)
-    lo = np.zeros(LANES, np.int64)
-    hi = np.zeros(LANES, np.int64)
-    j0, j1 = n_keys[m - 1], 0
-    for t in range(lanes):
-        row, h = (first + t) // group, kvh * group + (first + t) % group
-        for c in range(d):
-            qt[c, t] = q[row, h, c]
-        hi[t] = n_keys[row]
-        lo[t] = hi[t] - window if window > 0 and hi[t] > window else 0
-        j0, j1 = min(j0, lo[t]), max(j1, hi[t])
-    s = np.empty((j1 - j0, LANES), np.float32)
-    _lane_scores(qt, k, kvh, j0, j1, scale, s)
-    # each lane's softmax over its own keys; out of its range a lane's weight is 0, which adds nothing
-    # (the lane loops are branch-free selects, so they run as vectors)
-    top = np.full(LANES, -np.inf, np.float32)
-    for j in range(j1 - j0):
-        for t in range(LANES):
-            seen = (lo[t] <= j0 + j) & (j0 + j < hi[t])
-            x = s[j, t] if seen else np.float32(-np.inf)
-            top[t] = x if x > top[t] else top[t]
-    total = np.zeros(LANES, np.float32)
-    for j in range(j1 - j0):
-        for t in range(LANES):
-            seen = (lo[t] <= j0 + j) & (j0 + j < hi[t])
-            e = exp32(s[j, t] - top[t])
-            e = e if seen else np.float32(0)
-            s[j, t] = e
-            total[t] += e
-    acc = np.empty((LANES, d), np.float32)
-    _lane_values(s, v, kvh, j0, j1, lanes, acc)
-    for t in range(lanes):
-        row, h = (first + t) // group, kvh * group + (first + t) % group
-        inv = np.float32(1.0) / total[t]
-        for c in range(d):
-            out[row, h, c] = acc[t, c] * inv
-
-
-@njit(inline="always")
-def _use_lanes(q, k):
-    """Whether attend_rows takes the lanes for these queries (by speed: the bits are the same)."""
-    m, n_head, d = q.shape
-    return d % LANES == 0 and d <= MAX_HEAD_DIM and m * (n_head // k.shape[1]) >= LANES_MIN_QUERIES
-
-
-# One parallel loop for both kernels, its tasks functions of their own: each parallel function costs about a
-# second of compilation, and the first token waits for every one.
 @njit(parallel=True, **KERNEL)
-def attend_rows(q, k, v, n_keys, window, scale, out):
+def attend_lanes(q, k, v, n_keys, window, scale, out):
     """out [m, heads, d] = attention of the query rows q [m, heads, d] of one cache, row i over cache rows
-    [0, n_keys[i]) of k, v [positions, kv_heads, d] (f16 bits or float32): with enough queries per kv head,
-    its m x group queries 16 to a vector (row-major, then head), else head by head; the tasks split over
-    threads, and the bits are the same either way."""
+    [0, n_keys[i]) of k, v [positions, kv_heads, d] (f16 bits or float32), d a multiple of 16. Each kv
+    head's m x group queries go 16 to a vector (row-major, then head), the vectors split over threads."""
     m, n_head, d = q.shape
-    lanes = _use_lanes(q, k)
-    vectors = (m * (n_head // k.shape[1]) + LANES - 1) // LANES
-    tasks = k.shape[1] * vectors if lanes else m * n_head
-    for task in prange(tasks):
-        if lanes:
-            _lane_task(q, k, v, n_keys, window, scale, out, task // vectors, task % vectors * LANES)
-        else:
-            i = task // n_head
-            decode_head(q[i], k, v, n_keys[i], window, scale, out[i], task % n_head)
+    n_kv = k.shape[1]
+    group = n_head // n_kv
+    per_kv = m * group
+    vectors = (per_kv + LANES - 1) // LANES
+    for task in prange(n_kv * vectors):
+        kvh, first = task // vectors, task % vectors * LANES
+        lanes = min(LANES, per_kv - first)
+        qt = np.zeros((d, LANES), np.float32)
+        lo = np.zeros(LANES, np.int64)
+        hi = np.zeros(LANES, np.int64)
+        j0, j1 = n_keys[m - 1], 0
+        for t in range(lanes):
+            row, h = (first + t) // group, kvh * group + (first + t) % group
+            for c in range(d):
+                qt[c, t] = q[row, h, c]
+            hi[t] = n_keys[row]
+            lo[t] = hi[t] - window if window > 0 and hi[t] > window else 0
+            j0, j1 = min(j0, lo[t]), max(j1, hi[t])
+        s = np.empty((j1 - j0, LANES), np.float32)
+        _lane_scores(qt, k, kvh, j0, j1, scale, s)
+        # each lane's softmax over its own keys; out of its range a lane's weight is 0, which adds nothing
+        # (the lane loops are branch-free selects, so they run as vectors)
+        top = np.full(LANES, -np.inf, np.float32)
+        for j in range(j1 - j0):
+            for t in range(LANES):
+                seen = (lo[t] <= j0 + j) & (j0 + j < hi[t])
+                x = s[j, t] if seen else np.float32(-np.inf)
+                top[t] = x if x > top[t] else top[t]
+        total = np.zeros(LANES, np.float32)
+        for j in range(j1 - j0):
+            for t in range(LANES):
+                seen = (lo[t] <= j0 + j) & (j0 + j < hi[t])
+                e = exp32(s[j, t] - top[t])
+                e = e if seen else np.float32(0)
+                s[j, t] = e
+                total[t] += e
+        acc = np.empty((LANES, d), np.float32)
+        _lane_values(s, v, kvh, j0, j1, lanes, acc)
+        for t in range(lanes):
+            row, h = (first + t) // group, kvh * group + (first + t) % group
+            inv = np.float32(1.0) / total[t]
+            for c in range(d):
+                out[row, h, c] = acc[t, c] * inv
+
+
+@njit(**KERNEL)
+def attend_rows(q, k, v, n_keys, window, scale, out):
+    """out [m, heads, d] = attention of the query rows q [m, heads, d] of one cache (row i over its first
+    n_keys[i] rows): side by side in lanes when there are enough queries per kv head, else head by head;
+    the bits are the same either way."""
+    m, n_head, d = q.shape
+    if d % LANES == 0 and d <= MAX_HEAD_DIM and m * (n_head // k.shape[1]) >= LANES_MIN_QUERIES:
+        attend_lanes(q, k, v, n_keys, window, scale, out)
+    else:
+        for i in range(m):
+            decode_heads(q[i], k, v, n_keys[i], window, scale, out[i])

@@ -3,11 +3,10 @@ head-by-head kernel, whatever the group size, the number of rows, the window or 
 
 import numpy as np
 import pytest
-from numba import njit
 
 import engine  # noqa: F401  (sets up Numba's threads before the kernels load)
 from kernels.cpu.attention import decode_heads
-from kernels.cpu.attention_lanes import LANES, _lane_task, attend_rows
+from kernels.cpu.attention_lanes import attend_lanes, attend_rows
 
 SCALE = np.float32(0.125)
 
@@ -23,15 +22,6 @@ def _case(n_head, n_kv, d, first, m, f16, seed=0):
     else:
         k, v = k.astype(np.float32), v.astype(np.float32)
     return q, k, v, np.arange(first + 1, n + 1, dtype=np.int64)
-
-
-@njit
-def attend_lanes(q, k, v, n_keys, window, scale, out):
-    """Every query through the lanes, whatever their number (attend_rows takes them from 8 per kv head)."""
-    m, n_head, _ = q.shape
-    vectors = (m * (n_head // k.shape[1]) + LANES - 1) // LANES
-    for task in range(k.shape[1] * vectors):
-        _lane_task(q, k, v, n_keys, window, scale, out, task // vectors, task % vectors * LANES)
 
 
 def _head_by_head(q, k, v, n_keys, window):
