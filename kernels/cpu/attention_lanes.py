@@ -21,6 +21,7 @@ from numba.extending import intrinsic
 from kernels.cpu.attention import decode_heads
 from kernels.cpu.fast_exp import exp32
 from kernels.cpu.int8_dot import multiply_add
+from kernels.cpu.int_gemm import _splat
 from kernels.cpu.quant_blocks import KERNEL
 
 LANES = 16
@@ -48,11 +49,6 @@ def _widen(builder, ptr, element_type, n):
         return builder.load(builder.bitcast(ptr, ir.VectorType(_F32, n).as_pointer()), align=4)
     half = builder.load(builder.bitcast(ptr, ir.VectorType(ir.HalfType(), n).as_pointer()), align=2)
     return builder.fpext(half, ir.VectorType(_F32, n))
-
-
-def _splat(builder, x):
-    v = builder.insert_element(ir.Constant(_FVEC, None), x, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES))
 
 
 def _lane_args(kv):
@@ -90,12 +86,12 @@ def _lane_scores(typingctx, qt, k, kvh, j0, j1, scale, s):
                     c = builder.add(builder.mul(loop.index, ir.Constant(hd.type, LANES)), ir.Constant(hd.type, p))
                     q = builder.load(builder.bitcast(_element_ptr(context, builder, qt_a, sig.args[0], [c, zero]),
                                                      _FVEC.as_pointer()), align=4)
-                    kc = _splat(builder, builder.load(builder.gep(key, [c])))
+                    kc = _splat(builder, builder.load(builder.gep(key, [c])), LANES)
                     builder.store(multiply_add(builder, q, kc, builder.load(acc)), acc)
             total = ir.Constant(_FVEC, None)
             for p in range(LANES // 2):  # decode_heads' reduction: ((0 + (p0 + p8)) + (p1 + p9)) + ...
                 total = builder.fadd(total, builder.fadd(builder.load(phases[p]), builder.load(phases[p + 8])))
-            total = builder.fmul(total, _splat(builder, scale_v))
+            total = builder.fmul(total, _splat(builder, scale_v, LANES))
             out = _element_ptr(context, builder, s_a, sig.args[6], [keys.index, zero])
             builder.store(total, builder.bitcast(out, _FVEC.as_pointer()), align=4)
         return context.get_dummy_value()
@@ -129,7 +125,7 @@ def _lane_values(typingctx, p, v, kvh, j0, j1, lanes, out):
                                    sig.args[1].dtype, LANES)
                     weights = _element_ptr(context, builder, p_a, sig.args[0], [keys.index, l0])
                     for t, acc in enumerate(accs):
-                        w = _splat(builder, builder.load(builder.gep(weights, [ir.Constant(hd.type, t)])))
+                        w = _splat(builder, builder.load(builder.gep(weights, [ir.Constant(hd.type, t)])), LANES)
                         builder.store(builder.fadd(builder.load(acc), builder.fmul(w, value)), acc)
                 for t, acc in enumerate(accs):
                     lane = builder.add(l0, ir.Constant(hd.type, t))

@@ -27,6 +27,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from kernels.cpu import int_gemm
+from kernels.cpu.int_gemm import _splat
 from kernels.cpu import quant_blocks as qb
 from kernels.cpu.int8_dot import _call, multiply_add
 from kernels.cpu.quant_blocks import k_scale_min
@@ -55,11 +56,6 @@ _IVEC, _FVEC = ir.VectorType(_I32, ROWS), ir.VectorType(_F32, ROWS)
 AVAILABLE = all(llvm.get_host_cpu_features().get(f) for f in ("avx512bw", "avx512vnni"))
 
 
-def _splat(builder, x, vtype):
-    v = builder.insert_element(ir.Constant(vtype, None), x, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, vtype.count), [0] * vtype.count))
-
-
 def _row_of(builder, array, n, width):
     """The address of row n of a C-contiguous 2-d array argument with rows `width` elements long."""
     return builder.gep(array.data, [builder.mul(n, width)])
@@ -72,7 +68,7 @@ def _quad_dot(builder, tile, xq_row, b, k, acc):
     w = builder.load(builder.gep(tile, [builder.add(builder.mul(b, ir.Constant(i64, _QUADS)), ir.Constant(i64, k))]),
                      align=4)
     x = builder.gep(xq_row, [builder.add(builder.mul(b, ir.Constant(i64, 32)), ir.Constant(i64, 4 * k))])
-    x4 = _splat(builder, builder.load(builder.bitcast(x, _I32.as_pointer()), align=1), _IVEC)
+    x4 = _splat(builder, builder.load(builder.bitcast(x, _I32.as_pointer()), align=1), ROWS)
     vnni = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_IVEC, [_IVEC] * 3),
                                           "llvm.x86.avx512.vpdpbusd.512")
     return builder.call(vnni, [acc, w, x4])
@@ -106,18 +102,18 @@ def _make_kernel(center):
 
             def block(b, chain):
                 xd_b = builder.load(builder.gep(xd_row, [b]))
-                scale = builder.fmul(vector_at(a[1].data, builder.mul(b, c(ROWS))), _splat(builder, xd_b, _FVEC))
+                scale = builder.fmul(vector_at(a[1].data, builder.mul(b, c(ROWS))), _splat(builder, xd_b, ROWS))
                 for k in range(_QUADS):
                     dots = _quad_dot(builder, tile, xq_row, b, k, ir.Constant(_IVEC, None))
                     if center is not None:
                         x_sum = builder.load(builder.gep(xs4_row, [builder.add(builder.mul(b, c(_QUADS)), c(k))]))
-                        dots = builder.sub(dots, _splat(builder, builder.mul(x_sum, ir.Constant(_I32, center)), _IVEC))
+                        dots = builder.sub(dots, _splat(builder, builder.mul(x_sum, ir.Constant(_I32, center)), ROWS))
                     acc = chains[chain][k]
                     builder.store(multiply_add(builder, builder.sitofp(dots, _FVEC), scale, builder.load(acc)), acc)
                 if center is None:
                     mins = vector_at(a[2].data, builder.mul(b, c(ROWS)))
                     x_sum = builder.sitofp(builder.load(builder.gep(xsum_row, [b])), _F32)
-                    term = builder.fmul(builder.fmul(mins, _splat(builder, xd_b, _FVEC)), _splat(builder, x_sum, _FVEC))
+                    term = builder.fmul(builder.fmul(mins, _splat(builder, xd_b, ROWS)), _splat(builder, x_sum, ROWS))
                     builder.store(builder.fadd(builder.load(offsets[chain]), term), offsets[chain])
 
             with cgutils.for_range(builder, builder.lshr(blocks, c(1))) as loop:
@@ -174,10 +170,10 @@ def _q4_k_rows(typingctx, packed, d, dmin, sc, mn, xq, xd, xsum, n, out, col0):
             for chain in range(4):
                 b1 = builder.add(first, c(2 * chain))
                 b2 = builder.add(b1, c(1))
-                xd1 = _splat(builder, builder.load(builder.gep(xd_row, [b1])), _FVEC)
-                xd2 = _splat(builder, builder.load(builder.gep(xd_row, [b2])), _FVEC)
-                xs1 = _splat(builder, builder.sitofp(builder.load(builder.gep(xsum_row, [b1])), _F32), _FVEC)
-                xs2 = _splat(builder, builder.sitofp(builder.load(builder.gep(xsum_row, [b2])), _F32), _FVEC)
+                xd1 = _splat(builder, builder.load(builder.gep(xd_row, [b1])), ROWS)
+                xd2 = _splat(builder, builder.load(builder.gep(xd_row, [b2])), ROWS)
+                xs1 = _splat(builder, builder.sitofp(builder.load(builder.gep(xsum_row, [b1])), _F32), ROWS)
+                xs2 = _splat(builder, builder.sitofp(builder.load(builder.gep(xsum_row, [b2])), _F32), ROWS)
                 lo = builder.fmul(xd1, block_dot(b1))
                 hi = builder.fmul(xd2, block_dot(b2))
                 mins = builder.fadd(builder.fmul(builder.fmul(rows_at(a[4], b1), xd1), xs1),
@@ -221,7 +217,7 @@ def _q6_k_rows(typingctx, packed, d, sc, xq, xd, xs4, n, out, col0):
                 dots = _quad_dot(builder, tile, xq_row, b, k, dots)
                 x_sum = builder.add(x_sum, builder.load(builder.gep(xs4_row, [builder.add(builder.mul(b, c(_QUADS)),
                                                                                           c(k))])))
-            return builder.sub(dots, _splat(builder, builder.mul(x_sum, ir.Constant(_I32, 32)), _IVEC))
+            return builder.sub(dots, _splat(builder, builder.mul(x_sum, ir.Constant(_I32, 32)), ROWS))
 
         with cgutils.for_range(builder, builder.udiv(blocks, c(4))) as loop:
             for p, acc in enumerate(chains):  # block b's chain is b % 4 (its place in a half super-block)
@@ -230,7 +226,7 @@ def _q6_k_rows(typingctx, packed, d, sc, xq, xd, xs4, n, out, col0):
                 sums = builder.add(builder.mul(builder.load(builder.gep(scales, [pair]), align=4), group_dot(b, 0)),
                                    builder.mul(builder.load(builder.gep(scales, [builder.add(pair, c(1))]), align=4),
                                                group_dot(b, 4)))
-                xd_b = _splat(builder, builder.load(builder.gep(xd_row, [b])), _FVEC)
+                xd_b = _splat(builder, builder.load(builder.gep(xd_row, [b])), ROWS)
                 dv = builder.load(builder.bitcast(builder.gep(a[1].data, [builder.mul(b, c(ROWS))]),
                                                   _FVEC.as_pointer()), align=4)
                 term = builder.fmul(builder.fmul(dv, xd_b), builder.sitofp(sums, _FVEC))
@@ -256,7 +252,7 @@ def _store_rows(context, builder, out_a, out_type, n, col0, values):
             builder.store(values, dst, align=4)
         with part:
             lanes = ir.Constant(_IVEC, list(range(ROWS)))
-            mask = builder.icmp_signed("<", lanes, _splat(builder, builder.trunc(left, _I32), _IVEC))
+            mask = builder.icmp_signed("<", lanes, _splat(builder, builder.trunc(left, _I32), ROWS))
             _call(builder, "llvm.masked.store.v16f32.p0v16f32", ir.VoidType(),
                   [values, dst, ir.Constant(_I32, 4), mask])
 
