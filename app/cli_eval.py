@@ -55,7 +55,10 @@ def resolve_model_path(name: str):
 def open_model(args):
     configure_threads(args.threads)
     use_backend(args)
-    return load_model(resolve_model_path(args.model or default_model_name()))
+    model = load_model(resolve_model_path(args.model or default_model_name()))
+    if getattr(args, "spec", False):  # asked for speculation: its verify kernels now, not after a reply or two
+        model.rows_ready(model.new_cache(1, getattr(args, "kv", "f16")), wait=True)
+    return model
 
 
 def prompt_tokens(args, model, tokenizer) -> list[int]:

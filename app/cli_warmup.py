@@ -1,4 +1,4 @@
-"""`fucina warmup MODEL [--stage prefill|decode]`: compile a starter model's kernels ahead of its first
+"""`fucina warmup MODEL [--stage prefill|decode|verify]`: compile a starter model's kernels ahead of its first
 reply (the app runs it in the background on the first start, while the model downloads)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from engine import warmup
 
 
 def run_warmup(args) -> int:
-    for stage in [args.stage] if args.stage else warmup.STAGES:
+    for stage in [args.stage] if args.stage else warmup.STAGES + warmup.LATER_STAGES:
         warmup.warm(args.model, stage)
     return 0
 
@@ -15,5 +15,5 @@ def run_warmup(args) -> int:
 def register(subparsers) -> None:
     p = subparsers.add_parser("warmup", help="compile a starter model's kernels ahead of its first reply")
     p.add_argument("model", help="a starter model name (its file need not be downloaded yet)")
-    p.add_argument("--stage", choices=warmup.STAGES, default=None, help="one stage (default: all)")
+    p.add_argument("--stage", choices=warmup.STAGES + warmup.LATER_STAGES, default=None, help="one stage (default: all)")
     p.set_defaults(func=run_warmup)

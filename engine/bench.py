@@ -167,6 +167,7 @@ def rows_throughput(path: str, row_counts: Sequence[int], context: int, runs: in
     prompt = prompt_ids(model.vocab_size, context)
     result = {"model": str(path), "context": context, "runs": runs, "rows": {}}
     cache = model.new_cache(context + max(row_counts))
+    model.rows_ready(cache, wait=True)
     model.forward(prompt, cache)
     for m in row_counts:
         rows = prompt_ids(model.vocab_size, m, seed=m)

@@ -5,7 +5,9 @@ machine that made the first reply wait ~47 s. The warm-up does those first calls
 the same architecture and weight types (zero weights: only the shapes and types matter to the compiler),
 so it can run while the real model is still downloading. It runs in child processes, one per stage: the
 compiler holds the GIL, which would stall the app's window, and two stages use two cores. The prefill
-stage is what the first token needs; the decode stage what every token after it needs.
+stage is what the first token needs; the decode stage what every token after it needs; the verify stage,
+started when those two have ended, what speculation needs (it is not waited for: replies decode plainly
+until its kernels are in the cache).
 
 A stage that finished leaves a mark in the kernel cache directory, which is named after the kernel
 sources (kernels/cpu), so an edited kernel is compiled again.
@@ -30,6 +32,8 @@ from engine.child_process import popen_tied
 from engine.errors import FucinaError
 
 STAGES = ("prefill", "decode")
+# After those, not holding up the first reply: until it ends, speculation waits (replies decode plainly)
+LATER_STAGES = ("verify",)
 N_EMBD, N_HEAD, N_HEAD_KV, N_FF, N_LAYERS = 256, 4, 2, 256, 2  # 256: a K-quant block fits a row
 # A prompt longer than the block kernels take (16 rows: it goes through the integer GEMM or BLAS), then
 # one short enough for them. The long one first: the short one's products are the decode stage's too, which
@@ -124,9 +128,10 @@ def run_stage(plan: dict, stage: str) -> None:
                     model.forward(list(range(rows)), cache)
                 # last: the decode stage, running alongside, needs the long prompt's output product too
                 load_tokenizer(model.file.metadata).encode(TEXT)
-            else:
+            elif stage == "decode":
                 model.forward([1], cache)
-                model.forward_rows([1, 2, 3], cache)  # speculative verification
+            else:  # the verify forward's kernels (kernels compiled for many rows), saved to the kernel cache
+                model.rows_ready(cache, wait=True)
         finally:
             model.file.close()
 
@@ -135,8 +140,8 @@ def _mark(name: str, stage: str) -> Path:
     return Path(numba.config.CACHE_DIR) / f"warm-{name}-{stage}"
 
 
-def is_warm(model: StarterModel) -> bool:
-    return all(_mark(model.name, stage).exists() for stage in STAGES)
+def is_warm(model: StarterModel, stages: tuple[str, ...] = STAGES) -> bool:
+    return all(_mark(model.name, stage).exists() for stage in stages)
 
 
 def warm(name: str, stage: str) -> None:
@@ -156,8 +161,8 @@ def command(name: str, stage: str) -> list[str]:
     return [*head, "warmup", name, "--stage", stage]
 
 
-def start(name: str, env: dict | None = None) -> list[subprocess.Popen]:
-    """Every stage of a starter model's warm-up, each in a child process that dies with this one."""
+def start(name: str, env: dict | None = None, stages: tuple[str, ...] = STAGES) -> list[subprocess.Popen]:
+    """The stages of a starter model's warm-up, each in a child process that dies with this one."""
     return [popen_tied(command(name, stage), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                        stderr=subprocess.PIPE, env=env if env is not None else os.environ.copy())
-            for stage in STAGES]
+            for stage in stages]

@@ -133,6 +133,11 @@ class RowStack(Protocol):
         """x [rows, n_embd] += every layer's attention and FFN outputs, row-wise, in place; writes every row's
         K/V at its position (does not advance the caches)."""
 
+    def rows_ready(self, store: KvStore, wait: bool = False) -> bool:
+        """Whether a forward of several rows over caches like `store` runs its own compiled kernels yet (until
+        then it runs the one-row kernels, slower, with the same bits); asking starts their compilation in
+        the background (wait: and waits for it)."""
+
 
 class Backend(Protocol):
     name: str  # "cpu", "cuda", "gpu": what the status line and the CLI show

@@ -24,3 +24,22 @@ def gpu():
         return start()
     except GpuUnavailable as e:
         pytest.skip(str(e))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_row_wise_kernel_variant():
+    """Every row-wise forward runs the verify kernels, compiled at the first call: one compilation per
+    format set instead of two (the split of decode's and verify's is tests/kernels/test_row_variants.py's)."""
+    from kernels.cpu import row_variants
+
+    row_variants.SEPARATE_DECODE = False
+    yield
+    row_variants.SEPARATE_DECODE = True
+
+
+@pytest.fixture
+def separate_decode_kernels(monkeypatch):
+    """The row-wise forward as outside the tests: decode's kernels for one row, verify's compiled apart."""
+    from kernels.cpu import row_variants
+
+    monkeypatch.setattr(row_variants, "SEPARATE_DECODE", True)

@@ -326,7 +326,9 @@ class Conversation:
         if turn.done:  # stopped during the prefill
             return
         try:
-            if self.options.speculation:
+            # speculation starts once its verify kernels are compiled (the first run compiles them in the
+            # background): a reply before that decodes plainly, which gives the same tokens
+            if self.options.speculation and self.model.rows_ready(self.cache):
                 if self._speculation is None:
                     self._speculation = SpeculativeStream(self.model)
                     for reference in self._references:

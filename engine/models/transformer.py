@@ -228,6 +228,12 @@ class Transformer:
         return np.concatenate([self._forward([tokens[s : s + ROWS_MAX]], [cache], all_rows=True, row_wise=True)
                                for s in range(0, max(len(tokens), 1), ROWS_MAX)])
 
+    def rows_ready(self, cache: KvCache, wait: bool = False) -> bool:
+        """Whether forward_rows of several rows over `cache` runs at its own speed yet: its kernels compile
+        after the one-row decode's, in the background, which asking starts (wait: and waits for); until
+        then it gives the same bits, more slowly."""
+        return self._row_stack is None or self._row_stack.rows_ready(cache.store, wait)
+
     def hidden_states(self, tokens: Sequence[int], cache: KvCache) -> np.ndarray:
         """Feed tokens at position cache.len through the prefill path; return every row's final hidden
         state, after the output norm and before the output matrix [n, n_embd] (what embeddings pool)."""

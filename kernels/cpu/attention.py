@@ -51,6 +51,14 @@ def decode_heads(q, k, v, n_keys, window, scale, out):
             out[h, c] = acc[c] * inv
 
 
+@njit(**KERNEL)
+def decode_rows(q, k, v, n_keys, window, scale, out):
+    """out [m, heads, d] = attention of the query rows q [m, heads, d] of one cache, row i over its first
+    n_keys[i] rows, one row at a time."""
+    for i in range(q.shape[0]):
+        decode_heads(q[i], k, v, n_keys[i], window, scale, out[i])
+
+
 def attention_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_keys: int, window: int, scale: float,
                      out: np.ndarray | None = None) -> np.ndarray:
     """One query row (q [heads, head_dim]) at position n_keys-1 against cache rows [0, n_keys)."""

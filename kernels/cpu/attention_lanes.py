@@ -18,7 +18,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from kernels.cpu.attention import decode_heads
+from kernels.cpu.attention import decode_rows
 from kernels.cpu.fast_exp import exp32
 from kernels.cpu.int8_dot import multiply_add
 from kernels.cpu.int_gemm import _splat
@@ -197,5 +197,4 @@ def attend_rows(q, k, v, n_keys, window, scale, out):
     if d % LANES == 0 and d <= MAX_HEAD_DIM and m * (n_head // k.shape[1]) >= LANES_MIN_QUERIES:
         attend_lanes(q, k, v, n_keys, window, scale, out)
     else:
-        for i in range(m):
-            decode_heads(q[i], k, v, n_keys[i], window, scale, out[i])
+        decode_rows(q, k, v, n_keys, window, scale, out)

@@ -14,9 +14,10 @@ import numpy as np
 from numba import typed
 
 from kernels.backend import Q8_0_BLOCK, Q8_0_BLOCK_BYTES, AttentionShape, LayerSpec, Segment
-from kernels.cpu import decode, formats, ops, q8_0, quant, quant_dot
+from kernels.cpu import decode, ops, q8_0, quant, quant_dot
 from kernels.cpu import quant_generic as generic
 from kernels.cpu.attention import attention_prefill
+from kernels.cpu.row_variants import RowVariants
 
 _ACTIVATIONS = {"silu": ops.SILU, "gelu": ops.GELU}
 
@@ -81,12 +82,14 @@ class CpuKvStore:
 
 
 class CpuRowStack:
-    """Every layer row-wise in one kernel call (kernels.cpu.decode.forward_rows)."""
+    """Every layer row-wise in one kernel call (kernels.cpu.decode.forward_rows), compiled first for one row
+    and for many rows after (kernels.cpu.row_variants)."""
 
     def __init__(self, layers: list):
         self.layers = typed.List(layers)
         groups = [(k.qkv_types, k.out_types, k.gate_up_types, k.down_types) for k in layers]
-        self.formats = formats.of(np.concatenate(sum(groups, ())))  # the kernel compiles for these only
+        # the kernel compiles for these formats only
+        self.variants = RowVariants(decode.forward_rows, np.concatenate(sum(groups, ())))
 
     def forward(self, x: np.ndarray, segments: Sequence[Segment]) -> None:
         slots = np.empty(x.shape[0], np.int64)
@@ -102,7 +105,13 @@ class CpuRowStack:
         for slot, s in enumerate(segments):
             slots[s.row_start : s.row_end] = slot
             positions[s.row_start : s.row_end] = np.arange(s.pos0, s.pos0 + (s.row_end - s.row_start))
-        decode.forward_rows(self.formats, x, self.layers, kcs, vcs, slots, positions, quant.threads())
+        args = (x, self.layers, kcs, vcs, slots, positions, quant.threads())
+        decode.forward_rows(self.variants.formats_for(x.shape[0], args), *args)
+
+    def rows_ready(self, store: CpuKvStore, wait: bool = False) -> bool:
+        x = np.empty((2, self.layers[0].attn_norm.shape[0]), np.float32)
+        slots = np.empty(2, np.int64)
+        return self.variants.ready((x, self.layers, *store.kernel_views(), slots, slots, quant.threads()), wait)
 
 
 class CpuBackend:

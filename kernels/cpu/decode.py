@@ -28,6 +28,7 @@ from numba import njit, types
 from numba.extending import overload
 
 from kernels.cpu import ops
+from kernels.cpu.attention import decode_rows
 from kernels.cpu.attention_lanes import attend_rows
 from kernels.cpu.f16 import f32_to_f16_bits
 from kernels.cpu.quant_blocks import KERNEL
@@ -97,20 +98,21 @@ def _store_rows_overload(rows, dst):
     return store_q8_0
 
 
-def attend(q, kc, vc, n_keys, window, scale, out):
-    """Attention of rows q [m, heads, head_dim] of one cache, row i over its rows [0, n_keys[i])
-    (Numba-only)."""
+def attend(formats, q, kc, vc, n_keys, window, scale, out):
+    """Attention of rows q [m, heads, head_dim] of one cache, row i over its rows [0, n_keys[i]): in vector
+    lanes where there are enough queries and the format set has the lanes, else head by head (Numba-only)."""
     raise NotImplementedError
 
 
 @overload(attend, inline="always")
-def _attend_overload(q, kc, vc, n_keys, window, scale, out):
+def _attend_overload(formats, q, kc, vc, n_keys, window, scale, out):
+    rows = attend_rows if formats.lanes else decode_rows
     if kc.dtype == types.uint16:
-        return lambda q, kc, vc, n_keys, window, scale, out: attend_rows(q, kc, vc, n_keys, window, scale, out)
+        return lambda formats, q, kc, vc, n_keys, window, scale, out: rows(q, kc, vc, n_keys, window, scale, out)
 
-    def attend_q8_0(q, kc, vc, n_keys, window, scale, out):  # the values a dequantized cache would hold
+    def attend_q8_0(formats, q, kc, vc, n_keys, window, scale, out):  # the values a dequantized cache would hold
         n = n_keys.max()
-        attend_rows(q, dequantize_rows(kc[:n]), dequantize_rows(vc[:n]), n_keys, window, scale, out)
+        rows(q, dequantize_rows(kc[:n]), dequantize_rows(vc[:n]), n_keys, window, scale, out)
     return attend_q8_0
 
 
@@ -155,7 +157,7 @@ def _attention(formats, x, layer, li, n_layers, kcs, vcs, slots, positions, thre
         while i1 < m and slots[i1] == slots[i0]:  # the run of rows of one cache attends together
             i1 += 1
         cache = slots[i0] * n_layers + li
-        attend(q3[i0:i1], kcs[cache], vcs[cache], n_keys[i0:i1], layer.window, np.float32(layer.attn_scale),
+        attend(formats, q3[i0:i1], kcs[cache], vcs[cache], n_keys[i0:i1], layer.window, np.float32(layer.attn_scale),
                attn[i0:i1])
         i0 = i1
     attn = attn.reshape(m, n_head * hd)

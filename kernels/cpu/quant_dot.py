@@ -27,7 +27,7 @@ from numba import njit, prange
 
 from kernels.cpu import int8_dot, row_lanes
 from kernels.cpu.f16 import f16_bits_to_f32
-from kernels.cpu.formats import switch
+from kernels.cpu.formats import ByLanes, switch
 from kernels.cpu.int8_dot import (
     rows_dot_q4_0, rows_dot_q4_1, rows_dot_q4_k, rows_dot_q5_0, rows_dot_q5_1, rows_dot_q6_k, rows_dot_q8_0,
 )
@@ -221,13 +221,15 @@ def dot_q6_k(w, xq, xd, xsum, out):
 
 
 def _all_rows(dot, qtype):
-    """An int8 format's product: every input row at once (each weight block unpacked once for several), the
-    rows in groups of 16 in vector lanes where the host and the format have them (the same bits)."""
+    """An int8 format's product: every input row at once (each weight block unpacked once for several); for
+    format sets with the lanes, from row_lanes.MIN_INPUT_ROWS rows in groups of 16 in vector lanes where the
+    host and the format have them (the same bits)."""
+    def product(w, X, act, Y, n16):
+        _, xq, xd, xsum, _ = act
+        dot(w, xq, xd, xsum, Y)
+    plain = njit(inline="always")(product)
     if not (row_lanes.AVAILABLE and qtype in row_lanes.FORMATS):
-        def product(w, X, act, Y, n16):
-            _, xq, xd, xsum, _ = act
-            dot(w, xq, xd, xsum, Y)
-        return njit(inline="always")(product)
+        return plain
     lanes = row_lanes.products_of(qtype)
 
     def product_lanes(w, X, act, Y, n16):
@@ -236,7 +238,7 @@ def _all_rows(dot, qtype):
             dot(w, xq, xd, xsum, Y)
         else:
             lanes(w, xq, xd, xsum, xs4, Y)
-    return njit(inline="always")(product_lanes)
+    return ByLanes(plain, njit(inline="always")(product_lanes))
 
 
 def _each_row(dot):

@@ -25,13 +25,16 @@ def test_every_starter_plan_builds_a_tiny_model_of_its_architecture_and_types(na
     load_model(path).file.close()  # it is a model the engine takes
 
 
-def test_both_stages_run_and_leave_their_marks(tmp_path, monkeypatch):
+def test_every_stage_runs_and_leaves_its_mark(tmp_path, monkeypatch):
     monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))  # the marks only: kernels keep their cache
     model = catalog()["smollm2-135m-instruct"]
     assert not warmup.is_warm(model)
     for stage in warmup.STAGES:
         warmup.warm(model.name, stage)
-    assert warmup.is_warm(model)
+    assert warmup.is_warm(model) and not warmup.is_warm(model, warmup.LATER_STAGES)
+    for stage in warmup.LATER_STAGES:
+        warmup.warm(model.name, stage)
+    assert warmup.is_warm(model, warmup.LATER_STAGES)
 
 
 def test_warmup_of_an_unknown_model_is_a_clear_error(capsys):
@@ -43,14 +46,15 @@ def test_warmup_of_an_unknown_model_is_a_clear_error(capsys):
     assert "--cold-start measures a starter model" in capsys.readouterr().err
 
 
-def test_after_both_stages_a_first_reply_compiles_nothing(tmp_path, monkeypatch):
-    """A prompt longer than the block kernels take (the integer GEMM's path), then decode steps: all
-    compiled by the stages already, on a model of the plan (the warm-up used to miss the long prompt's)."""
+def test_after_the_stages_a_first_reply_compiles_nothing(tmp_path, monkeypatch, separate_decode_kernels):
+    """A prompt longer than the block kernels take (the integer GEMM's path), then decode steps, then a
+    verify of several rows: all compiled by the stages already, on a model of the plan (the warm-up used to
+    miss the long prompt's)."""
     from numba.core import event
 
     monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))
     plan = catalog()["smollm2-135m-instruct"].kernels
-    for stage in warmup.STAGES:
+    for stage in warmup.STAGES + warmup.LATER_STAGES:
         warmup.run_stage(plan, stage)
     warmup.write_model(tmp_path / "m.gguf", plan)
     model = load_model(tmp_path / "m.gguf")
@@ -67,5 +71,7 @@ def test_after_both_stages_a_first_reply_compiles_nothing(tmp_path, monkeypatch)
         cache = model.new_cache(64)
         model.forward(list(range(40)), cache)
         model.forward([7], cache)
+        assert model.rows_ready(cache, wait=True)
+        model.forward_rows([1, 2, 3, 4, 5, 6], cache)
     model.file.close()
     assert compiled == []

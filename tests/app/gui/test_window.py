@@ -185,3 +185,5 @@ def test_the_first_run_compiles_kernels_during_the_download_and_holds_the_first_
     assert not window.composer.send_button.isEnabled()
     qtbot.waitUntil(lambda: not window.kernel_warmup.running, timeout=10_000)
     assert window.composer.send_button.isEnabled() and not bar.isVisible()
+    # then the verify stage, which nothing waits for
+    assert stages[len(warmup.STAGES):] == [("smollm2-135m-instruct", stage) for stage in warmup.LATER_STAGES]
