@@ -145,7 +145,9 @@ def _attention(formats, x, layer, li, n_layers, kcs, vcs, slots, positions, thre
         pos = positions[i : i + 1]
         ops.rope_inplace(qi, pos, layer.rope_dims, layer.rope_base, layer.rope_neox)
         ops.rope_inplace(ki, pos, layer.rope_dims, layer.rope_base, layer.rope_neox)
-        q3[i] = qi[0]
+        for j in range(n_head):  # element by element: an array copy compiles a shape check and its message
+            for c in range(hd):
+                q3[i, j, c] = qi[0, j, c]
         cache = slots[i] * n_layers + li
         store_rows(ki[0], kcs[cache][positions[i]])
         store_rows(v.reshape(n_kv, hd), vcs[cache][positions[i]])

@@ -498,7 +498,15 @@ def quantize(x):
     xq = np.empty(n * 32, np.int8)
     xd = np.empty(n, np.float32)
     xsum = np.empty(n, np.int32)
-    for b in range(n):
+    quantize_into(x, xq, xd, xsum)
+    return xq, xd, xsum
+
+
+@njit(cache=True, nogil=True)
+def quantize_into(x, xq, xd, xsum):
+    """quantize(x), written to xq, xd, xsum (rows of the caller's arrays: copying returned arrays into them
+    compiles a shape check with its error message, seconds of the first run's compilation)."""
+    for b in range(x.shape[0] // 32):
         amax = np.float32(0)
         for j in range(32):
             amax = max(amax, abs(x[b * 32 + j]))
@@ -513,4 +521,3 @@ def quantize(x):
         half = f16_bits_to_f32(f32_to_f16_bits(d))
         # an activation past f16's range keeps its exact scale rather than turn into inf or 0
         xd[b], xsum[b] = (half if np.isfinite(half) and (half > 0 or d == 0) else d), s
-    return xq, xd, xsum

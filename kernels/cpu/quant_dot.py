@@ -276,7 +276,7 @@ def activations(X):
     for n in range(m):
         for c in range(xs.shape[1] * 16):
             xs[n, c >> 4] += X[n, c]
-        xq[n], xd[n], xsum[n] = int8_dot.quantize(X[n])
+        int8_dot.quantize_into(X[n], xq[n], xd[n], xsum[n])
         for g in range(quads):
             xs4[n, g] = np.int32(xq[n, 4 * g]) + np.int32(xq[n, 4 * g + 1]) + np.int32(xq[n, 4 * g + 2]) \
                 + np.int32(xq[n, 4 * g + 3])
