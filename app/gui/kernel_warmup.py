@@ -69,6 +69,9 @@ class KernelWarmup(QObject):
             self._start_later()
 
     def _start_later(self) -> None:
+        if self._background:  # one at a time (a model left out compiles them in the engine, in the background)
+            self._later = []
+            return
         for name in self._later:
             for stage in warmup.LATER_STAGES:
                 process = self._run(name, stage)
