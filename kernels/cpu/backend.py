@@ -105,13 +105,17 @@ class CpuRowStack:
         for slot, s in enumerate(segments):
             slots[s.row_start : s.row_end] = slot
             positions[s.row_start : s.row_end] = np.arange(s.pos0, s.pos0 + (s.row_end - s.row_start))
-        args = (x, self.layers, kcs, vcs, slots, positions, quant.threads())
+        args = self._args(x, kcs, vcs, slots, positions)
         decode.forward_rows(self.variants.formats_for(x.shape[0], args), *args)
 
     def rows_ready(self, store: CpuKvStore, wait: bool = False) -> bool:
+        rows = np.empty(2, np.int64)  # stand-ins of the types a call of two rows over `store` passes
         x = np.empty((2, self.layers[0].attn_norm.shape[0]), np.float32)
-        slots = np.empty(2, np.int64)
-        return self.variants.ready((x, self.layers, *store.kernel_views(), slots, slots, quant.threads()), wait)
+        return self.variants.ready(self._args(x, *store.kernel_views(), rows, rows), wait)
+
+    def _args(self, x, kcs, vcs, slots, positions) -> tuple:
+        """forward_rows' arguments after the format set."""
+        return x, self.layers, kcs, vcs, slots, positions, quant.threads()
 
 
 class CpuBackend:
