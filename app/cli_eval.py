@@ -136,20 +136,29 @@ def run_generate(args) -> int:
     tokens = (generate.sample_speculative(model, prompt, args.max_tokens, sampler, stops, args.kv, stats=spec)
               if args.spec else generate.sample(model, prompt, args.max_tokens, sampler, stops, args.kv))
     stream = StreamDecoder(tokenizer)
-    out, times = [], []
+    out, times, finish = [], [], "length"
     for tok in tokens:
         times.append(time.perf_counter())
         if tok in stops:
+            finish = "stop"
             break
         out.append(tok)
         if not args.json:
             print(stream.push(tok), end="", flush=True)
     # sampled tokens per second after the first (the first waits for the prefill), as a chat turn counts
     decode_tps = (len(times) - 1) / max(times[-1] - times[0], 1e-9) if len(times) > 1 else 0.0
+    if len(out) < args.max_tokens and finish == "length":
+        finish = "context"
+    if processor is not None and processor.closed_early:
+        finish = "length_closed"
+    text = tokenizer.decode(out)
+    warnings = [str(w) for w in grammar.check_reply(text)] if grammar is not None else []
     if args.json:
-        json.dump({"prompt_ids": prompt, "ids": out, "text": tokenizer.decode(out), "decode_tps": decode_tps,
+        json.dump({"prompt_ids": prompt, "ids": out, "text": text, "decode_tps": decode_tps,
+                   "finish_reason": finish, "schema_warnings": warnings,
                    "spec": None if spec is None else spec_stats(spec)}, sys.stdout)
     else:
+        report_reply_checks(finish, warnings)
         if spec is not None:
             print(f"\n[{decode_tps:.1f} tok/s; speculation: {spec.summary()}]", end="", file=sys.stderr)
     print()
@@ -176,15 +185,27 @@ def generate_attached(args, model, grammar) -> int:
     if args.json:
         json.dump({"prompt_ids": convo.history[: len(convo.history) - len(turn.token_ids)], "ids": turn.token_ids,
                    "text": turn.text, "decode_tps": turn.stats.decode_tps, "ttft_ms": turn.stats.ttft_ms,
+                   "finish_reason": turn.finish_reason, "schema_warnings": list(turn.schema_warnings),
                    "spec": None if turn.stats.spec is None else spec_stats(turn.stats.spec),
                    "attachments": [{"name": a.cartridge.name, "id": a.cartridge.id, "tokens": a.cartridge.rows,
                                     "built": a.built, "seconds": round(a.seconds, 3),
                                     "bytes": a.cartridge.byte_size(), "chunk": a.chunk} for a in attached]}, sys.stdout)
-    elif turn.stats.spec is not None:
-        print(f"\n[{turn.stats.decode_tps:.1f} tok/s; speculation: {turn.stats.spec.summary()}]", end="",
-              file=sys.stderr)
+    else:
+        report_reply_checks(turn.finish_reason, list(turn.schema_warnings))
+        if turn.stats.spec is not None:
+            print(f"\n[{turn.stats.decode_tps:.1f} tok/s; speculation: {turn.stats.spec.summary()}]", end="",
+                  file=sys.stderr)
     print()
     return 0
+
+
+def report_reply_checks(finish_reason: str, warnings: list[str]) -> None:
+    """On stderr: a reply closed to fit its limit, and each post-checked keyword it breaks."""
+    if finish_reason == "length_closed":
+        print("\n[closed at the length limit: the reply is a whole document, shortened to fit]", end="",
+              file=sys.stderr)
+    for warning in warnings:
+        print(f"\nwarning: the reply breaks the schema at {warning}", end="", file=sys.stderr)
 
 
 def spec_stats(stats: Stats) -> dict:

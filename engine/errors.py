@@ -90,6 +90,10 @@ class InvalidGrammar(FucinaError):
     """A reply grammar (JSON schema, regex, Lark, GBNF) that does not compile; the message is llguidance's."""
 
 
+class ReplyBudgetTooSmall(InvalidGrammar):
+    """The reply's token limit is below the shortest document its grammar allows."""
+
+
 class ChatTemplateError(FucinaError):
     """A chat that the template cannot render, or a model's own Jinja template that fails or runs away."""
 

@@ -57,8 +57,10 @@ def greedy(model: Transformer, prompt: Sequence[int], max_tokens: int, stop_ids:
 def sample(model: Transformer, prompt: Sequence[int], max_tokens: int, sampler: Sampler,
            stop_ids: Iterable[int] = (), kv: KvDtype | str = KvDtype.F16,
            capacity: int | None = None) -> Iterator[int]:
-    """Yield the ids `sampler` chooses after the prompt; a stop id ends generation and is yielded."""
+    """Yield the ids `sampler` chooses after the prompt; a stop id ends generation and is yielded. A
+    grammar's reply closes within max_tokens (engine.sampling.budget)."""
     check_token_ids(prompt, model.vocab_size)
+    _plan_budget(sampler, max_tokens)
     stops = set(stop_ids)
     cache = model.new_cache(capacity or len(prompt) + max_tokens, kv)
     history = list(prompt)
@@ -80,6 +82,7 @@ def sample_speculative(model: Transformer, prompt: Sequence[int], max_tokens: in
     far: the same ids, fewer forwards. `stats`, when given, collects the decoder's counts."""
     if max_tokens < 1:
         return
+    _plan_budget(sampler, max_tokens)
     cache = model.new_cache(capacity or len(prompt) + max_tokens, kv)
     history = list(prompt)
     stream = SpeculativeStream(model, SpecOptions(stop_tokens=frozenset(stop_ids)))
@@ -98,3 +101,8 @@ def sample_speculative(model: Transformer, prompt: Sequence[int], max_tokens: in
         if produced >= max_tokens or cache.len >= cache.capacity:
             return
         result = decoder.step(history, limit=max_tokens - produced)
+
+
+def _plan_budget(sampler: Sampler, max_tokens: int) -> None:
+    if sampler.processor is not None:
+        sampler.processor.set_budget(max_tokens)

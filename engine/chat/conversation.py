@@ -88,10 +88,12 @@ class TurnStats:
 class TurnResult:
     text: str
     token_ids: list[int]
-    finish_reason: str  # stop | stop_sequence | length | context | cancelled | error
+    finish_reason: str  # stop | stop_sequence | length | length_closed | context | cancelled | error
     fired_stop: int | None = None  # index into stop_sequences when one ended the reply
     stats: TurnStats = field(default_factory=TurnStats)
     error: BaseException | None = None
+    # a JSON schema reply's violations of the keywords not enforced while writing (checked after it)
+    schema_warnings: tuple[str, ...] = ()
 
 
 @dataclass
@@ -438,6 +440,7 @@ class _Turn:
         c = self.convo
         if c.sampler.processor is not None:
             c.sampler.processor.reset()
+            c.sampler.processor.set_budget(c.options.max_tokens)  # a grammar's reply ends whole within it
         c._decoder.reset()
         logits, reused, fed = c._prefill(self.request, self.cancel)
         self.stats.prefill_ms = (time.perf_counter() - self._start) * 1e3
@@ -503,6 +506,8 @@ class _Turn:
 
     def end(self, reason: str, error: BaseException | None = None, fired: int | None = None) -> None:
         c = self.convo
+        if reason in ("length", "stop") and c.sampler.processor is not None and c.sampler.processor.closed_early:
+            reason = "length_closed"  # the grammar's document was closed to fit the limit
         c._decoder.reset()  # a character the reply ends inside of is no text
         self.done = True
         s = self.stats
@@ -510,7 +515,9 @@ class _Turn:
         if self._sampled > 1:
             s.decode_tps = (self._sampled - 1) / max(self._last_at - self._first_at, 1e-9)
         text = "".join(self.parts)
-        c.last_turn = TurnResult(text, self.ids, reason, fired, s, error)
+        checked = c.options.grammar is not None and reason in ("stop", "length_closed")
+        warnings = tuple(map(str, c.options.grammar.check_reply(text))) if checked else ()
+        c.last_turn = TurnResult(text, self.ids, reason, fired, s, error, warnings)
         if self.request.user is not None:
             c.messages += [Message("user", self.request.user), Message("assistant", text)]
         c._save()

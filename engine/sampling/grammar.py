@@ -27,6 +27,9 @@ import llguidance.numpy as llg_numpy
 import numpy as np
 
 from engine.errors import InvalidGrammar
+from engine.sampling import json_schema
+from engine.sampling.budget import ReplyBudget
+from engine.sampling.json_schema import SchemaWarning
 from engine.sampling.processor import StructuredProcessor
 from engine.tokenize import Tokenizer
 from engine.tokenize.vocab import CONTROL, UNKNOWN, USER_DEFINED
@@ -50,9 +53,19 @@ class Grammar:
     kind: str
     source: str = ""
     compiled: str = field(init=False, repr=False, compare=False)
+    # a JSON schema's keywords llguidance does not enforce while writing (engine.sampling.json_schema)
+    unenforced: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        object.__setattr__(self, "compiled", _compile(self.kind, self.source))
+        compiled, unenforced = _compile(self.kind, self.source)
+        object.__setattr__(self, "compiled", compiled)
+        object.__setattr__(self, "unenforced", unenforced)
+
+    def check_reply(self, text: str) -> list[SchemaWarning]:
+        """The finished reply's violations of the keywords not enforced while it was written."""
+        if not self.unenforced:
+            return []
+        return json_schema.check_reply(json.loads(self.source), text, self.unenforced)
 
     @classmethod
     def json_object(cls) -> "Grammar":
@@ -73,7 +86,8 @@ class Grammar:
         return cls(setting["type"], setting.get("grammar", ""))
 
 
-def _compile(kind: str, source: str) -> str:
+def _compile(kind: str, source: str) -> tuple[str, tuple[str, ...]]:
+    """llguidance's form of a grammar, and the JSON schema keywords it leaves unenforced."""
     if kind == "json_object":
         compiled = llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
     elif kind == "json_schema":
@@ -83,7 +97,9 @@ def _compile(kind: str, source: str) -> str:
             raise InvalidGrammar(f"the JSON schema is not valid JSON: {e}") from None
         if not isinstance(schema, dict):
             raise InvalidGrammar(f"a JSON schema is a JSON object, got {type(schema).__name__}")
-        compiled = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+        # lenient: a keyword llguidance cannot enforce is a warning, never a refusal of the whole schema
+        compiled = llguidance.LLMatcher.grammar_from_json_schema(json_schema.rewrite(schema),
+                                                                 defaults=JSON_OPTIONS | {"lenient": True})
     elif kind in ("regex", "lark", "gbnf"):
         try:  # llguidance converts GBNF to its Lark itself (and raises ValueError when it cannot)
             compiled = llguidance.grammar_from(kind, source)
@@ -91,20 +107,34 @@ def _compile(kind: str, source: str) -> str:
             raise InvalidGrammar(str(e)) from None
     else:
         raise InvalidGrammar(f"unknown grammar kind {kind!r}; known: {', '.join(GRAMMAR_KINDS)}")
-    error = llguidance.LLMatcher.validate_grammar(compiled)
+    error, warnings = llguidance.LLMatcher.validate_grammar_with_warnings(compiled)
     if error:
-        raise InvalidGrammar(f"invalid {kind.replace('_', ' ')} grammar: {error.strip()}")
-    return compiled
+        raise InvalidGrammar(f"invalid {kind.replace('_', ' ')} grammar: {'; '.join(warnings).strip()}")
+    return compiled, json_schema.unenforced(warnings)
 
 
 # -- the tokenizer bridge -----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class GrammarVocabulary:
-    """llguidance's view of one tokenizer: `size` ids, `end_id` the id that means "end here"."""
+    """llguidance's view of one tokenizer: `size` ids, `end_id` the id that means "end here"; `source`
+    holds every token's bytes and the plain encoder (a closing's tokens)."""
     ll: llguidance.LLTokenizer
     size: int
     end_id: int
+    source: "_TokenSource"
+
+    def ids_of(self, data: bytes) -> list[int] | None:
+        """Tokens whose bytes are exactly `data`: its plain encoding, else one token per byte (a closing
+        that ends a character the reply began); None when neither spells it."""
+        try:
+            ids = self.source(data, strict=True)
+        except UnicodeDecodeError:
+            ids = None
+        if ids is not None and b"".join(self.source.tokens[i] for i in ids) == data:
+            return ids
+        singles = self.source.byte_ids
+        return [singles[b] for b in data] if all(b in singles for b in data) else None
 
 
 class _TokenSource:
@@ -116,11 +146,13 @@ class _TokenSource:
         self.eos_token_id, self.bos_token_id = end_id, tokenizer.bos_id
         self.tokens = [tokenizer.token_bytes(i) for i in range(tokenizer.vocab_size)]
         self.special_token_ids = [i for i in range(tokenizer.vocab_size) if _is_control(tokenizer, i)]
+        special = set(self.special_token_ids)
+        self.byte_ids = {t[0]: i for i, t in enumerate(self.tokens) if len(t) == 1 and i not in special}
 
-    def __call__(self, text: bytes) -> list[int]:
+    def __call__(self, text: bytes, strict: bool = False) -> list[int]:
         # llguidance hands complete UTF-8 here; plain encoding, so text never becomes a control token
         tokenizer = self._tokenizer()
-        return [] if tokenizer is None else tokenizer.encode_plain(text.decode("utf-8", "replace"))
+        return [] if tokenizer is None else tokenizer.encode_plain(text.decode("utf-8", "strict" if strict else "replace"))
 
 
 def _is_control(tokenizer: Tokenizer, token: int) -> bool:
@@ -148,7 +180,7 @@ def grammar_vocabulary(tokenizer: Tokenizer) -> GrammarVocabulary:
                                      "needs to end a reply")
             source = _TokenSource(tokenizer, end_id)
             ll = llguidance.LLTokenizer(llguidance.TokenizerWrapper(source))
-            vocabulary = _VOCABULARIES[tokenizer] = GrammarVocabulary(ll, tokenizer.vocab_size, end_id)
+            vocabulary = _VOCABULARIES[tokenizer] = GrammarVocabulary(ll, tokenizer.vocab_size, end_id, source)
         return vocabulary
 
 
@@ -170,23 +202,35 @@ class GrammarProcessor(StructuredProcessor):
         self._initial = initial  # never advanced: reset and error recovery copy it
         self._start(initial.deep_copy())
 
-    def _start(self, matcher: llguidance.LLMatcher, failure: str | None = None) -> None:
+    def _start(self, matcher: llguidance.LLMatcher, failure: str | None = None,
+               budget: ReplyBudget | None = None) -> None:
         self._matcher = matcher
         self._bitmask = llg_numpy.allocate_token_bitmask(1, self.vocabulary.size)
         self.failure = failure  # why the matcher gave up this turn (the reply is then forced to stop)
+        self.budget = budget  # the reply's token limit, kept closable (None: no limit set)
 
     def clone(self) -> "GrammarProcessor":
         """An independent processor in this one's current state (no vocabulary rebuild or recompile)."""
         twin = object.__new__(GrammarProcessor)
         twin.grammar, twin.vocabulary, twin.stop_id = self.grammar, self.vocabulary, self.stop_id
         twin._initial = self._initial
-        twin._start(self._matcher.deep_copy(), self.failure)
+        twin._start(self._matcher.deep_copy(), self.failure, self.budget and self.budget.clone())
         return twin
 
     def reset(self) -> None:
         # a copy of the untouched matcher, not LLMatcher.reset(): an errored matcher stays errored, and a
         # rolled-back one that had stopped rejects the end-of-sequence token once its grammar completes again
         self._start(self._initial.deep_copy())
+
+    def set_budget(self, tokens: int | None) -> None:
+        """Replies from here end as whole documents within `tokens` tokens; ReplyBudgetTooSmall when the
+        grammar's shortest document needs more (before any token is sampled)."""
+        self.budget = None if tokens is None else ReplyBudget(self.grammar.compiled, self.vocabulary, tokens)
+
+    @property
+    def closed_early(self) -> bool:
+        """The reply was closed to fit its token limit."""
+        return self.budget is not None and self.budget.closed_early
 
     # -- the seam -------------------------------------------------------------------------------------
     def process(self, logits: np.ndarray, history: Sequence[int]) -> None:
@@ -195,13 +239,21 @@ class GrammarProcessor(StructuredProcessor):
             if self._matcher.is_error():
                 self._fail(self._matcher.get_error())
         if self.failure is not None:  # the forced stop: the only token left
-            logits[:] = -np.inf
-            logits[self.stop_id] = 0.0
+            _only(logits, self.stop_id)
+            return
+        closing = self.budget.forcing() if self.budget is not None else []
+        if closing:  # the budget's end: the closing's next token is the only one left
+            _only(logits, closing[0])
             return
         allowed = self.allowed()
         n = min(allowed.size, logits.size)
         logits[:n][~allowed[:n]] = -np.inf
         logits[n:] = -np.inf  # output rows past the tokenizer's vocabulary (padding) are never tokens
+
+    def vet(self, token: int) -> int | None:
+        if self.budget is None or self.failure is not None or token == self.stop_id:
+            return token
+        return self.budget.vet(token)
 
     def allowed(self) -> np.ndarray:
         """The last mask as one bool per tokenizer id, "may end" mapped onto stop_id."""
@@ -217,6 +269,8 @@ class GrammarProcessor(StructuredProcessor):
             return
         if not self._matcher.consume_token(self._grammar_id(token)):
             self._fail(self._matcher.get_error() or f"token {token} was not allowed")
+        elif self.budget is not None and token != self.stop_id:
+            self.budget.commit(token)
 
     def _grammar_id(self, token: int) -> int:
         return self.vocabulary.end_id if token == self.stop_id else int(token)
@@ -234,6 +288,8 @@ class GrammarProcessor(StructuredProcessor):
     def forced_tokens(self) -> list[int]:
         if self.finished:
             return [self.stop_id]
+        if self.budget is not None and self.budget.forcing():
+            return list(self.budget.forced)  # the closing at the budget's end drafts itself
         return list(self._matcher.compute_ff_tokens())
 
     def valid_prefix_len(self, tokens: Sequence[int]) -> int:
@@ -247,6 +303,12 @@ class GrammarProcessor(StructuredProcessor):
                 break
             ids.append(self._grammar_id(token))
         return int(self._matcher.validate_tokens(ids))
+
+
+def _only(logits: np.ndarray, token: int) -> None:
+    """Leave `token` the row's one choice."""
+    logits[:] = -np.inf
+    logits[token] = 0.0
 
 
 def grammar_processor(grammar: Grammar, tokenizer: Tokenizer, stop_id: int | None = None) -> GrammarProcessor:

@@ -18,6 +18,8 @@ class LogitProcessor(ABC):
     over forbidden tokens); `commit` observes the selected token, exactly once per `Sampler.sample`, on
     every path (greedy included), so the processor's state follows the history with no rollback hook."""
 
+    closed_early = False  # the reply was closed to fit its token limit (set_budget)
+
     @abstractmethod
     def process(self, logits: np.ndarray, history: Sequence[int]) -> None:
         """Mutate `logits` (float32, one row) in place; `history` is the stream's committed tokens."""
@@ -28,6 +30,16 @@ class LogitProcessor(ABC):
 
     def reset(self) -> None:
         """Re-arm for a fresh constrained region; a Conversation calls it at every turn start."""
+
+    def set_budget(self, tokens: int | None) -> None:
+        """The reply after this reset may take at most `tokens` tokens (None: no limit); a Conversation calls
+        it after `reset`. A processor whose replies must end as whole documents plans for it."""
+
+    def vet(self, token: int) -> int | None:
+        """The token to take for the sampler's pick `token` (after `process`): `token` when the processor
+        admits it, None to refuse it (the sampler masks it and chooses again with the same draw, so a
+        refusal costs no extra randomness), or the one token the processor now requires."""
+        return token
 
 
 class StructuredProcessor(LogitProcessor):

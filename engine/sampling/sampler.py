@@ -78,15 +78,26 @@ class Sampler:
         """The next token for one logits row ([vocab] or [1, vocab]); the caller's array is not modified.
         `history` is the stream's committed tokens (penalties and the processor read it)."""
         row, best = self._prepare(logits, history)
-        if self.config.greedy:
-            token = best
-        else:
-            ids, weights = self._candidates(row, best)
-            i = inverse_cdf(weights, float(self._rng.random()))
-            token = i if ids is None else int(ids[i])
+        u = None if self.config.greedy else float(self._rng.random())
+        token = self._pick(row, best, u)
         if self.processor is not None:
+            while (vetted := self.processor.vet(token)) is None:  # refused: the next choice, same draw
+                row[token] = -np.inf
+                best = int(np.argmax(row))
+                if not row[best] > -np.inf:
+                    raise AllTokensMasked("the logit processor refused every token the sampler could pick")
+                token = self._pick(row, best, u)
+            token = vetted
             self.processor.commit(token)
         return token
+
+    def _pick(self, row: np.ndarray, best: int, u: float | None) -> int:
+        """The token one draw `u` selects from the prepared row (None: greedy)."""
+        if u is None:
+            return best
+        ids, weights = self._candidates(row, best)
+        i = inverse_cdf(weights, u)
+        return i if ids is None else int(ids[i])
 
     def distribution(self, logits: np.ndarray, history: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
         """(token ids, probabilities) the next draw would choose from; no draw, no commit."""
