@@ -29,7 +29,6 @@ END = 256  # the byte vocabulary's end token ("the grammar may end here")
 GREEDY_LIMIT = 1024  # bytes a walk may write: longer closings are not looked for
 SEARCH_NODES = 2000  # states a string's search may open
 STRING_ENDINGS = 4  # a string's shortest endings the walk tries
-BRANCH_DEPTH = 4  # strings ended by search along one closing
 FEW = 4  # a byte class with at most this many allowed members is searched member by member
 
 
@@ -49,7 +48,7 @@ _QUOTE, _BACKSLASH = ord('"'), ord("\\")
 # Greedy preferences: the bytes that end what is open first, then the shortest ways to fill a value.
 _IN_STRING = b'"a0A -.'
 _ESCAPED = b'n"\\'
-_OUTSIDE = b'}],0"[{tfn-: '
+_OUTSIDE = b'}])>,0"[{tfn-: '
 # The search's representatives of a byte class whose members a grammar rarely tells apart.
 _CLASSES = [range(ord("a"), ord("z") + 1), range(ord("A"), ord("Z") + 1), range(ord("0"), ord("9") + 1),
             range(0x80, 0x100)]
@@ -89,14 +88,15 @@ class Closer:
 
     def closing(self) -> bytes | None:
         """The bytes that complete the grammar from here (b"" when it may end now)."""
-        return _walk(self._matcher.deep_copy(), self._in_string, self._escaped, self._bitmask, 0)
+        walked = _walk(self._matcher.deep_copy(), self._in_string, self._escaped, self._bitmask)
+        return walked if walked is not None else _search(self._matcher.deep_copy(), self._bitmask)
 
 
 def _walk(matcher: llguidance.LLMatcher, in_string: bool, escaped: bool, bitmask: np.ndarray,
-          depth: int) -> bytes | None:
+          choose: bool = True) -> bytes | None:
     """The greedy walk from `matcher` (which it advances). A string it cannot end with its quote (a key
-    among several, a pattern, a format) is ended by each of its few shortest endings in turn, the walk
-    going on from each; the shortest whole closing wins."""
+    among several, a pattern, a format) is ended by the one of its few shortest endings whose walk on
+    (`choose`: each tried with the first ending at every later string) closes soonest."""
     out = bytearray()
     while len(out) < GREEDY_LIMIT:
         if matcher.is_accepting():
@@ -105,7 +105,15 @@ def _walk(matcher: llguidance.LLMatcher, in_string: bool, escaped: bool, bitmask
         if not step:
             allowed = _allowed(matcher, bitmask)
             if in_string and not escaped and not allowed[_QUOTE]:
-                return _branch(matcher, bytes(out), bitmask, depth)
+                endings = list(_string_endings(matcher, bitmask))
+                if choose and len(endings) > 1:
+                    endings.sort(key=lambda e: _length_after(e, bitmask))  # stable: ties keep the shorter
+                if not endings:
+                    return None
+                ending, matcher = endings[0]
+                out += ending
+                in_string = escaped = False
+                continue
             prefs = _ESCAPED if escaped else _IN_STRING if in_string else _OUTSIDE
             byte = next((b for b in prefs if allowed[b]), None)
             if byte is None:
@@ -122,15 +130,9 @@ def _walk(matcher: llguidance.LLMatcher, in_string: bool, escaped: bool, bitmask
     return None
 
 
-def _branch(matcher: llguidance.LLMatcher, out: bytes, bitmask: np.ndarray, depth: int) -> bytes | None:
-    if depth >= BRANCH_DEPTH:
-        return None
-    best = None
-    for ending, after in _string_endings(matcher, bitmask):
-        rest = _walk(after, False, False, bitmask, depth + 1)
-        if rest is not None and (best is None or len(ending) + len(rest) < len(best)):
-            best = ending + rest
-    return None if best is None else out + best
+def _length_after(ending: tuple[bytes, llguidance.LLMatcher], bitmask: np.ndarray) -> float:
+    rest = _walk(ending[1].deep_copy(), False, False, bitmask, choose=False)
+    return float("inf") if rest is None else len(ending[0]) + len(rest)
 
 
 def _string_endings(matcher: llguidance.LLMatcher, bitmask: np.ndarray):
@@ -157,6 +159,27 @@ def _string_endings(matcher: llguidance.LLMatcher, bitmask: np.ndarray):
                 yield out + b'"', child
             else:
                 queue.append((child, out + bytes([byte]), not escaped and byte == _BACKSLASH))
+
+
+def _search(matcher: llguidance.LLMatcher, bitmask: np.ndarray) -> bytes | None:
+    """Where the walk's preferences go round in circles (a grammar unlike JSON, whose list goes on while
+    its closing bracket waits): breadth-first over representative bytes to the first place it may end."""
+    queue = collections.deque([(matcher, b"")])
+    seen: set[bytes] = set()
+    while queue and len(seen) < SEARCH_NODES:
+        matcher, out = queue.popleft()
+        if matcher.is_accepting():
+            return out
+        allowed = _allowed(matcher, bitmask)
+        key = bitmask.tobytes() + len(out).to_bytes(4, "little")
+        if key in seen:
+            continue
+        seen.add(key)
+        for byte in _representatives(allowed):
+            child = matcher.deep_copy()
+            if child.consume_token(byte):
+                queue.append((child, out + bytes([byte])))
+    return None
 
 
 def _allowed(matcher: llguidance.LLMatcher, bitmask: np.ndarray) -> np.ndarray:
