@@ -8,6 +8,7 @@ from pathlib import Path
 from engine.errors import FucinaError, InvalidGrammar
 from engine.sampling import SamplerConfig
 from engine.sampling.grammar import Grammar
+from engine.sampling.json_schema import KEYWORDS
 
 
 def add_sampler_options(p, defaults: SamplerConfig = SamplerConfig()) -> None:
@@ -30,12 +31,24 @@ def sampler_config(args) -> SamplerConfig:
 
 def add_grammar_options(p) -> None:
     """The flags that hold every reply to a grammar (at most one); TEXT|@FILE reads @FILE's contents."""
-    g = p.add_argument_group("reply grammar (llguidance; at most one)").add_mutually_exclusive_group()
-    g.add_argument("--json-schema", metavar="JSON|@FILE", help="replies are JSON valid under this schema")
+    group = p.add_argument_group("reply grammar (llguidance; at most one)", description=keyword_help())
+    g = group.add_mutually_exclusive_group()
+    g.add_argument("--json-schema", metavar="JSON|@FILE",
+                   help="replies are JSON valid under this schema (keywords: see above); a reply that reaches "
+                        "--max-tokens is closed as a whole document")
     g.add_argument("--json-object", action="store_true", help="replies are one JSON object")
     g.add_argument("--regex", metavar="PATTERN", help="replies match this regular expression")
     g.add_argument("--lark", metavar="GRAMMAR|@FILE", help="replies follow this Lark grammar (llguidance's variant)")
     g.add_argument("--gbnf", metavar="@FILE", help="replies follow this GBNF (llama.cpp) grammar")
+
+
+def keyword_help() -> str:
+    """How --json-schema handles each JSON Schema keyword, grouped by handling (docs/json-schema.md)."""
+    by_handling: dict[str, list[str]] = {}
+    for keyword, handling in KEYWORDS.items():
+        by_handling.setdefault(handling, []).append(keyword)
+    return "JSON Schema keywords: " + "; ".join(f"{', '.join(words)}: {handling}"
+                                                 for handling, words in by_handling.items())
 
 
 def grammar_from_args(args) -> Grammar | None:

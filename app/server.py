@@ -38,8 +38,9 @@ from app.server_requests import ApiError, Call, Limits, parse_chat, parse_comple
 from engine.errors import ContextFull, FucinaError
 from engine.service import EngineService, Job, JobResult, ServiceBusy, ServiceClosed
 
-FINISH_REASONS = {"stop": "stop", "stop_sequence": "stop", "length": "length", "context": "length",
-                  "cancelled": "stop"}
+# length_closed: a constrained reply closed to fit its limit, a whole document ("fucina" says which)
+FINISH_REASONS = {"stop": "stop", "stop_sequence": "stop", "length": "length", "length_closed": "length",
+                  "context": "length", "cancelled": "stop"}
 
 
 def create_app(service: EngineService, model_ids: Sequence[str], *, api_key: str | None = None,
@@ -283,7 +284,8 @@ def _usage(result: JobResult) -> dict:
 
 def _extension(result: JobResult) -> dict:
     return {"ttft_ms": round(result.ttft_ms, 1), "decode_tps": round(result.decode_tps, 2),
-            "speculation": result.speculation}
+            "speculation": result.speculation, "closed_at_length_limit": result.finish_reason == "length_closed",
+            "schema_warnings": list(result.schema_warnings)}
 
 
 def _job_error(result: JobResult) -> ApiError:

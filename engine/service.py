@@ -75,7 +75,7 @@ class GenerationRequest:
 @dataclasses.dataclass(frozen=True)
 class JobResult:
     text: str
-    finish_reason: str  # a TurnResult's: stop | stop_sequence | length | context | cancelled | error
+    finish_reason: str  # a TurnResult's: stop | stop_sequence | length | length_closed | context | cancelled | error
     prompt_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens the slot's cache already held (not prefilled)
     completion_tokens: int = 0
@@ -83,12 +83,14 @@ class JobResult:
     decode_tps: float = 0.0
     speculation: dict | None = None  # the speculative decoder's counts, on a speculative reply
     error: BaseException | None = None
+    schema_warnings: tuple[str, ...] = ()  # a JSON schema reply's post-checked violations
 
     @classmethod
     def of_turn(cls, turn: TurnResult) -> "JobResult":
         s = turn.stats
         return cls(turn.text, turn.finish_reason, s.prompt_tokens, s.reused_tokens, s.generated_tokens,
-                   s.ttft_ms, s.decode_tps, None if s.spec is None else dataclasses.asdict(s.spec), turn.error)
+                   s.ttft_ms, s.decode_tps, None if s.spec is None else dataclasses.asdict(s.spec), turn.error,
+                   turn.schema_warnings)
 
 
 T = TypeVar("T")

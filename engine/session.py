@@ -385,6 +385,8 @@ class ChatSession(StoredChat):
         grammar = self.convo.options.grammar
         if grammar is not None:  # what the reply follows: the app shows a JSON reply as JSON
             meta["response_format"] = grammar.kind
+        if turn.schema_warnings:  # the keywords it breaks that were checked after it was written
+            meta["schema_warnings"] = list(turn.schema_warnings)
         return meta
 
     # -- settings --

@@ -60,6 +60,7 @@ class MessageWidget(QWidget):
         self.header.addSpacing(SPACE_M)
         self._add_switcher()
         self.stopped_mark = self._add_stopped_mark()
+        self.closing_marks = self._add_closing_marks()
         self.header.addStretch()
         self._add_actions(is_last)
 
@@ -129,10 +130,31 @@ class MessageWidget(QWidget):
     def _add_stopped_mark(self) -> QLabel | None:
         if not is_stopped(self.message):
             return None
-        mark = QLabel("stopped")
+        mark = self._mark("stopped", "Stopped reply", "You stopped this reply before it was finished")
         mark.setObjectName("stoppedMark")
-        mark.setAccessibleName("Stopped reply")
-        mark.setToolTip("You stopped this reply before it was finished")
+        return mark
+
+    def _add_closing_marks(self) -> list[QLabel]:
+        """A constrained reply closed at its length limit, and the schema keywords it breaks (checked after it
+        was written), each a mark in the header whose tooltip says more."""
+        meta = self.message.get("meta") or {}
+        marks = []
+        if meta.get("finish_reason") == "length_closed":
+            marks.append(self._mark("closed at the length limit", "Reply closed at its length limit",
+                                    "The reply reached its length limit and was closed early, as a whole, "
+                                    "valid document"))
+        warnings = meta.get("schema_warnings") or []
+        if warnings:
+            count = f"{len(warnings)} schema warning{'s' * (len(warnings) != 1)}"
+            marks.append(self._mark(count, count, "Checked after the reply (not enforced while writing):\n"
+                                    + "\n".join(warnings)))
+        return marks
+
+    def _mark(self, text: str, name: str, tip: str) -> QLabel:
+        mark = QLabel(text)
+        mark.setObjectName("replyMark")
+        mark.setAccessibleName(name)
+        mark.setToolTip(tip)
         self.header.addWidget(mark)
         return mark
 

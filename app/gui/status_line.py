@@ -38,6 +38,8 @@ def describe(status: EngineStatus) -> str:
         warmth = "warm" if status.reused_tokens else "cold"
         parts.append(f"{warmth}: {status.reused_tokens:,} reused, {status.prefilled_tokens:,} prefilled")
         parts += _speculation(status)
+        if status.finish_reason == "length_closed":
+            parts.append("closed at the length limit")
     elif status.context_size:
         parts.append(f"resumed warm ({status.resumed_positions:,} positions)" if status.resumed_positions
                      else "cold start")

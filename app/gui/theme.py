@@ -115,7 +115,7 @@ QFrame[found="true"] {{ border: 2px solid {c.accent}; }}
 QFrame[card] QLabel {{ background: transparent; border: none; }}
 QLabel#roleLabel {{ font-weight: 600; }}
 QLabel[tone="muted"] {{ color: {c.muted}; font-size: {FONT_SMALL}pt; }}
-QLabel#stoppedMark {{ color: {c.accent}; border: 1px solid {c.accent}; border-radius: 8px; padding: 0 6px;
+QLabel#stoppedMark, QLabel#replyMark {{ color: {c.accent}; border: 1px solid {c.accent}; border-radius: 8px; padding: 0 6px;
     font-size: {FONT_SMALL}pt; }}
 QFrame#quote {{ background: {c.quote}; border: none; border-left: 3px solid {c.accent}; border-radius: 4px; }}
 QLabel#math {{ font-family: "DejaVu Serif", "Cambria Math", serif; font-style: italic; font-size: 12pt; }}

@@ -89,7 +89,11 @@ class ReplyBudget:
         twin = self._twin.clone()
         if not twin.feed(self.vocabulary.source.tokens[token]):
             return token  # not a grammar token: the grammar's own mask rules it out
-        closing = twin.closing()
+        data = self.vocabulary.source.tokens[token]
+        closing = (self._closing[len(data):] if self._closing.startswith(data)  # along the kept closing
+                   else self._closing if _closes(twin, self._closing) else None)  # content: it still closes
+        if closing is None or self._count(closing) > self.remaining - 1:
+            closing = twin.closing()
         if closing is not None and self._count(closing) <= self.remaining - 1:
             self._pending, self._refusals = (token, twin, closing), 0
             return token
@@ -140,5 +144,10 @@ class ReplyBudget:
         return not _STRUCTURAL.intersection(data) and not self._near()
 
     def _still_closes(self, closing: bytes) -> bool:
-        twin = self._twin.clone()
-        return twin.feed(closing) and twin.done
+        return _closes(self._twin, closing)
+
+
+def _closes(twin: Closer, closing: bytes) -> bool:
+    """Whether `closing` completes the grammar from `twin`'s state (which stays as it is)."""
+    trial = twin.clone()
+    return trial.feed(closing) and trial.done

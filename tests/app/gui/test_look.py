@@ -185,6 +185,19 @@ def test_a_stopped_reply_carries_a_stopped_mark(qtbot):
     assert finished.stopped_mark is None
 
 
+def test_a_reply_closed_at_its_limit_and_its_schema_warnings_are_marked(qtbot):
+    closed = MessageWidget({"id": "m1", "role": "assistant", "content": '{"tags": ["a", "a"]}',
+                            "meta": {"finish_reason": "length_closed", "response_format": "json_schema",
+                                     "schema_warnings": ["$.tags: ['a', 'a'] has non-unique elements"]}}, ["m1"])
+    finished = MessageWidget({"id": "m2", "role": "assistant", "content": "{}",
+                              "meta": {"finish_reason": "stop", "response_format": "json_schema"}}, ["m2"])
+    for widget in (closed, finished):
+        qtbot.addWidget(widget)
+    assert [m.text() for m in closed.closing_marks] == ["closed at the length limit", "1 schema warning"]
+    assert "non-unique" in closed.closing_marks[1].toolTip()
+    assert finished.closing_marks == []
+
+
 def test_tex_becomes_readable_unicode():
     assert tex_to_unicode(r"\alpha^2 \le \frac{a}{b}") == "α² ≤ a⁄b"
     assert tex_to_unicode(r"\frac{n(n+1)}{2}") == "(n(n+1))⁄2"

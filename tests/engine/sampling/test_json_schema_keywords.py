@@ -70,3 +70,10 @@ def test_the_keyword_table_names_every_keyword_the_suite_uses():
     for keyword in ("uniqueItems", "contains", "if", "then", "else", "not", "dependentRequired",
                     "dependentSchemas", "patternProperties", "propertyNames", "format", "$ref", "multipleOf"):
         assert keyword in KEYWORDS
+
+
+def test_the_docs_list_every_keyword_as_the_table_says():
+    from pathlib import Path
+    docs = (Path(__file__).parents[3] / "docs" / "json-schema.md").read_text()
+    for keyword, handling in KEYWORDS.items():
+        assert f"| `{keyword}` | {handling} |" in docs
