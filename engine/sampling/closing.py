@@ -46,11 +46,12 @@ _BYTES = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_ByteSource()))
 
 _QUOTE, _BACKSLASH = ord('"'), ord("\\")
 # Greedy preferences: the bytes that end what is open first, then the shortest ways to fill a value.
-_IN_STRING = b'"a0A -.'
+_IN_STRING = b'"a1A -.'
 _ESCAPED = b'n"\\'
-_OUTSIDE = b'}])>,0"[{tfn-: '
+_OUTSIDE = b'}])>,1"[{tfn-: '
 # The search's representatives of a byte class whose members a grammar rarely tells apart.
-_CLASSES = [range(ord("a"), ord("z") + 1), range(ord("A"), ord("Z") + 1), range(ord("0"), ord("9") + 1),
+# Digits from 1: a date, a time or an address of ones is valid where zeros may not be (year 0000).
+_CLASSES = [range(ord("a"), ord("z") + 1), range(ord("A"), ord("Z") + 1), [*range(ord("1"), ord("9") + 1), ord("0")],
             range(0x80, 0x100)]
 _CLASSED = np.zeros(256, dtype=bool)
 for _members in _CLASSES:

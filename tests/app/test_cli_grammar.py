@@ -75,3 +75,29 @@ def test_a_regex_is_never_read_from_a_file():
     from app.cli_sampling import grammar_from_args
     grammar = grammar_from_args(build_parser().parse_args(["generate", MODEL, "--prompt", "x", "--regex", "@[a-z]+"]))
     assert (grammar.kind, grammar.source) == ("regex", "@[a-z]+")
+
+
+def test_a_schema_reply_at_its_limit_is_closed_whole_and_its_unenforced_keywords_checked(model_path, capsys,
+                                                                                      tmp_path):
+    model_path(MODEL)
+    schema = {"type": "object", "properties": {  # uniqueItems over strings: checked after, never refused
+        "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True, "minItems": 8}},
+        "required": ["tags"]}
+    (tmp_path / "schema.json").write_text(json.dumps(schema))
+    assert fucina(["generate", MODEL, "--chat", "--max-tokens", "24", "--json", "--prompt", "List eight tags.",
+                   "--json-schema", f"@{tmp_path / 'schema.json'}"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    tags = json.loads(out["text"])["tags"]  # whole, though the limit came first
+    assert len(out["ids"]) <= 24 and len(tags) >= 8 and out["finish_reason"] == "length_closed"
+    repeated = len(set(tags)) < len(tags)
+    assert bool(out["schema_warnings"]) == repeated
+    assert all("uniqueItems" in w for w in out["schema_warnings"])
+
+
+def test_a_limit_below_the_shortest_document_is_one_error_line_before_any_token(model_path, capsys):
+    model_path(MODEL)
+    schema = json.dumps({"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"}},
+                         "required": ["a", "b"]})
+    assert fucina(["generate", MODEL, "--chat", "--max-tokens", "3", "--prompt", "x", "--json-schema", schema]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("error: the shortest reply this grammar allows takes ") and not captured.out

@@ -104,6 +104,20 @@ def test_a_json_schema_reply_validates(client):
     jsonschema.validate(json.loads(body["choices"][0]["message"]["content"]), schema)
 
 
+def test_a_json_schema_reply_at_its_limit_is_a_whole_document_flagged_as_closed(client):
+    schema = {"type": "object", "properties": {"words": {"type": "array", "items": {"type": "string"},
+                                                          "minItems": 3}}, "required": ["words"]}
+    body = chat(client, seed=4, temperature=1.5, max_tokens=24,
+                response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": schema}}).json()
+    jsonschema.validate(json.loads(body["choices"][0]["message"]["content"]), schema)
+    assert body["usage"]["completion_tokens"] <= 24
+    # a random model's words run on: closed, OpenAI's finish reason with the flag beside it
+    assert body["fucina"]["closed_at_length_limit"] and body["choices"][0]["finish_reason"] == "length"
+    too_short = chat(client, max_tokens=2,
+                     response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": schema}})
+    assert too_short.status_code == 400 and "the shortest reply" in too_short.json()["error"]["message"]
+
+
 def test_a_resent_conversation_is_cached(client):
     first = chat(client, messages=[{"role": "user", "content": "a long question about things"}], seed=1).json()
     resent = chat(client, seed=1, messages=[
