@@ -28,14 +28,11 @@ ZONE = 24  # tokens before the closing's length where picks start to be checked
 REFUSALS = 8  # picks refused in one step before the reply closes instead
 # bytes after which JSON's structure may have changed; a token without any leaves the closing as it was
 _STRUCTURAL = frozenset(b'{}[],:"\\')
-# the largest growth of a grammar's closing seen in one token, per compiled grammar: the zone widens to
-# twice it, so a token that opens a large structure is checked before it is taken
-_GROWTH: dict[str, int] = {}
 
 
 class ReplyBudget:
     def __init__(self, compiled: str, vocabulary: "GrammarVocabulary", tokens: int):
-        self.vocabulary, self.compiled, self.limit = vocabulary, compiled, tokens
+        self.vocabulary, self.limit = vocabulary, tokens
         self.spent = 0
         self.forced: list[int] = []  # the closing's tokens, once they are the only choice
         self.closed_early = False
@@ -43,6 +40,10 @@ class ReplyBudget:
         self._closing = self._twin.closing()  # bytes; None: no closing within the walk's limits
         self._pending = None  # (token, twin, closing) of the last pick `vet` admitted
         self._refusals = 0
+        # the largest growth of the closing in one token so far: the zone widens to twice it, so a token
+        # that opens a large structure is checked before it is taken (this reply's own: a reply is a pure
+        # function of its grammar, limit and draws)
+        self._growth = 0
         self.minimal = None if self._closing is None else self._count(self._closing)
         if self.minimal is not None and self.minimal > tokens:
             raise ReplyBudgetTooSmall(
@@ -64,7 +65,7 @@ class ReplyBudget:
         return len(closing) if ids is None else len(ids)
 
     def _zone(self) -> int:
-        return ZONE + 2 * _GROWTH.get(self.compiled, 0)
+        return ZONE + 2 * self._growth
 
     # -- the two levers -----------------------------------------------------------------------------
     def forcing(self) -> list[int]:
@@ -132,11 +133,8 @@ class ReplyBudget:
             return
         elif before is None or not (self._unchanged(data) or self._still_closes(before)):
             self._closing = self._twin.closing()
-        if before is not None and self._closing is not None and len(self._closing) > len(before):
-            grown = len(self._closing) - len(before)
-            if len(_GROWTH) > 256:  # a long-running server sees many grammars: keep the map small
-                _GROWTH.clear()
-            _GROWTH[self.compiled] = max(_GROWTH.get(self.compiled, 0), grown)
+        if before is not None and self._closing is not None:
+            self._growth = max(self._growth, len(self._closing) - len(before))
 
     def _unchanged(self, data: bytes) -> bool:
         """Far from the end, a token without structure (a string's or a number's content) is taken to leave

@@ -133,8 +133,10 @@ def test_speculation_closes_exactly_as_the_plain_decode(tiny_chat, seed):
     budget = minimal_tokens(tiny_chat, grammar) + 12
     plain = reply(tiny_chat, grammar, budget, sampler)
     fast = reply(tiny_chat, grammar, budget, sampler, speculation=True)
+    again = reply(tiny_chat, grammar, budget, sampler)  # nothing learnt from earlier replies changes a reply
     assert plain.finish_reason == fast.finish_reason == "length_closed"
     np.testing.assert_array_equal(fast.token_ids, plain.token_ids)
+    np.testing.assert_array_equal(again.token_ids, plain.token_ids)
 
 
 # -- the sampler's vetting seam -----------------------------------------------------------------------
