@@ -15,8 +15,10 @@ the time after the first: the prefill is the same work in every mode); for const
 token spent in the grammar processor (mask fill + applying it to the row + committing the token), its share
 of the per-token time, and the share of sampled tokens the grammar forced (its mask left one token, the
 closing stop token included); for constrained_spec, draft acceptance, tokens per step and the lookaheads'
-microseconds per sampled token. The last line is a JSON summary with the issue's two bars (constrained_spec
->= 1.2x free tok/s; mask <= 5% of the per-token time). Reports only: nothing here asserts a time.
+microseconds per sampled token. The closing logic that keeps a reply closable within --max-tokens
+(engine.sampling.budget) is timed apart, inside the mask work: its microseconds per token and share. The last
+line is a JSON summary with the bars (constrained_spec >= 1.2x free tok/s; mask <= 5% and closing <= 2% of
+the per-token time). Reports only: nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from engine.tokenize import load_tokenizer  # noqa: E402
 
 SPEED_BAR = 1.2        # constrained+spec tok/s over free tok/s
 MASK_SHARE_BAR = 0.05  # mask work over the per-token time, plain constrained decode
+CLOSING_SHARE_BAR = 0.02  # the budget's closing logic over the per-token time (part of the mask work)
 FOLLOW_UP = "Another one, please."
 MODES = ("free", "constrained", "constrained_spec")
 CAPACITY = 512  # KV positions per chat: a prompt and a few replies
@@ -60,6 +63,36 @@ class Timed(StructuredProcessor):
     def __init__(self, inner: StructuredProcessor, count_forced: bool = False):
         self.inner, self.count_forced = inner, count_forced
         self.ns = self.lookahead_ns = self.steps = self.forced = 0
+        self.closing_ns = 0  # of the above and beside it: the budget's closing logic (engine.sampling.budget)
+
+    @property
+    def closed_early(self):
+        return self.inner.closed_early
+
+    def set_budget(self, tokens):
+        start = time.perf_counter_ns()
+        self.inner.set_budget(tokens)
+        self.closing_ns += time.perf_counter_ns() - start
+        budget = self.inner.budget
+        if budget is not None:  # its hooks, timed where the processor calls them
+            for name in ("forcing", "vet", "commit"):
+                setattr(budget, name, self._timing(getattr(budget, name)))
+
+    def _timing(self, hook):
+        def timed(*args):
+            start = time.perf_counter_ns()
+            try:
+                return hook(*args)
+            finally:
+                self.closing_ns += time.perf_counter_ns() - start
+        return timed
+
+    def vet(self, token):
+        start = time.perf_counter_ns()
+        try:
+            return self.inner.vet(token)
+        finally:
+            self.ns += time.perf_counter_ns() - start
 
     def process(self, logits, history):
         start = time.perf_counter_ns()
@@ -100,10 +133,12 @@ class Mode:
     decode_s: float = 0.0
     mask_ns: int = 0
     lookahead_ns: int = 0
+    closing_ns: int = 0
     forced: int = 0
+    closed: int = 0  # replies closed at their limit
     spec: Stats = field(default_factory=Stats)
 
-    def add(self, turn: TurnResult, processor: Timed | None = None, before: tuple[int, int, int] = (0, 0, 0)) -> None:
+    def add(self, turn: TurnResult, processor: Timed | None = None, before: tuple[int, ...] = (0, 0, 0, 0)) -> None:
         """A reply; `before`: the processor's counters before it (a chat's processor serves every turn)."""
         sampled = len(turn.token_ids) + (turn.finish_reason in ("stop", "stop_sequence"))
         self.sampled += sampled
@@ -114,11 +149,14 @@ class Mode:
             self.mask_ns += processor.ns - before[0]
             self.lookahead_ns += processor.lookahead_ns - before[1]
             self.forced += processor.forced - before[2]
+            self.closing_ns += processor.closing_ns - before[3]
+        self.closed += turn.finish_reason == "length_closed"
         if turn.stats.spec is not None:
             _add(self.spec, turn.stats.spec, SPEC_COUNTS)
 
     def merge(self, other: "Mode") -> None:
-        _add(self, other, ("sampled", "timed", "decode_s", "mask_ns", "lookahead_ns", "forced"))
+        _add(self, other, ("sampled", "timed", "decode_s", "mask_ns", "lookahead_ns", "closing_ns", "forced",
+                           "closed"))
         _add(self.spec, other.spec, SPEC_COUNTS)
 
     def tok_s(self) -> float:
@@ -133,8 +171,8 @@ def _add(total, part, names: tuple[str, ...]) -> None:
         setattr(total, name, getattr(total, name) + getattr(part, name))
 
 
-def counters(processor: Timed) -> tuple[int, int, int]:
-    return processor.ns, processor.lookahead_ns, processor.forced
+def counters(processor: Timed) -> tuple[int, ...]:
+    return processor.ns, processor.lookahead_ns, processor.forced, processor.closing_ns
 
 
 def chat(model, tokenizer, template, max_tokens: int, processor=None, speculation: bool = False) -> Conversation:
@@ -185,12 +223,16 @@ def summary(modes: dict[str, Mode]) -> dict:
     mask_us = constrained.us_per_token(constrained.mask_ns)
     per_token_us = 1e6 / constrained.tok_s() if constrained.tok_s() else 0.0
     share = mask_us / per_token_us if per_token_us else None
+    closing_us = constrained.us_per_token(constrained.closing_ns)
+    closing_share = closing_us / per_token_us if per_token_us else None
     spec = spec_mode.spec
     speedup = spec_mode.tok_s() / free.tok_s() if free.tok_s() else None
     return {
         "free": {"tok_s": free.tok_s(), "sampled": free.sampled},
         "constrained": {"tok_s": constrained.tok_s(), "sampled": constrained.sampled, "mask_us_per_token": mask_us,
-                        "mask_share": share, "forced_share": constrained.forced / max(constrained.sampled, 1)},
+                        "mask_share": share, "forced_share": constrained.forced / max(constrained.sampled, 1),
+                        "closing_us_per_token": closing_us, "closing_share": closing_share,
+                        "closed_at_limit": constrained.closed},
         "constrained_spec": {"tok_s": spec_mode.tok_s(), "steps": spec.steps, "drafted": spec.drafted,
                              "accepted": spec.accepted, "acceptance": spec.acceptance_rate(),
                              "tokens_per_step": spec.tokens_per_step(),
@@ -198,7 +240,8 @@ def summary(modes: dict[str, Mode]) -> dict:
                              "lookahead_us_per_token": spec_mode.us_per_token(spec_mode.lookahead_ns)},
         "bars": {"spec_vs_free": speedup, "spec_vs_free_ok": speedup is not None and speedup >= SPEED_BAR,
                  "constrained_vs_free": constrained.tok_s() / free.tok_s() if free.tok_s() else None,
-                 "mask_share_ok": share is not None and share <= MASK_SHARE_BAR},
+                 "mask_share_ok": share is not None and share <= MASK_SHARE_BAR,
+                 "closing_share_ok": closing_share is not None and closing_share <= CLOSING_SHARE_BAR},
     }
 
 
@@ -235,7 +278,9 @@ def main() -> None:
         c, s = r["constrained"], r["constrained_spec"]
         print(f"{label}: free {r['free']['tok_s']:.1f} tok/s, constrained {c['tok_s']:.1f}, constrained+spec "
               f"{s['tok_s']:.1f} ({r['bars']['spec_vs_free'] or 0:.2f}x free); mask {c['mask_us_per_token']:.1f} "
-              f"us/token = {100 * (c['mask_share'] or 0):.2f}%; forced {100 * c['forced_share']:.1f}%; acceptance "
+              f"us/token = {100 * (c['mask_share'] or 0):.2f}%, of which closing {c['closing_us_per_token']:.1f} us "
+              f"= {100 * (c['closing_share'] or 0):.2f}% ({c['closed_at_limit']} replies closed at the limit); "
+              f"forced {100 * c['forced_share']:.1f}%; acceptance "
               f"{100 * s['acceptance']:.0f}% at {s['tokens_per_step']:.2f} tokens/step")
     print(json.dumps(result))
 

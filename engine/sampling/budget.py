@@ -16,6 +16,7 @@ grammar's shortest document is refused before any token (ReplyBudgetTooSmall).
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 from engine.errors import ReplyBudgetTooSmall
@@ -37,7 +38,7 @@ class ReplyBudget:
         self.forced: list[int] = []  # the closing's tokens, once they are the only choice
         self.closed_early = False
         self._twin = Closer(compiled)
-        self._closing = self._twin.closing()  # bytes; None: no closing within the walk's limits
+        self._closing = _shortest_document(compiled)  # bytes; None: no closing within the walk's limits
         self._pending = None  # (token, twin, closing) of the last pick `vet` admitted
         self._refusals = 0
         # the largest growth of the closing in one token so far: the zone widens to twice it, so a token
@@ -72,6 +73,8 @@ class ReplyBudget:
         """The closing's tokens when they must start now (empty while the reply is free)."""
         if self.forced or self._closing is None or len(self._closing) < self.remaining:
             return self.forced  # a closing of n bytes takes at most n tokens
+        if self._count(self._closing) < self.remaining:
+            return self.forced  # the kept closing still fits: no shorter one is needed yet
         closing = self._twin.closing()  # afresh: the kept one may be longer than needed
         ids = None if closing is None else self.vocabulary.ids_of(closing)
         if ids and len(ids) >= self.remaining:
@@ -143,6 +146,13 @@ class ReplyBudget:
 
     def _still_closes(self, closing: bytes) -> bool:
         return _closes(self._twin, closing)
+
+
+@functools.lru_cache(maxsize=64)
+def _shortest_document(compiled: str) -> bytes | None:
+    """The closing from a grammar's start, once per grammar (a walk through several formats takes tens of
+    milliseconds, and every reply under the grammar starts there)."""
+    return Closer(compiled).closing()
 
 
 def _closes(twin: Closer, closing: bytes) -> bool:
