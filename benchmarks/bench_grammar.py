@@ -60,8 +60,8 @@ class Timed(StructuredProcessor):
     """Times the wrapped processor's hooks; with `count_forced`, counts the steps whose mask left one token
     (outside the timed part, and off in the speculative runs, whose speed is compared)."""
 
-    def __init__(self, inner: StructuredProcessor, count_forced: bool = False):
-        self.inner, self.count_forced = inner, count_forced
+    def __init__(self, inner: StructuredProcessor, count_forced: bool = False, closing: bool = True):
+        self.inner, self.count_forced, self.closing = inner, count_forced, closing
         self.ns = self.lookahead_ns = self.steps = self.forced = 0
         self.closing_ns = 0  # of the above and beside it: the budget's closing logic (engine.sampling.budget)
 
@@ -71,7 +71,7 @@ class Timed(StructuredProcessor):
 
     def set_budget(self, tokens):
         start = time.perf_counter_ns()
-        self.inner.set_budget(tokens)
+        self.inner.set_budget(tokens if self.closing else None)
         self.closing_ns += time.perf_counter_ns() - start
         budget = self.inner.budget
         if budget is not None:  # its hooks, timed where the processor calls them
@@ -195,11 +195,11 @@ def check_same(name: str, turn: int, plain: list[int], spec: list[int]) -> None:
 
 
 def run_case(model, tokenizer, template, stop: int, case: dict, users: list[str], max_tokens: int,
-             totals: list[dict[str, Mode]]) -> None:
+             totals: list[dict[str, Mode]], closing: bool = True) -> None:
     """One schema's chat in the three modes, turn by turn; each turn's figures go to totals[turn]."""
     grammar = Grammar("json_schema", json.dumps(case["schema"]))
-    timed = Timed(grammar_processor(grammar, tokenizer, stop), count_forced=True)
-    timed_spec = Timed(grammar_processor(grammar, tokenizer, stop))
+    timed = Timed(grammar_processor(grammar, tokenizer, stop), count_forced=True, closing=closing)
+    timed_spec = Timed(grammar_processor(grammar, tokenizer, stop), closing=closing)
     plain = chat(model, tokenizer, template, max_tokens, timed)
     fast = chat(model, tokenizer, template, max_tokens, timed_spec, speculation=True)
     free = chat(model, tokenizer, template, max_tokens)
@@ -253,24 +253,27 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=2,
                     help=f"replies per schema's chat (the later ones answer {FOLLOW_UP!r})")
     ap.add_argument("--limit", type=int, default=None, help="only the first N schemas")
+    ap.add_argument("--no-closing", action="store_true",
+                    help="constrained replies without a closable budget (the closing logic's A/B)")
     args = ap.parse_args()
     if args.turns < 1:
         ap.error("--turns must be at least 1")
     threads = configure_threads(args.threads)
     cases = json.loads((ROOT / "tests" / "data" / "grammar" / "json_schemas.json").read_text())[: args.limit]
     model = load_model(resolve_model(args.model))
+    model.rows_ready(model.new_cache(1), wait=True)  # speculation's verify kernels, before any reply is timed
     tokenizer = load_tokenizer(model.file.metadata)
     template = template_for_model(model.file.metadata, tokenizer)
     stop = stop_token_id(tokenizer, template)
     totals = [{name: Mode() for name in MODES} for _ in range(args.turns)]
     for case in cases:
         run_case(model, tokenizer, template, stop, case, [case["prompt"]] + [FOLLOW_UP] * (args.turns - 1),
-                 args.max_tokens, totals)
+                 args.max_tokens, totals, closing=not args.no_closing)
     overall = {name: Mode() for name in MODES}
     for modes in totals:
         for name in MODES:
             overall[name].merge(modes[name])
-    result = {"model": args.model, "threads": threads, "schemas": len(cases),
+    result = {"model": args.model, "threads": threads, "schemas": len(cases), "closing": not args.no_closing,
               "outputs_equal": True,  # else SpeculationMismatch stopped the run
               "all_turns": summary(overall), "per_turn": [summary(modes) for modes in totals]}
     labelled = [("all turns", result["all_turns"])] + [(f"turn {i + 1}", r) for i, r in enumerate(result["per_turn"])]

@@ -37,15 +37,16 @@ class ReplyBudget:
         self.spent = 0
         self.forced: list[int] = []  # the closing's tokens, once they are the only choice
         self.closed_early = False
-        self._twin = Closer(compiled)
-        self._closing = _shortest_document(compiled)  # bytes; None: no closing within the walk's limits
+        start, shortest = _start_of(compiled)
+        self._twin = start.fork()
+        self._keep(shortest)
         self._pending = None  # (token, twin, closing) of the last pick `vet` admitted
         self._refusals = 0
-        # the largest growth of the closing in one token so far: the zone widens to twice it, so a token
-        # that opens a large structure is checked before it is taken (this reply's own: a reply is a pure
+        # the largest growth of the closing in one token so far: the zone widens by it, so a token that
+        # opens a large structure is checked before it is taken (this reply's own: a reply is a pure
         # function of its grammar, limit and draws)
         self._growth = 0
-        self.minimal = None if self._closing is None else self._count(self._closing)
+        self.minimal = None if self._closing is None else self._kept_tokens()
         if self.minimal is not None and self.minimal > tokens:
             raise ReplyBudgetTooSmall(
                 f"the shortest reply this grammar allows takes {self.minimal} tokens, more than the reply's "
@@ -54,7 +55,7 @@ class ReplyBudget:
     def clone(self) -> "ReplyBudget":
         twin = object.__new__(ReplyBudget)
         twin.__dict__.update(self.__dict__)
-        twin.forced, twin._twin, twin._pending = list(self.forced), self._twin.clone(), None
+        twin.forced, twin._twin, twin._pending = list(self.forced), self._twin.fork(), None
         return twin
 
     @property
@@ -65,22 +66,30 @@ class ReplyBudget:
         ids = self.vocabulary.ids_of(closing)
         return len(closing) if ids is None else len(ids)
 
+    def _keep(self, closing: bytes | None) -> None:
+        """The closing kept for the reply so far (bytes; None: none within the walk's limits)."""
+        self._closing, self._closing_tokens = closing, None
+
+    def _kept_tokens(self) -> int:
+        """The kept closing's tokens, counted once per closing."""
+        if self._closing_tokens is None:
+            self._closing_tokens = self._count(self._closing)
+        return self._closing_tokens
+
     def _zone(self) -> int:
-        return ZONE + 2 * self._growth
+        return ZONE + self._growth
 
     # -- the two levers -----------------------------------------------------------------------------
     def forcing(self) -> list[int]:
         """The closing's tokens when they must start now (empty while the reply is free)."""
-        if self.forced or self._closing is None or len(self._closing) < self.remaining:
-            return self.forced  # a closing of n bytes takes at most n tokens
-        if self._count(self._closing) < self.remaining:
+        if self.forced or self._closing is None or self._kept_tokens() < self.remaining:
             return self.forced  # the kept closing still fits: no shorter one is needed yet
         closing = self._twin.closing()  # afresh: the kept one may be longer than needed
         ids = None if closing is None else self.vocabulary.ids_of(closing)
         if ids and len(ids) >= self.remaining:
             self.forced, self.closed_early = ids, True
         if closing is not None:
-            self._closing = closing
+            self._keep(closing)
         return self.forced
 
     def vet(self, token: int) -> int | None:
@@ -95,8 +104,8 @@ class ReplyBudget:
             return token  # not a grammar token: the grammar's own mask rules it out
         data = self.vocabulary.source.tokens[token]
         closing = (self._closing[len(data):] if self._closing.startswith(data)  # along the kept closing
-                   else self._closing if _closes(twin, self._closing) else None)  # content: it still closes
-        if closing is None or self._count(closing) > self.remaining - 1:
+                   else self._closing if twin.completes(self._closing) else None)  # content: it still closes
+        if closing is None or len(closing) > self.remaining - 1 and self._count(closing) > self.remaining - 1:
             closing = twin.closing()
         if closing is not None and self._count(closing) <= self.remaining - 1:
             self._pending, self._refusals = (token, twin, closing), 0
@@ -109,13 +118,14 @@ class ReplyBudget:
         ids = None if closing is None else self.vocabulary.ids_of(closing)
         if not ids:
             return None
-        self.forced, self._closing, self.closed_early = ids, closing, True
+        self._keep(closing)
+        self.forced, self.closed_early = ids, True
         return ids[0]
 
     def _near(self) -> bool:
-        """Within the zone before the budget's end where picks are checked (the kept closing's bytes bound
-        its tokens)."""
-        return self.remaining <= len(self._closing) + self._zone()
+        """Within the zone before the budget's end where picks are checked: the kept closing's tokens, ZONE and
+        the largest growth of the closing in one token so far, from the end."""
+        return self.remaining <= self._kept_tokens() + self._zone()
 
     def commit(self, token: int) -> None:
         self.spent += 1
@@ -124,38 +134,35 @@ class ReplyBudget:
             if token == self.forced[0]:
                 self.forced.pop(0)
                 self._twin.feed(data)
-                self._closing = self._closing[len(data):]
+                self._keep(self._closing[len(data):])
                 return
             self.forced = []  # a caller that overrode the mask: find the closing again
         pending, self._pending = self._pending, None
         before = self._closing
+        before_tokens = None if before is None else self._kept_tokens()
         if pending is not None and pending[0] == token:
-            _, self._twin, self._closing = pending
+            _, self._twin, closing = pending
+            self._keep(closing)
         elif not self._twin.feed(data):
-            self._closing = None  # the grammar failed; the processor forces its stop
+            self._keep(None)  # the grammar failed; the processor forces its stop
             return
-        elif before is None or not (self._unchanged(data) or self._still_closes(before)):
-            self._closing = self._twin.closing()
-        if before is not None and self._closing is not None:
-            self._growth = max(self._growth, len(self._closing) - len(before))
+        elif before is not None and before.startswith(data):
+            self._keep(before[len(data):])  # the token went along the kept closing
+        elif before is None or not (self._unchanged(data) or self._twin.completes(before)):
+            self._keep(self._twin.closing())
+        if before is not None and self._closing is not None and self._closing is not before:
+            self._growth = max(self._growth, self._kept_tokens() - before_tokens)
 
     def _unchanged(self, data: bytes) -> bool:
         """Far from the end, a token without structure (a string's or a number's content) is taken to leave
         the closing as it was; near the end every token's effect is checked."""
         return not _STRUCTURAL.intersection(data) and not self._near()
 
-    def _still_closes(self, closing: bytes) -> bool:
-        return _closes(self._twin, closing)
-
 
 @functools.lru_cache(maxsize=64)
-def _shortest_document(compiled: str) -> bytes | None:
-    """The closing from a grammar's start, once per grammar (a walk through several formats takes tens of
-    milliseconds, and every reply under the grammar starts there)."""
-    return Closer(compiled).closing()
-
-
-def _closes(twin: Closer, closing: bytes) -> bool:
-    """Whether `closing` completes the grammar from `twin`'s state (which stays as it is)."""
-    trial = twin.clone()
-    return trial.feed(closing) and trial.done
+def _start_of(compiled: str) -> tuple[Closer, bytes | None]:
+    """A grammar's twin at its start (never advanced: replies clone it) and its shortest document, made once
+    per grammar: a twin takes milliseconds to build and a walk through several formats tens of them, and
+    every reply under the grammar starts there."""
+    start = Closer(compiled)
+    return start, start.closing()

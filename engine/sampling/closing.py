@@ -66,21 +66,35 @@ class Closer:
         self._matcher = llguidance.LLMatcher(_BYTES, compiled, log_level=0)
         self._bitmask = llg_numpy.allocate_token_bitmask(1, END + 1)
         self._in_string = self._escaped = False  # JSON lexical state, for the greedy preferences only
+        self._memo: dict[bytes, list[bytes]] = {}  # string endings found, shared with clones (_Walker)
 
     def clone(self) -> "Closer":
+        """A twin in this state sharing this one's memo of string endings (one reply's twins)."""
         twin = object.__new__(Closer)
         twin._matcher = self._matcher.deep_copy()
         twin._bitmask = llg_numpy.allocate_token_bitmask(1, END + 1)
         twin._in_string, twin._escaped = self._in_string, self._escaped
+        twin._memo = self._memo
+        return twin
+
+    def fork(self) -> "Closer":
+        """A twin in this state with a copy of the memo: another reply's, which what this one finds later
+        does not reach (a reply is a pure function of its grammar, its limit and its draws)."""
+        twin = self.clone()
+        twin._memo = {key: list(endings) for key, endings in self._memo.items()}
         return twin
 
     def feed(self, data: bytes) -> bool:
         """Advance over `data`; False when the grammar rejects a byte (the twin is then unusable)."""
+        if not self._matcher.consume_tokens(list(data)):
+            return False
         for b in data:
-            if not self._matcher.consume_token(b):
-                return False
             self._in_string, self._escaped = _lex(b, self._in_string, self._escaped)
         return True
+
+    def completes(self, closing: bytes) -> bool:
+        """Whether `closing` completes the grammar from here (the twin stays where it is)."""
+        return self._matcher.validate_tokens([*closing, END]) == len(closing) + 1
 
     @property
     def done(self) -> bool:
@@ -89,103 +103,123 @@ class Closer:
 
     def closing(self) -> bytes | None:
         """The bytes that complete the grammar from here (b"" when it may end now)."""
-        walked = _walk(self._matcher.deep_copy(), self._in_string, self._escaped, self._bitmask)
-        return walked if walked is not None else _search(self._matcher.deep_copy(), self._bitmask)
+        walker = _Walker(self._bitmask, self._memo)
+        walked = walker.walk(self._matcher.deep_copy(), self._in_string, self._escaped)
+        return walked if walked is not None else walker.search(self._matcher.deep_copy())
 
 
-def _walk(matcher: llguidance.LLMatcher, in_string: bool, escaped: bool, bitmask: np.ndarray,
-          choose: bool = True) -> bytes | None:
-    """The greedy walk from `matcher` (which it advances). A string it cannot end with its quote (a key
-    among several, a pattern, a format) is ended by the one of its few shortest endings whose walk on
-    (`choose`: each tried with the first ending at every later string) closes soonest."""
-    out = bytearray()
-    while len(out) < GREEDY_LIMIT:
-        if matcher.is_accepting():
-            return bytes(out)
-        step = matcher.compute_ff_bytes()  # forced bytes (a key, a separator) in one go
-        if not step:
-            allowed = _allowed(matcher, bitmask)
-            if in_string and not escaped and not allowed[_QUOTE]:
-                endings = list(_string_endings(matcher, bitmask))
-                if choose and len(endings) > 1:
-                    endings.sort(key=lambda e: _length_after(e, bitmask))  # stable: ties keep the shorter
-                if not endings:
+class _Walker:
+    """One closing's search: the mask buffer, and the memo of string endings it reads and fills (a
+    required date or address far ahead is ended the same way at every step; the endings are found once
+    and replayed, each checked as it is consumed)."""
+
+    def __init__(self, bitmask: np.ndarray, memo: dict[bytes, list[bytes]]):
+        self.bitmask, self.memo = bitmask, memo
+
+    def walk(self, matcher: llguidance.LLMatcher, in_string: bool, escaped: bool, choose: bool = True
+             ) -> bytes | None:
+        """The greedy walk from `matcher` (which it advances). A string it cannot end with its quote (a key
+        among several, a pattern, a format) is ended by the one of its few shortest endings whose walk on
+        (`choose`: each tried with the first ending at every later string) closes soonest."""
+        out = bytearray()
+        while len(out) < GREEDY_LIMIT:
+            if matcher.is_accepting():
+                return bytes(out)
+            step = matcher.compute_ff_bytes()  # forced bytes (a key, a separator) in one go
+            if not step:
+                allowed = self.allowed(matcher)
+                if in_string and not escaped and not allowed[_QUOTE]:
+                    endings = self.string_endings(matcher)
+                    if choose and len(endings) > 1:
+                        endings.sort(key=self.length_after)  # stable: ties keep the shorter ending
+                    if not endings:
+                        return None
+                    ending, matcher = endings[0]
+                    out += ending
+                    in_string = escaped = False
+                    continue
+                prefs = _ESCAPED if escaped else _IN_STRING if in_string else _OUTSIDE
+                byte = next((b for b in prefs if allowed[b]), None)
+                if byte is None:
+                    choices = np.flatnonzero(allowed)
+                    if not choices.size:
+                        return None
+                    byte = int(choices[0])
+                step = bytes([byte])
+            for b in step:
+                if not matcher.consume_token(b):
                     return None
-                ending, matcher = endings[0]
-                out += ending
-                in_string = escaped = False
-                continue
-            prefs = _ESCAPED if escaped else _IN_STRING if in_string else _OUTSIDE
-            byte = next((b for b in prefs if allowed[b]), None)
-            if byte is None:
-                choices = np.flatnonzero(allowed)
-                if not choices.size:
-                    return None
-                byte = int(choices[0])
-            step = bytes([byte])
-        for b in step:
-            if not matcher.consume_token(b):
-                return None
-            in_string, escaped = _lex(b, in_string, escaped)
-        out += step
-    return None
+                in_string, escaped = _lex(b, in_string, escaped)
+            out += step
+        return None
 
+    def length_after(self, ending: tuple[bytes, llguidance.LLMatcher]) -> float:
+        rest = self.walk(ending[1].deep_copy(), False, False, choose=False)
+        return float("inf") if rest is None else len(ending[0]) + len(rest)
 
-def _length_after(ending: tuple[bytes, llguidance.LLMatcher], bitmask: np.ndarray) -> float:
-    rest = _walk(ending[1].deep_copy(), False, False, bitmask, choose=False)
-    return float("inf") if rest is None else len(ending[0]) + len(rest)
-
-
-def _string_endings(matcher: llguidance.LLMatcher, bitmask: np.ndarray):
-    """Up to STRING_ENDINGS shortest ways to end the string `matcher` is inside of (through its closing
-    quote), with the matcher after each: breadth-first over representative bytes, the states of one length
-    merged by their mask (a counted repeat, [A-Z]{3}, keeps one mask over states of different lengths)."""
-    queue = collections.deque([(matcher, b"", False)])
-    seen: set[bytes] = set()
-    found = opened = 0
-    while queue and opened < SEARCH_NODES and found < STRING_ENDINGS:
-        matcher, out, escaped = queue.popleft()
-        allowed = _allowed(matcher, bitmask)
-        key = bitmask.tobytes() + bytes([escaped]) + len(out).to_bytes(4, "little")
-        if key in seen:
-            continue
-        seen.add(key)
-        opened += 1
-        for byte in _representatives(allowed):
+    def string_endings(self, matcher: llguidance.LLMatcher) -> list[tuple[bytes, llguidance.LLMatcher]]:
+        """Up to STRING_ENDINGS shortest ways to end the string `matcher` is inside of (through its closing
+        quote), with the matcher after each; from the memo when a string with this mask was ended before
+        (each replayed ending checked), else searched."""
+        self.allowed(matcher)
+        key = self.bitmask.tobytes()
+        endings = []
+        for ending in self.memo.get(key, ()):
             child = matcher.deep_copy()
-            if not child.consume_token(byte):
+            if child.consume_tokens(list(ending)):
+                endings.append((ending, child))
+        if not endings:
+            endings = list(self._search_endings(matcher))
+            self.memo[key] = [ending for ending, _ in endings]
+        return endings
+
+    def _search_endings(self, matcher: llguidance.LLMatcher):
+        """Breadth-first over representative bytes, the states of one length merged by their mask (a counted
+        repeat, [A-Z]{3}, keeps one mask over states of different lengths)."""
+        queue = collections.deque([(matcher, b"", False)])
+        seen: set[bytes] = set()
+        found = opened = 0
+        while queue and opened < SEARCH_NODES and found < STRING_ENDINGS:
+            matcher, out, escaped = queue.popleft()
+            allowed = self.allowed(matcher)
+            key = self.bitmask.tobytes() + bytes([escaped]) + len(out).to_bytes(4, "little")
+            if key in seen:
                 continue
-            if byte == _QUOTE and not escaped:
-                found += 1
-                yield out + b'"', child
-            else:
-                queue.append((child, out + bytes([byte]), not escaped and byte == _BACKSLASH))
+            seen.add(key)
+            opened += 1
+            for byte in _representatives(allowed):
+                child = matcher.deep_copy()
+                if not child.consume_token(byte):
+                    continue
+                if byte == _QUOTE and not escaped:
+                    found += 1
+                    yield out + b'"', child
+                else:
+                    queue.append((child, out + bytes([byte]), not escaped and byte == _BACKSLASH))
 
+    def search(self, matcher: llguidance.LLMatcher) -> bytes | None:
+        """Where the walk's preferences go round in circles (a grammar unlike JSON, whose list goes on while
+        its closing bracket waits): breadth-first over representative bytes to the first place it may end."""
+        queue = collections.deque([(matcher, b"")])
+        seen: set[bytes] = set()
+        while queue and len(seen) < SEARCH_NODES:
+            matcher, out = queue.popleft()
+            if matcher.is_accepting():
+                return out
+            allowed = self.allowed(matcher)
+            key = self.bitmask.tobytes() + len(out).to_bytes(4, "little")
+            if key in seen:
+                continue
+            seen.add(key)
+            for byte in _representatives(allowed):
+                child = matcher.deep_copy()
+                if child.consume_token(byte):
+                    queue.append((child, out + bytes([byte])))
+        return None
 
-def _search(matcher: llguidance.LLMatcher, bitmask: np.ndarray) -> bytes | None:
-    """Where the walk's preferences go round in circles (a grammar unlike JSON, whose list goes on while
-    its closing bracket waits): breadth-first over representative bytes to the first place it may end."""
-    queue = collections.deque([(matcher, b"")])
-    seen: set[bytes] = set()
-    while queue and len(seen) < SEARCH_NODES:
-        matcher, out = queue.popleft()
-        if matcher.is_accepting():
-            return out
-        allowed = _allowed(matcher, bitmask)
-        key = bitmask.tobytes() + len(out).to_bytes(4, "little")
-        if key in seen:
-            continue
-        seen.add(key)
-        for byte in _representatives(allowed):
-            child = matcher.deep_copy()
-            if child.consume_token(byte):
-                queue.append((child, out + bytes([byte])))
-    return None
-
-
-def _allowed(matcher: llguidance.LLMatcher, bitmask: np.ndarray) -> np.ndarray:
-    llg_numpy.fill_next_token_bitmask(matcher, bitmask)
-    return np.unpackbits(bitmask.view(np.uint8), count=256, bitorder="little").view(bool)
+    def allowed(self, matcher: llguidance.LLMatcher) -> np.ndarray:
+        llg_numpy.fill_next_token_bitmask(matcher, self.bitmask)
+        return np.unpackbits(self.bitmask.view(np.uint8), count=256, bitorder="little").view(bool)
 
 
 def _representatives(allowed: np.ndarray) -> list[int]:
