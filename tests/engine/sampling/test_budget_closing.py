@@ -165,3 +165,14 @@ def test_a_refused_pick_is_replaced_by_the_next_choice_of_the_same_draw():
     for _ in range(20):  # one draw per token either way: the streams stay in step
         a, b = vetted.sample(logits), free.sample(logits)
         assert a >= 1 and (a == b or b == 0)
+
+
+def test_the_repeat_penalty_applies_inside_a_constrained_span(tiny_chat):
+    tok = tiny_chat[1]
+    a, b = tok.encode_plain("a")[0], tok.encode_plain("b")[0]
+    logits = np.zeros(tok.vocab_size, dtype=np.float32)
+    logits[a], logits[b] = 2.0, 1.5
+    for penalty, expected in ((1.0, a), (2.0, b)):
+        processor = grammar_processor(Grammar("regex", "[ab]+"), tok)
+        sampler = Sampler(SamplerConfig(repeat_penalty=penalty), processor)
+        assert sampler.sample(logits, history=[a] * 8) == expected  # "a" again and again is penalized
