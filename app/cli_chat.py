@@ -22,7 +22,8 @@ from typing import Iterator
 
 from app.cli_docs import add_attach_option, attach_documents, describe, restore_documents
 from app.cli_eval import add_model_options, open_model
-from app.cli_sampling import add_grammar_options, add_sampler_options, grammar_from_args, sampler_config
+from app.cli_sampling import (add_grammar_options, add_sampler_options, grammar_from_args, print_reply_checks,
+                              sampler_config)
 from app.cli_conversations import find_conversation, open_store
 from engine.cartridge.build import Attached
 from engine.cartridge.chat_documents import cartridges, carry_over, record
@@ -310,6 +311,8 @@ def _reply(chat, text: str) -> None:
         print(f"error: {e}", file=sys.stderr)
         return
     print(flush=True)
+    if chat.last_turn is not None:
+        print_reply_checks(chat.last_turn.finish_reason, chat.last_turn.schema_warnings)
     if chat.target.sidecar_error:
         _warn_sidecar(chat.target.sidecar_error)
     if chat.left_out_turns:

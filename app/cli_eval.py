@@ -10,7 +10,8 @@ import time
 from app.cli_backend import add_backend_option, use_backend
 from app.cli_docs import add_attach_option, attach_documents
 from app.cli_models import ProgressBar
-from app.cli_sampling import add_grammar_options, add_sampler_options, grammar_from_args, sampler_config
+from app.cli_sampling import (add_grammar_options, add_sampler_options, grammar_from_args, print_reply_checks,
+                              sampler_config)
 from engine import generate
 from engine.catalog import default_model_name, resolve_model
 from engine.cartridge.cartridge import composed_rows
@@ -157,11 +158,11 @@ def run_generate(args) -> int:
         json.dump({"prompt_ids": prompt, "ids": out, "text": text, "decode_tps": decode_tps,
                    "finish_reason": finish, "schema_warnings": warnings,
                    "spec": None if spec is None else spec_stats(spec)}, sys.stdout)
-    else:
-        report_reply_checks(finish, warnings)
-        if spec is not None:
-            print(f"\n[{decode_tps:.1f} tok/s; speculation: {spec.summary()}]", end="", file=sys.stderr)
+    elif spec is not None:
+        print(f"\n[{decode_tps:.1f} tok/s; speculation: {spec.summary()}]", end="", file=sys.stderr)
     print()
+    if not args.json:
+        print_reply_checks(finish, warnings)
     return 0
 
 
@@ -190,22 +191,13 @@ def generate_attached(args, model, grammar) -> int:
                    "attachments": [{"name": a.cartridge.name, "id": a.cartridge.id, "tokens": a.cartridge.rows,
                                     "built": a.built, "seconds": round(a.seconds, 3),
                                     "bytes": a.cartridge.byte_size(), "chunk": a.chunk} for a in attached]}, sys.stdout)
-    else:
-        report_reply_checks(turn.finish_reason, list(turn.schema_warnings))
-        if turn.stats.spec is not None:
-            print(f"\n[{turn.stats.decode_tps:.1f} tok/s; speculation: {turn.stats.spec.summary()}]", end="",
-                  file=sys.stderr)
-    print()
-    return 0
-
-
-def report_reply_checks(finish_reason: str, warnings: list[str]) -> None:
-    """On stderr: a reply closed to fit its limit, and each post-checked keyword it breaks."""
-    if finish_reason == "length_closed":
-        print("\n[closed at the length limit: the reply is a whole document, shortened to fit]", end="",
+    elif turn.stats.spec is not None:
+        print(f"\n[{turn.stats.decode_tps:.1f} tok/s; speculation: {turn.stats.spec.summary()}]", end="",
               file=sys.stderr)
-    for warning in warnings:
-        print(f"\nwarning: the reply breaks the schema at {warning}", end="", file=sys.stderr)
+    print()
+    if not args.json:
+        print_reply_checks(turn.finish_reason, turn.schema_warnings)
+    return 0
 
 
 def spec_stats(stats: Stats) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import sys
 from pathlib import Path
 
 from engine.errors import FucinaError, InvalidGrammar
@@ -72,3 +73,11 @@ def _text_or_file(value: str, flag: str) -> str:
         return Path(value[1:]).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise FucinaError(f"{flag}: cannot read {value[1:]}: {e}") from None
+
+
+def print_reply_checks(finish_reason: str, warnings) -> None:
+    """On stderr: a constrained reply closed to fit its limit, and each post-checked keyword it breaks."""
+    if finish_reason == "length_closed":
+        print("(closed at the length limit: the reply is a whole document, shortened to fit)", file=sys.stderr)
+    for warning in warnings:
+        print(f"warning: the reply breaks the schema at {warning}", file=sys.stderr)
