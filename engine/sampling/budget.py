@@ -66,9 +66,10 @@ class ReplyBudget:
         ids = self.vocabulary.ids_of(closing)
         return len(closing) if ids is None else len(ids)
 
-    def _keep(self, closing: bytes | None) -> None:
-        """The closing kept for the reply so far (bytes; None: none within the walk's limits)."""
-        self._closing, self._closing_tokens = closing, None
+    def _keep(self, closing: bytes | None, tokens: int | None = None) -> None:
+        """The closing kept for the reply so far (bytes; None: none within the walk's limits), and its
+        tokens when known."""
+        self._closing, self._closing_tokens = closing, tokens
 
     def _kept_tokens(self) -> int:
         """The kept closing's tokens, counted once per closing."""
@@ -84,13 +85,27 @@ class ReplyBudget:
         """The closing's tokens when they must start now (empty while the reply is free)."""
         if self.forced or self._closing is None or self._kept_tokens() < self.remaining:
             return self.forced  # the kept closing still fits: no shorter one is needed yet
-        closing = self._twin.closing()  # afresh: the kept one may be longer than needed
-        ids = None if closing is None else self.vocabulary.ids_of(closing)
-        if ids and len(ids) >= self.remaining:
-            self.forced, self.closed_early = ids, True
-        if closing is not None:
-            self._keep(closing)
+        shortest = self._shortest_now()
+        if shortest is not None:
+            closing, ids = shortest
+            self._keep(closing, len(ids))
+            if len(ids) >= self.remaining:
+                self.forced, self.closed_early = ids, True
         return self.forced
+
+    def _shortest_now(self) -> tuple[bytes, list[int]] | None:
+        """The closing with the fewest tokens of the kept one (where it still completes the grammar) and a
+        fresh walk (which may find a shorter way, or, its memo replaying another string's ending, a longer
+        one), with its tokens."""
+        candidates = [self._twin.closing()]
+        if self._closing is not None and self._twin.completes(self._closing):
+            candidates.append(self._closing)
+        best = None
+        for closing in candidates:
+            ids = None if closing is None else self.vocabulary.ids_of(closing)
+            if ids is not None and (best is None or len(ids) < len(best[1])):
+                best = (closing, ids)
+        return best
 
     def vet(self, token: int) -> int | None:
         """`token` when the reply may take it and still close within what is left after it; None when not;
@@ -114,11 +129,11 @@ class ReplyBudget:
         if self._refusals < REFUSALS:
             return None
         self._refusals = 0
-        closing = self._twin.closing()
-        ids = None if closing is None else self.vocabulary.ids_of(closing)
-        if not ids:
+        shortest = self._shortest_now()
+        if shortest is None or not shortest[1]:
             return None
-        self._keep(closing)
+        closing, ids = shortest
+        self._keep(closing, len(ids))
         self.forced, self.closed_early = ids, True
         return ids[0]
 

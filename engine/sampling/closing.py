@@ -30,6 +30,7 @@ GREEDY_LIMIT = 1024  # bytes a walk may write: longer closings are not looked fo
 SEARCH_NODES = 2000  # states a string's search may open
 STRING_ENDINGS = 4  # a string's shortest endings the walk tries
 FEW = 4  # a byte class with at most this many allowed members is searched member by member
+CONTEXT = 32  # bytes before a string that, with its mask, name the string in the memo of endings
 
 
 class _ByteSource:
@@ -66,6 +67,7 @@ class Closer:
         self._matcher = llguidance.LLMatcher(_BYTES, compiled, log_level=0)
         self._bitmask = llg_numpy.allocate_token_bitmask(1, END + 1)
         self._in_string = self._escaped = False  # JSON lexical state, for the greedy preferences only
+        self._tail = b""  # the last CONTEXT bytes fed: what a string's ending is remembered by
         self._memo: dict[bytes, list[bytes]] = {}  # string endings found, shared with clones (_Walker)
 
     def clone(self) -> "Closer":
@@ -73,7 +75,7 @@ class Closer:
         twin = object.__new__(Closer)
         twin._matcher = self._matcher.deep_copy()
         twin._bitmask = llg_numpy.allocate_token_bitmask(1, END + 1)
-        twin._in_string, twin._escaped = self._in_string, self._escaped
+        twin._in_string, twin._escaped, twin._tail = self._in_string, self._escaped, self._tail
         twin._memo = self._memo
         return twin
 
@@ -90,6 +92,7 @@ class Closer:
             return False
         for b in data:
             self._in_string, self._escaped = _lex(b, self._in_string, self._escaped)
+        self._tail = (self._tail + data)[-CONTEXT:]
         return True
 
     def completes(self, closing: bytes) -> bool:
@@ -104,7 +107,7 @@ class Closer:
     def closing(self) -> bytes | None:
         """The bytes that complete the grammar from here (b"" when it may end now)."""
         walker = _Walker(self._bitmask, self._memo)
-        walked = walker.walk(self._matcher.deep_copy(), self._in_string, self._escaped)
+        walked = walker.walk(self._matcher.deep_copy(), self._in_string, self._escaped, self._tail)
         return walked if walked is not None else walker.search(self._matcher.deep_copy())
 
 
@@ -116,11 +119,12 @@ class _Walker:
     def __init__(self, bitmask: np.ndarray, memo: dict[bytes, list[bytes]]):
         self.bitmask, self.memo = bitmask, memo
 
-    def walk(self, matcher: llguidance.LLMatcher, in_string: bool, escaped: bool, choose: bool = True
-             ) -> bytes | None:
-        """The greedy walk from `matcher` (which it advances). A string it cannot end with its quote (a key
-        among several, a pattern, a format) is ended by the one of its few shortest endings whose walk on
-        (`choose`: each tried with the first ending at every later string) closes soonest."""
+    def walk(self, matcher: llguidance.LLMatcher, in_string: bool, escaped: bool, before: bytes,
+             choose: bool = True) -> bytes | None:
+        """The greedy walk from `matcher` (which it advances; `before`: the bytes that led there). A string it
+        cannot end with its quote (a key among several, a pattern, a format) is ended by the one of its few
+        shortest endings whose walk on (`choose`: each tried with the first ending at every later string)
+        closes soonest."""
         out = bytearray()
         while len(out) < GREEDY_LIMIT:
             if matcher.is_accepting():
@@ -129,9 +133,10 @@ class _Walker:
             if not step:
                 allowed = self.allowed(matcher)
                 if in_string and not escaped and not allowed[_QUOTE]:
-                    endings = self.string_endings(matcher)
-                    if choose and len(endings) > 1:
-                        endings.sort(key=self.length_after)  # stable: ties keep the shorter ending
+                    context = before + out
+                    endings = self.string_endings(matcher, context)
+                    if choose and len(endings) > 1:  # stable: ties keep the shorter ending
+                        endings.sort(key=lambda ending: self.length_after(ending, context))
                     if not endings:
                         return None
                     ending, matcher = endings[0]
@@ -153,16 +158,17 @@ class _Walker:
             out += step
         return None
 
-    def length_after(self, ending: tuple[bytes, llguidance.LLMatcher]) -> float:
-        rest = self.walk(ending[1].deep_copy(), False, False, choose=False)
+    def length_after(self, ending: tuple[bytes, llguidance.LLMatcher], before: bytes) -> float:
+        rest = self.walk(ending[1].deep_copy(), False, False, before + ending[0], choose=False)
         return float("inf") if rest is None else len(ending[0]) + len(rest)
 
-    def string_endings(self, matcher: llguidance.LLMatcher) -> list[tuple[bytes, llguidance.LLMatcher]]:
+    def string_endings(self, matcher: llguidance.LLMatcher, context: bytes
+                       ) -> list[tuple[bytes, llguidance.LLMatcher]]:
         """Up to STRING_ENDINGS shortest ways to end the string `matcher` is inside of (through its closing
-        quote), with the matcher after each; from the memo when a string with this mask was ended before
-        (each replayed ending checked), else searched."""
+        quote), with the matcher after each; from the memo when a string with this mask after the same
+        bytes (its key, in JSON) was ended before (each replayed ending checked), else searched."""
         self.allowed(matcher)
-        key = self.bitmask.tobytes()
+        key = self.bitmask.tobytes() + bytes(context[-CONTEXT:])
         endings = []
         for ending in self.memo.get(key, ()):
             child = matcher.deep_copy()
