@@ -152,7 +152,9 @@ class _TokenSource:
     def __call__(self, text: bytes, strict: bool = False) -> list[int]:
         # llguidance hands complete UTF-8 here; plain encoding, so text never becomes a control token
         tokenizer = self._tokenizer()
-        return [] if tokenizer is None else tokenizer.encode_plain(text.decode("utf-8", "strict" if strict else "replace"))
+        if tokenizer is None:
+            return []
+        return tokenizer.encode_plain(text.decode("utf-8", "strict" if strict else "replace"))
 
 
 def _is_control(tokenizer: Tokenizer, token: int) -> bool:

@@ -55,7 +55,8 @@ def test_a_recipe_closes_from_anywhere_inside_it(prefix):
     jsonschema.validate(json.loads(prefix + closing), RECIPE)
 
 
-@pytest.mark.parametrize("prefix", [b'{"name": "Jo', b'{"name": "Al", "email": "al', b'{"name": "Al", "email": "a@b.co", "when": "2024-0'])
+@pytest.mark.parametrize("prefix", [
+    b'{"name": "Jo', b'{"name": "Al", "email": "al', b'{"name": "Al", "email": "a@b.co", "when": "2024-0'])
 def test_patterns_formats_and_enums_close_with_values_they_accept(prefix):
     closing = closes(Grammar("json_schema", json.dumps(CONTACT)), prefix)
     value = json.loads(prefix + closing)
