@@ -69,60 +69,42 @@ class Timed(StructuredProcessor):
     def closed_early(self):
         return self.inner.closed_early
 
-    def set_budget(self, tokens):
+    def _time(self, counter: str, call, *args):
+        """`call(*args)`, its nanoseconds added to the counter named."""
         start = time.perf_counter_ns()
-        self.inner.set_budget(tokens if self.closing else None)
-        self.closing_ns += time.perf_counter_ns() - start
+        try:
+            return call(*args)
+        finally:
+            setattr(self, counter, getattr(self, counter) + time.perf_counter_ns() - start)
+
+    def set_budget(self, tokens):
+        self._time("closing_ns", self.inner.set_budget, tokens if self.closing else None)
         budget = self.inner.budget
         if budget is not None:  # its hooks, timed where the processor calls them
             for name in ("forcing", "vet", "commit"):
-                setattr(budget, name, self._timing(getattr(budget, name)))
-
-    def _timing(self, hook):
-        def timed(*args):
-            start = time.perf_counter_ns()
-            try:
-                return hook(*args)
-            finally:
-                self.closing_ns += time.perf_counter_ns() - start
-        return timed
+                hook = getattr(budget, name)
+                setattr(budget, name, lambda *args, hook=hook: self._time("closing_ns", hook, *args))
 
     def vet(self, token):
-        start = time.perf_counter_ns()
-        try:
-            return self.inner.vet(token)
-        finally:
-            self.ns += time.perf_counter_ns() - start
+        return self._time("ns", self.inner.vet, token)
 
     def process(self, logits, history):
-        start = time.perf_counter_ns()
-        self.inner.process(logits, history)
-        self.ns += time.perf_counter_ns() - start
+        self._time("ns", self.inner.process, logits, history)
         self.steps += 1
         if self.count_forced:
             self.forced += int(np.count_nonzero(logits > -np.inf) == 1)
 
     def commit(self, token):
-        start = time.perf_counter_ns()
-        self.inner.commit(token)
-        self.ns += time.perf_counter_ns() - start
+        self._time("ns", self.inner.commit, token)
 
     def reset(self):
         self.inner.reset()
 
     def forced_tokens(self):
-        start = time.perf_counter_ns()
-        try:
-            return self.inner.forced_tokens()
-        finally:
-            self.lookahead_ns += time.perf_counter_ns() - start
+        return self._time("lookahead_ns", self.inner.forced_tokens)
 
     def valid_prefix_len(self, tokens):
-        start = time.perf_counter_ns()
-        try:
-            return self.inner.valid_prefix_len(tokens)
-        finally:
-            self.lookahead_ns += time.perf_counter_ns() - start
+        return self._time("lookahead_ns", self.inner.valid_prefix_len, tokens)
 
 
 @dataclass
