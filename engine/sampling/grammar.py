@@ -15,6 +15,7 @@ fills a token bitmask per step. This module is the glue:
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -127,14 +128,22 @@ class GrammarVocabulary:
     def ids_of(self, data: bytes) -> list[int] | None:
         """Tokens whose bytes are exactly `data`: its plain encoding, else one token per byte (a closing
         that ends a character the reply began); None when neither spells it."""
-        try:
-            ids = self.source(data, strict=True)
-        except UnicodeDecodeError:
-            ids = None
-        if ids is not None and b"".join(self.source.tokens[i] for i in ids) == data:
-            return ids
-        singles = self.source.byte_ids
-        return [singles[b] for b in data] if all(b in singles for b in data) else None
+        ids = _spelled(self.source, data)
+        return None if ids is None else list(ids)
+
+
+@functools.lru_cache(maxsize=4096)
+def _spelled(source: "_TokenSource", data: bytes) -> tuple[int, ...] | None:
+    """GrammarVocabulary.ids_of, remembered: a reply's closings come back (the same tail of a document after
+    every token inside a value, the same shortest document at every reply) and encoding them is a BPE pass."""
+    try:
+        ids = source(data, strict=True)
+    except UnicodeDecodeError:
+        ids = None
+    if ids is not None and b"".join(source.tokens[i] for i in ids) == data:
+        return tuple(ids)
+    singles = source.byte_ids
+    return tuple(singles[b] for b in data) if all(b in singles for b in data) else None
 
 
 class _TokenSource:
