@@ -10,7 +10,8 @@ Numba's on-disk cache checks only the source file of the function it caches, not
 the helpers it inlined from other files, so an edited or upgraded helper could run
 stale machine code. The cache therefore lives in a directory named after a hash of
 all the kernel sources (unless NUMBA_CACHE_DIR says otherwise); it must be set
-before any kernel is decorated, hence here too.
+before any kernel is decorated, hence here too, as must the lock that keeps the cache
+whole when processes compile into it side by side (cache_lock).
 """
 
 import hashlib
@@ -22,6 +23,8 @@ if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
 
 import numba  # noqa: E402 (after the OpenMP setting)
 import platformdirs  # noqa: E402
+
+from kernels.cpu import cache_lock  # noqa: E402
 
 
 def _sources_hash() -> str:
@@ -37,3 +40,4 @@ BUILD_ID = _sources_hash()
 if "NUMBA_CACHE_DIR" not in os.environ:
     numba.config.CACHE_DIR = str(Path(platformdirs.user_cache_dir("fucina", appauthor=False)) / "numba"
                                  / BUILD_ID)
+cache_lock.install()

@@ -29,8 +29,9 @@ FORMATS = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 @pytest.fixture(scope="module")
 def results() -> dict:
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, str(ROOT / "tests" / "kernels" / "cuda_sim_checks.py")], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=600)
+    # -X faulthandler: a crash in the child prints where it was
+    child = [sys.executable, "-X", "faulthandler", str(ROOT / "tests" / "kernels" / "cuda_sim_checks.py")]
+    done = subprocess.run(child, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 
