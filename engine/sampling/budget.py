@@ -17,13 +17,23 @@ grammar's shortest document is refused before any token (ReplyBudgetTooSmall).
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
+from typing import Protocol, Sequence
 
 from engine.errors import ReplyBudgetTooSmall
 from engine.sampling.closing import Closer
 
-if TYPE_CHECKING:
-    from engine.sampling.grammar import GrammarVocabulary
+
+class Spelling(Protocol):
+    """What a budget reads of the grammar's vocabulary (engine.sampling.grammar.GrammarVocabulary)."""
+
+    source: "_TokenBytes"
+
+    def ids_of(self, text: bytes) -> list[int] | None:
+        """The token ids that spell `text` exactly (None when none do)."""
+
+
+class _TokenBytes(Protocol):
+    tokens: Sequence[bytes]  # each token id's bytes
 
 ZONE = 24  # tokens before the closing's length where picks start to be checked
 REFUSALS = 8  # picks refused in one step before the reply closes instead
@@ -32,7 +42,7 @@ _STRUCTURAL = frozenset(b'{}[],:"\\')
 
 
 class ReplyBudget:
-    def __init__(self, compiled: str, vocabulary: "GrammarVocabulary", tokens: int):
+    def __init__(self, compiled: str, vocabulary: Spelling, tokens: int):
         self.vocabulary, self.limit = vocabulary, tokens
         self.spent = 0
         self.forced: list[int] = []  # the closing's tokens, once they are the only choice
