@@ -13,7 +13,7 @@ from pathlib import Path
 
 import uvicorn
 
-from app.cli_serve import GRACEFUL_SHUTDOWN_S
+from app.cli.serve import GRACEFUL_SHUTDOWN_S
 from app.server import create_app
 from app.server_requests import Limits
 from engine.errors import FucinaError

@@ -20,7 +20,7 @@ def run(screenshot: str | None = None, conversation_id: str | None = None, theme
     from PySide6.QtGui import QIcon
     from PySide6.QtWidgets import QApplication, QMessageBox
 
-    from app.cli_desktop import APP_ID
+    from app.cli.desktop import APP_ID
     from app.gui.gc_policy import collect_on_gui_thread
     from app.gui.main_window import MainWindow
     from app.gui.qt_binding import binding_problem

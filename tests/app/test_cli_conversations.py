@@ -107,7 +107,7 @@ def test_a_malformed_import_is_one_error_line_and_writes_nothing(empty_home, cap
 
 
 def test_a_full_disk_is_one_error_line(empty_home, capsys, monkeypatch):
-    import app.cli_conversations as cli_conversations
+    import app.cli.conversations as cli_conversations
 
     def full_store():
         store = HistoryStore(HistoryStore.default_path())

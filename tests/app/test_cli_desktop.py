@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from app.cli import main as fucina
-from app.cli_desktop import APP_ID, PNG_SIZES, launcher
+from app.cli.desktop import APP_ID, PNG_SIZES, launcher
 
 
 @pytest.fixture(scope="module")

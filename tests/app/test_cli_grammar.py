@@ -72,7 +72,7 @@ def test_a_stored_chat_keeps_its_response_format(model_path, monkeypatch, capsys
 
 def test_a_regex_is_never_read_from_a_file():
     from app.cli import build_parser
-    from app.cli_sampling import grammar_from_args
+    from app.cli.sampling import grammar_from_args
     grammar = grammar_from_args(build_parser().parse_args(["generate", MODEL, "--prompt", "x", "--regex", "@[a-z]+"]))
     assert (grammar.kind, grammar.source) == ("regex", "@[a-z]+")
 

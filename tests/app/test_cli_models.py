@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app import cli_models
+from app.cli import models as cli_models
 from app.cli import main
 from engine import catalog
 from engine.errors import ModelDownloadError

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from app.cli_bench import WORKLOADS
+from app.cli.bench import WORKLOADS
 from engine.bench_spec import Workload, load_workload, run_workload
 from engine.chat import speculation
 from engine.errors import BenchWorkloadError, SpeculationMismatch

@@ -1,4 +1,4 @@
-"""The `fucina` command line: a thin argparse dispatcher over per-topic command modules."""
+"""The `fucina` command line: a thin argparse dispatcher over per-topic command modules (this package)."""
 
 from __future__ import annotations
 
@@ -6,24 +6,23 @@ import argparse
 import multiprocessing
 import sys
 
-from app import (cli_bench, cli_chat, cli_conversations, cli_desktop, cli_docs, cli_eval, cli_models, cli_serve,
-                 cli_tokenize, cli_warmup)
+from app.cli import bench, chat, conversations, desktop, docs, generate, models, serve, tokenize, warmup
 from app.gui import THEMES
 from engine.errors import FucinaError
 
 # Each module's `register(subparsers)` adds its subcommands and sets `func(args) -> int | None` on them.
 # A new command family is one new module and one entry here.
 COMMANDS = [
-    cli_models.register,
-    cli_tokenize.register,
-    cli_eval.register,
-    cli_bench.register,
-    cli_chat.register,
-    cli_conversations.register,
-    cli_docs.register,
-    cli_serve.register,
-    cli_warmup.register,
-    cli_desktop.register,
+    models.register,
+    tokenize.register,
+    generate.register,
+    bench.register,
+    chat.register,
+    conversations.register,
+    docs.register,
+    serve.register,
+    warmup.register,
+    desktop.register,
 ]
 
 
@@ -59,7 +58,3 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into e.g. `head`; stop quietly like other tools
         sys.stdout = None
         return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

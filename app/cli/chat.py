@@ -4,7 +4,7 @@ Interactive on a terminal; from a pipe it answers one message per input line unt
 /stats) go to stdout, notices to stderr, so a piped run's stdout holds only the conversation's answers.
 With --conversation the chat is stored (the history database and a KV sidecar, through engine.session)
 and a stored one reopens warm; without it, the chat lives only in this process. With --attach FILE the chat
-is served behind the documents' KV cartridges (app.cli_docs); a stored chat records its documents and
+is served behind the documents' KV cartridges (app.cli.docs); a stored chat records its documents and
 reopens warm behind them (engine.cartridge.chat_documents), without --attach. With --remote URL the replies
 come from an OpenAI-compatible endpoint instead, and the chat is stored (a new one unless --conversation
 names one): history, search and export stay local.
@@ -20,11 +20,11 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
-from app.cli_docs import add_attach_option, attach_documents, describe, restore_documents
-from app.cli_eval import add_model_options, open_model
-from app.cli_sampling import (add_grammar_options, add_sampler_options, grammar_from_args, print_reply_checks,
+from app.cli.docs import add_attach_option, attach_documents, describe, restore_documents
+from app.cli.generate import add_model_options, open_model
+from app.cli.sampling import (add_grammar_options, add_sampler_options, grammar_from_args, print_reply_checks,
                               sampler_config)
-from app.cli_conversations import find_conversation, open_store
+from app.cli.conversations import find_conversation, open_store
 from engine.cartridge.build import Attached
 from engine.cartridge.chat_documents import cartridges, carry_over, record
 from engine.chat import ChatOptions, Conversation, TurnResult

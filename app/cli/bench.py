@@ -6,9 +6,9 @@ import json
 import sys
 from pathlib import Path
 
-from app.cli_backend import add_backend_option, use_backend
-from app.cli_eval import resolve_model_path
-from app.cli_sampling import add_sampler_options, sampler_config
+from app.cli.backend import add_backend_option, use_backend
+from app.cli.generate import resolve_model_path
+from app.cli.sampling import add_sampler_options, sampler_config
 from engine.bench import PEERS, benchmark, rows_throughput
 from engine.bench_cold import cold_start
 from engine.bench_reopen import reopen_benchmark
@@ -18,7 +18,7 @@ from engine.errors import BenchWorkloadError, FucinaError
 from engine.models import load_model
 from engine.runtime import configure_threads
 
-WORKLOADS = Path(__file__).resolve().parents[1] / "benchmarks" / "workloads"  # the built-in ones, by name
+WORKLOADS = Path(__file__).resolve().parents[2] / "benchmarks" / "workloads"  # the built-in ones, by name
 
 
 def _print_json(result: dict) -> int:

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Callable
 
-from app.cli_backend import add_backend_option
+from app.cli.backend import add_backend_option
 from engine.cartridge import store
 from engine.cartridge.build import Attached, attach, prefix_ids
 from engine.cartridge.chat_documents import Restored, restore
@@ -116,7 +116,7 @@ def describe(result: Attached) -> str:
 
 
 def run_add(args) -> int:
-    from app.cli_eval import open_model  # not at the top: cli_eval imports this module
+    from app.cli.generate import open_model  # not at the top: cli_eval imports this module
 
     model = open_model(args)
     for result in attach_documents(model, args.files, args.kv, budget=args.doc_budget):

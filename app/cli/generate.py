@@ -7,10 +7,10 @@ import json
 import sys
 import time
 
-from app.cli_backend import add_backend_option, use_backend
-from app.cli_docs import add_attach_option, attach_documents
-from app.cli_models import ProgressBar
-from app.cli_sampling import (add_grammar_options, add_sampler_options, grammar_from_args, print_reply_checks,
+from app.cli.backend import add_backend_option, use_backend
+from app.cli.docs import add_attach_option, attach_documents
+from app.cli.models import ProgressBar
+from app.cli.sampling import (add_grammar_options, add_sampler_options, grammar_from_args, print_reply_checks,
                               sampler_config)
 from engine import generate
 from engine.catalog import default_model_name, resolve_model
@@ -167,7 +167,7 @@ def run_generate(args) -> int:
 
 
 def generate_attached(args, model, grammar) -> int:
-    """One chat turn behind the attached documents' cartridges (app.cli_docs)."""
+    """One chat turn behind the attached documents' cartridges (app.cli.docs)."""
     attached = attach_documents(model, args.attach, args.kv, budget=args.doc_budget, question=lambda: args.prompt)
     prefix = composed_rows([a.cartridge for a in attached])
     tokenizer = load_tokenizer(model.file.metadata)
