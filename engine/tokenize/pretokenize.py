@@ -17,7 +17,8 @@ import re
 from dataclasses import dataclass
 from itertools import accumulate
 
-from engine.tokenize import unicode_classes as uc
+from engine.tokenize.unicode_classes import (FOLDED, LETTER, MARK, NUMBER, PUNCTUATION, SYMBOL, ascii_members, fold,
+                                             widen)
 
 log = logging.getLogger(__name__)
 
@@ -80,12 +81,12 @@ _ALIASES = {
 RULES = dict(_RULE_SETS)
 RULES.update({alias: _RULE_SETS[name] for name, aliases in _ALIASES.items() for alias in aliases})
 
-_CLASSES = {"L": uc.LETTER, "N": uc.NUMBER, "M": uc.MARK, "P": uc.PUNCTUATION, "S": uc.SYMBOL}
+_CLASSES = {"L": LETTER, "N": NUMBER, "M": MARK, "P": PUNCTUATION, "S": SYMBOL}
 
 
 def _class_body(name: str) -> str:
     letter = _CLASSES[name]
-    return re.escape(uc.FOLDED[letter]) + "".join(re.escape(c) for c in uc.ascii_members(letter))
+    return re.escape(FOLDED[letter]) + "".join(re.escape(c) for c in ascii_members(letter))
 
 
 def _translate(expr: str) -> str:
@@ -132,8 +133,8 @@ class PreTokenizer:
         self._steps = tuple(_compile(expr) for expr in RULES[pre])
 
     def split(self, text: str) -> list[str]:
-        folded = uc.fold(text) if any(s.folded for s in self._steps) else None
-        wide = uc.widen(text) if not all(s.folded for s in self._steps) else None
+        folded = fold(text) if any(s.folded for s in self._steps) else None
+        wide = widen(text) if not all(s.folded for s in self._steps) else None
         views = [folded if step.folded else wide for step in self._steps]
         if len(self._steps) == 1 and views[0] is text:  # the common case: one regex, ASCII text
             parts = self._steps[0].regex.findall(text)
