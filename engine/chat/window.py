@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from engine.chat.templates import Message
+from engine.context_policy import POLICIES
 from engine.errors import ContextFull, InvalidContextPolicy
 from engine.tokenize import Tokenizer
 
-POLICIES = ("drop_oldest", "stop")
 # What chat apps do: a long chat goes on, forgetting its start, rather than stop answering.
 DEFAULT_POLICY = "drop_oldest"
 

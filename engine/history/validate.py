@@ -13,7 +13,7 @@ import re
 import os
 from pathlib import Path
 
-from engine.chat.window import POLICIES
+from engine.context_policy import POLICIES
 from engine.errors import HistoryError, InvalidGrammar
 from engine.sampling.grammar import Grammar
 
