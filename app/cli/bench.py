@@ -6,8 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from app.cli.backend import add_backend_option, use_backend
-from app.cli.generate import resolve_model_path
+from app.cli.common import add_compute_options, configure_compute, resolve_model_path
 from app.cli.sampling import add_sampler_options, sampler_config
 from engine.bench import PEERS, benchmark, rows_throughput
 from engine.bench_cold import cold_start
@@ -16,7 +15,6 @@ from engine.bench_spec import load_workload, spec_benchmark
 from engine.catalog import catalog
 from engine.errors import BenchWorkloadError, FucinaError
 from engine.models import load_model
-from engine.runtime import configure_threads
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "benchmarks" / "workloads"  # the built-in ones, by name
 
@@ -30,8 +28,7 @@ def _print_json(result: dict) -> int:
 def run_bench(args) -> int:
     if args.cold_start:
         return _run_cold_start(args)
-    threads = configure_threads(args.threads)
-    use_backend(args)
+    threads = configure_compute(args)
     path = resolve_model_path(args.model)
     log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr, flush=True))
     if args.reopen:
@@ -141,8 +138,7 @@ def _run_spec(args, path, threads: int, log) -> int:
 def register(subparsers) -> None:
     p = subparsers.add_parser("bench", help="measure prefill/decode speed, optionally against llama.cpp")
     p.add_argument("model", help="a starter model name or a path to a .gguf file")
-    p.add_argument("--threads", type=int, default=None, help="kernel threads (default: $FUCINA_THREADS or all cores)")
-    add_backend_option(p)
+    add_compute_options(p)
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--gen-tokens", type=int, default=128)
     p.add_argument("--runs", type=int, default=5)

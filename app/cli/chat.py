@@ -4,7 +4,7 @@ Interactive on a terminal; from a pipe it answers one message per input line unt
 /stats) go to stdout, notices to stderr, so a piped run's stdout holds only the conversation's answers.
 With --conversation the chat is stored (the history database and a KV sidecar, through engine.session)
 and a stored one reopens warm; without it, the chat lives only in this process. With --attach FILE the chat
-is served behind the documents' KV cartridges (app.cli.docs); a stored chat records its documents and
+is served behind the documents' KV cartridges (app.cli.attach); a stored chat records its documents and
 reopens warm behind them (engine.cartridge.chat_documents), without --attach. With --remote URL the replies
 come from an OpenAI-compatible endpoint instead, and the chat is stored (a new one unless --conversation
 names one): history, search and export stay local.
@@ -12,7 +12,6 @@ names one): history, search and export stay local.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import itertools
 import os
@@ -20,8 +19,8 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
-from app.cli.docs import add_attach_option, attach_documents, describe, restore_documents
-from app.cli.generate import add_model_options, open_model
+from app.cli.attach import add_attach_option, attach_documents, describe, restore_documents
+from app.cli.common import add_model_options, open_model, token_count
 from app.cli.sampling import (add_grammar_options, add_sampler_options, grammar_from_args, print_reply_checks,
                               sampler_config)
 from app.cli.conversations import find_conversation, open_store
@@ -31,14 +30,11 @@ from engine.chat import ChatOptions, Conversation, TurnResult
 from engine.chat.window import POLICIES
 from engine.history.store import HistoryStore
 from engine.kv.cache import KvDtype
-from engine.history.validate import SAMPLER_RANGES
 from engine.errors import ContextFull, FucinaError, RemoteConnectionLost, StoreError
 from engine.remote import RemoteClient
 from engine.remote_session import RemoteChatSession, check_remote_format
 from engine.sampling import CHAT_DEFAULTS
 from engine.session import DEFAULT_CONTEXT, DEFAULT_MAX_TOKENS, ChatSession
-
-MAX_TOKENS = int(SAMPLER_RANGES["ctx"][2])
 
 HELP = """commands:
   /reset        forget the conversation (a stored chat: start a new one)
@@ -350,17 +346,6 @@ def format_stats(turn: TurnResult) -> str:
             f"{s.prefill_ms:.0f} ms) · first token {s.ttft_ms:.0f} ms · {s.generated_tokens} tokens at "
             f"{s.decode_tps:.1f} tok/s · ended: {turn.finish_reason}")
     return line if s.spec is None else f"{line}\nspeculation: {s.spec.summary()}"
-
-
-def token_count(text: str) -> int:
-    """A context or reply length: at least 1, at most what a stored conversation may hold (beyond it a typo
-    would allocate the KV cache for it up front)."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    if value > MAX_TOKENS:
-        raise argparse.ArgumentTypeError(f"must be at most {MAX_TOKENS}, got {value}")
-    return value
 
 
 def register(subparsers) -> None:

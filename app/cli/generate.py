@@ -7,19 +7,15 @@ import json
 import sys
 import time
 
-from app.cli.backend import add_backend_option, use_backend
-from app.cli.docs import add_attach_option, attach_documents
-from app.cli.models import ProgressBar
+from app.cli.attach import add_attach_option, attach_documents
+from app.cli.common import add_model_options, open_model
 from app.cli.sampling import (add_grammar_options, add_sampler_options, grammar_from_args, print_reply_checks,
                               sampler_config)
 from engine import generate
-from engine.catalog import default_model_name, resolve_model
 from engine.cartridge.cartridge import composed_rows
 from engine.chat import ChatOptions, Conversation, Message, template_for_model
 from engine.chat.model_template import stop_token_id
 from engine.errors import FucinaError
-from engine.models import load_model
-from engine.runtime import configure_threads
 from engine.sampling import Sampler
 from engine.speculative import Stats
 from engine.sampling.grammar import grammar_processor
@@ -34,32 +30,6 @@ def parse_ids(text: str) -> list[int]:
     if not ids:
         raise FucinaError("no token ids given")
     return ids
-
-
-def add_model_options(p, optional: bool = False) -> None:
-    if optional:
-        p.add_argument("model", nargs="?", default=None,
-                       help="a starter model name or a path to a .gguf file (default: the default starter model)")
-    else:
-        p.add_argument("model", help="a starter model name or a path to a .gguf file")
-    p.add_argument("--threads", type=int, default=None, help="kernel threads (default: $FUCINA_THREADS or all cores)")
-    add_backend_option(p)
-    p.add_argument("--kv", choices=["f16", "q8_0"], default="f16", help="KV cache type")
-
-
-def resolve_model_path(name: str):
-    """A starter name or .gguf path -> the file; a starter model not yet downloaded is pulled first."""
-    with ProgressBar() as bar:
-        return resolve_model(name, pull_missing=True, progress=bar)
-
-
-def open_model(args):
-    configure_threads(args.threads)
-    use_backend(args)
-    model = load_model(resolve_model_path(args.model or default_model_name()))
-    if getattr(args, "spec", False):  # asked for speculation: its verify kernels now, not after a reply or two
-        model.rows_ready(model.new_cache(1, getattr(args, "kv", "f16")), wait=True)
-    return model
 
 
 def prompt_tokens(args, model, tokenizer) -> list[int]:
@@ -167,7 +137,7 @@ def run_generate(args) -> int:
 
 
 def generate_attached(args, model, grammar) -> int:
-    """One chat turn behind the attached documents' cartridges (app.cli.docs)."""
+    """One chat turn behind the attached documents' cartridges (app.cli.attach)."""
     attached = attach_documents(model, args.attach, args.kv, budget=args.doc_budget, question=lambda: args.prompt)
     prefix = composed_rows([a.cartridge for a in attached])
     tokenizer = load_tokenizer(model.file.metadata)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 
+from app.cli.progress import ProgressBar
 from engine import catalog
 
 
@@ -65,46 +65,3 @@ def _pull(args) -> None:
 def _path(args) -> None:
     with ProgressBar() as bar:
         print(catalog.resolve_model(args.name, pull_missing=True, progress=bar).absolute())
-
-
-class ProgressBar:
-    """A one-line text progress bar on stderr (percentage, MB, rate); plain lines when not a terminal."""
-
-    def __init__(self, stream=None, width: int = 24):
-        self.stream = stream or sys.stderr
-        self.width = width
-        self.tty = self.stream.isatty()
-        self.rate = catalog.TransferRate()
-        self.last_draw = 0.0
-        self.stage = None
-        self.drawn = False
-
-    def __call__(self, done: int, total: int, stage: str) -> None:
-        now = time.monotonic()
-        rate = self.rate.update(done)
-        new_stage = stage != self.stage
-        self.stage = stage
-        if self.tty:
-            if new_stage or done == total or now - self.last_draw >= 0.1:
-                self.last_draw = now
-                self.drawn = True
-                self.stream.write("\r" + self._line(done, total, stage, rate) + "\x1b[K")
-                self.stream.flush()
-        elif new_stage:
-            self.stream.write(self._line(done, total, stage, rate) + "\n")
-
-    def _line(self, done: int, total: int, stage: str, rate: float) -> str:
-        frac = done / total if total else 1.0
-        filled = int(frac * self.width)
-        return (
-            f"[{'#' * filled}{'.' * (self.width - filled)}] {frac * 100:5.1f}% "
-            f"{done / 1e6:7.1f}/{total / 1e6:.1f} MB {rate / 1e6:6.1f} MB/s  {stage}"
-        )
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        if self.drawn:  # end the redrawn line so what follows starts on a fresh one
-            self.stream.write("\n")
-            self.stream.flush()

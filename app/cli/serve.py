@@ -13,8 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from app.cli.chat import token_count
-from app.cli.generate import add_model_options, open_model
+from app.cli.common import add_model_options, open_model, token_count
 from app.server_requests import Limits
 from engine.catalog import default_model_name
 from engine.errors import FucinaError

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import models as cli_models
+from app.cli.progress import ProgressBar
 from app.cli import main
 from engine import catalog
 from engine.errors import ModelDownloadError
@@ -134,7 +134,7 @@ def test_unknown_model_is_a_user_error(home, capsys):
 def test_progress_bar_redraws_one_line_on_a_terminal():
     stream = io.StringIO()
     stream.isatty = lambda: True
-    with cli_models.ProgressBar(stream) as bar:
+    with ProgressBar(stream) as bar:
         bar(0, 200_000_000, "downloading")
         bar(100_000_000, 200_000_000, "extracting")
     text = stream.getvalue()
