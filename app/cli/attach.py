@@ -12,12 +12,13 @@ import sys
 from typing import Callable
 
 from app.cli.progress import ProgressBar, tokens
-from engine.cartridge.build import Attached, attach, prefix_ids
+from engine.cartridge.build import Attached
 from engine.cartridge.chat_documents import Restored, restore
 from engine.cartridge.fleet import FleetDocument
+from engine.cartridge.for_chat import read_for_chat
 from engine.cartridge.ingest import read_document
 from engine.chat import template_for_model
-from engine.session import tokenizer_for
+from engine.session import DEFAULT_CONTEXT, tokenizer_for
 from engine.tokenize import load_tokenizer
 
 
@@ -30,9 +31,9 @@ def add_attach_option(p) -> None:
 
 def add_doc_budget_option(p) -> None:
     p.add_argument("--doc-budget", metavar="TOKENS", type=positive_int, default=None,
-                   help="tokens one attached document may take (default: half the context). A longer one is "
-                        "read in parts, and the parts that best match the question are served (in a chat: the "
-                        "first message)")
+                   help=f"tokens one attached document may take (default: half the chat's context, which is "
+                        f"{DEFAULT_CONTEXT} unless chat --ctx sets it). A longer one is read in parts, and the parts "
+                        "that best match the question are served (in a chat: the first message)")
 
 
 def positive_int(text: str) -> int:
@@ -41,27 +42,24 @@ def positive_int(text: str) -> int:
     return int(text)
 
 
-def attach_documents(model, paths, kv: str, *, budget: int | None = None,
+def attach_documents(model, paths, kv: str, context: int, *, budget: int | None = None,
                      question: Callable[[], str] | None = None) -> list[Attached]:
-    """Each file's cartridge for the model: loaded when built before, else read with a progress bar. A file
-    longer than `budget` tokens (default: half the model's context) is served as a fleet
-    (engine.cartridge.fleet): the cartridges of its parts that best match the question `question()` gives
-    (asked for only then; without one, the parts are read and none is attached)."""
+    """Each file's cartridge for a chat of `context` tokens on the model: loaded when built before, else read
+    with a progress bar. A file longer than `budget` tokens (default: the share of the chat's context one
+    document may take, engine.cartridge.for_chat) is served as a fleet (engine.cartridge.fleet): the
+    cartridges of its parts that best match the question `question()` gives (asked for only then; without
+    one, the parts are read and none is attached)."""
     if not paths:
         return []
-    budget = budget or model.args.context_length // 2
     tokenizer = load_tokenizer(model.file.metadata)
     template = template_for_model(model.file.metadata, tokenizer)
     attached = []
     for path in paths:
         document = read_document(path)
         with ProgressBar(amounts=tokens) as bar:
-            progress = lambda done, total: bar(done, total, f"reading {document.name}")  # noqa: E731
-            if len(prefix_ids(tokenizer, template, document)) <= budget:
-                served = attach(model, tokenizer, template, document, kv, on_progress=progress)
-            else:
-                served = FleetDocument.open(model, tokenizer, template, document, budget, kv, on_progress=progress)
-        results = _served_parts(served, budget, question) if isinstance(served, FleetDocument) else [served]
+            served = read_for_chat(model, tokenizer, template, document, context, kv, budget=budget,
+                                   on_progress=lambda done, total: bar(done, total, f"reading {document.name}"))
+        results = _served_parts(served, question) if isinstance(served, FleetDocument) else [served]
         for result in results:
             if result.refused:
                 print(f"warning: {result.refused}; it was built again", file=sys.stderr)
@@ -69,9 +67,9 @@ def attach_documents(model, paths, kv: str, *, budget: int | None = None,
     return attached
 
 
-def _served_parts(fleet: FleetDocument, budget: int, question: Callable[[], str] | None) -> list[Attached]:
+def _served_parts(fleet: FleetDocument, question: Callable[[], str] | None) -> list[Attached]:
     """The parts of a long document that match the question, asked for now."""
-    print(f"({fleet.document.name} is longer than the {budget} tokens one document may take: read in "
+    print(f"({fleet.document.name} is longer than the {fleet.budget} tokens one document may take: read in "
           f"{len(fleet.chunks)} parts{'; the parts that match the question are served' * bool(question)})",
           file=sys.stderr)
     asked = question() if question is not None else ""

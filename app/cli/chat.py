@@ -191,8 +191,8 @@ class _StoredChat(_Chat):
 def _open_local(args, grammar, stack: contextlib.ExitStack, lines) -> tuple[_Chat, str]:
     model = open_model(args)
     # a stored chat's cache is f16 (its stored settings have no cache type)
-    attached = attach_documents(model, args.attach, KvDtype.F16 if args.conversation else args.kv,
-                                budget=args.doc_budget or args.ctx // 2, question=lines.first_message)
+    attached = attach_documents(model, args.attach, KvDtype.F16 if args.conversation else args.kv, args.ctx,
+                                budget=args.doc_budget, question=lines.first_message)
     for result in attached:
         print(f"(attached {describe(result)})", file=sys.stderr)
     if not args.conversation:

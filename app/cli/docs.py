@@ -9,11 +9,13 @@ from app.cli.attach import add_doc_budget_option, attach_documents, describe
 from app.cli.common import add_compute_options, add_kv_option, open_model
 from engine.cartridge import store
 from engine.errors import FucinaError
+from engine.session import DEFAULT_CONTEXT
 
 
 def run_add(args) -> int:
     model = open_model(args)
-    for result in attach_documents(model, args.files, args.kv, budget=args.doc_budget):
+    # read for the chat a later --attach serves them to, by default
+    for result in attach_documents(model, args.files, args.kv, DEFAULT_CONTEXT, budget=args.doc_budget):
         print(describe(result))
     return 0
 

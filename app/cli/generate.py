@@ -17,6 +17,7 @@ from engine.chat import ChatOptions, Conversation, Message, template_for_model
 from engine.chat.model_template import stop_token_id
 from engine.errors import FucinaError
 from engine.sampling import Sampler
+from engine.session import DEFAULT_CONTEXT
 from engine.speculative import Stats
 from engine.sampling.grammar import grammar_processor
 from engine.tokenize import StreamDecoder, load_tokenizer
@@ -138,7 +139,9 @@ def run_generate(args) -> int:
 
 def generate_attached(args, model, grammar) -> int:
     """One chat turn behind the attached documents' cartridges (app.cli.attach)."""
-    attached = attach_documents(model, args.attach, args.kv, budget=args.doc_budget, question=lambda: args.prompt)
+    # served as to a chat of the default context (the turn's own context is sized to fit what is served)
+    attached = attach_documents(model, args.attach, args.kv, DEFAULT_CONTEXT, budget=args.doc_budget,
+                                question=lambda: args.prompt)
     prefix = composed_rows([a.cartridge for a in attached])
     tokenizer = load_tokenizer(model.file.metadata)
     # room for the prefix, the question in its template and the reply

@@ -8,9 +8,9 @@ message makes it a stored conversation, which records them (engine.cartridge.cha
 chat attaches its recorded ones again when it opens. Cancelling sets the job's event, which the build
 checks between prefill slices, like stopping a reply.
 
-A document longer than half the new chat's context is read as a fleet (engine.cartridge.fleet): its parts
-and their index are stored, and the chat's first message chooses the parts it is served behind (they are
-what the chat records).
+A document longer than half the new chat's context (engine.cartridge.for_chat, as on the command line) is
+read as a fleet (engine.cartridge.fleet): its parts and their index are stored, and the chat's first message
+chooses the parts it is served behind (they are what the chat records).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from pathlib import Path
 from PySide6.QtCore import QObject, Signal, Slot
 
 from engine.cartridge import store as cartridge_store
-from engine.cartridge.build import DEFAULT_DISK_BUDGET, Attached, attach
-from engine.cartridge.build import prefix_ids
+from engine.cartridge.build import DEFAULT_DISK_BUDGET, Attached
 from engine.cartridge.chat_documents import record, restore
 from engine.cartridge.fleet import FleetDocument
+from engine.cartridge.for_chat import read_for_chat
 from engine.cartridge.ingest import read_document
 from engine.chat import template_for_model
 from engine.errors import CartridgeCancelled, CartridgeRefused, FucinaError
@@ -233,13 +233,9 @@ class DocumentAttacher(QObject):
             return self._load_cartridge(path)
         tokenizer = tokenizer_for(model)
         template, document = template_for_model(model.file.metadata, tokenizer), read_document(path)
-        progress = lambda done, total: self._progress(key, done, total)  # noqa: E731
-        budget = self._new_chat_context() // 2  # a longer document is served in parts, as `fucina chat` does
-        if len(prefix_ids(tokenizer, template, document)) > budget:
-            return FleetDocument.open(model, tokenizer, template, document, budget, KvDtype.F16,
-                                      on_progress=progress, cancel=cancel, disk_budget=self.disk_budget)
-        return attach(model, tokenizer, template, document, KvDtype.F16, on_progress=progress, cancel=cancel,
-                      disk_budget=self.disk_budget)
+        return read_for_chat(model, tokenizer, template, document, self._new_chat_context(), KvDtype.F16,
+                             on_progress=lambda done, total: self._progress(key, done, total), cancel=cancel,
+                             disk_budget=self.disk_budget)
 
     def _read_for_new_chat(self, doc: _NewChatDocument) -> None:
         """A new chat's document, for a model switched to since it was attached."""

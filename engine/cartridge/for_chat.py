@@ -1,0 +1,39 @@
+"""A document read for a chat of a given context: whole, as one cartridge, when it fits the share of the
+context one document may take; else as a fleet of parts (engine.cartridge.fleet), of which the chat's
+first message chooses the ones served. The command line and the app both read documents through here, so
+a document read by one is served the same way by the other.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from engine.cartridge.build import DEFAULT_DISK_BUDGET, Attached, OnProgress, attach, prefix_ids
+from engine.cartridge.fleet import FleetDocument
+from engine.cartridge.ingest import Document
+from engine.kv.cache import KvDtype
+from engine.models.transformer import Transformer
+from engine.tokenize import Tokenizer
+
+
+def document_budget(context: int) -> int:
+    """The prefix rows one document may take in a chat of `context` tokens: half; the other half is the
+    conversation's."""
+    return context // 2
+
+
+def read_for_chat(model: Transformer, tokenizer: Tokenizer, template, document: Document, context: int,
+                  dtype: KvDtype | str = KvDtype.F16, *, budget: int | None = None,
+                  directory: str | os.PathLike | None = None, on_progress: OnProgress | None = None,
+                  cancel: threading.Event | None = None,
+                  disk_budget: int = DEFAULT_DISK_BUDGET) -> Attached | FleetDocument:
+    """The document for a chat of `context` tokens: its cartridge (loaded, or built and stored) when its
+    prefix fits `budget` rows (default: document_budget(context)), else its fleet, opened (every part read,
+    none chosen yet)."""
+    budget = budget or document_budget(context)
+    if len(prefix_ids(tokenizer, template, document)) <= budget:
+        return attach(model, tokenizer, template, document, dtype, directory=directory, on_progress=on_progress,
+                      cancel=cancel, disk_budget=disk_budget)
+    return FleetDocument.open(model, tokenizer, template, document, budget, dtype, directory=directory,
+                              on_progress=on_progress, cancel=cancel, disk_budget=disk_budget)
