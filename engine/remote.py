@@ -18,8 +18,7 @@ from typing import Iterator, Sequence
 
 import httpx
 
-from engine.chat import Message, TurnResult
-from engine.chat.conversation import TurnStats
+from engine.chat import Message, TurnResult, TurnStats
 from engine.errors import (RemoteAuthFailed, RemoteConnectionLost, RemoteError, RemoteModelNotFound, RemoteRefused,
                            RemoteTimeout, RemoteUnreachable)
 

@@ -9,9 +9,10 @@ positions [0, prefix_rows) for the prefix and the first `cache.len - prefix_rows
 may run one token ahead (a turn that ended on its token budget never forwarded its last token), and the
 next prefill feeds it first. Any error leaves that invariant intact, so a conversation stays resendable.
 The stop token that ends a reply is never committed: the next turn's render closes the turn itself.
-With `speculation` on, a reply decodes through engine.chat.speculation, which drives the same turn steps
-(sample, stop check, commit, budget) over verified drafts: its output and its cache equal the plain turn's.
-The lockstep batch stays plain.
+Each reply is a turn (engine.chat.turn): its steps (sample, stop check, commit, budget) drive the plain
+loop here, the speculative one (engine.chat.speculation, with `speculation` on), which runs them over verified
+drafts so that its output and its cache equal the plain turn's, and the lockstep batch of several
+conversations (send_batch), which stays plain.
 
 A conversation may be served behind attached documents (attach): their cartridges' KV rows fill the cache
 as the preloaded prefix, and their tokens become frozen draft references for speculation.
@@ -26,8 +27,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Generator, Iterator, Sequence
 
 import numpy as np
@@ -35,65 +35,19 @@ import numpy as np
 from engine.cartridge.cartridge import Cartridge, composed_rows, composition_identity, write_composed
 from engine.chat.jinja_template import JinjaTemplate
 from engine.chat.model_template import stop_token_id, template_for_model
+from engine.chat.options import ChatOptions
 from engine.chat.speculation import run_speculative
 from engine.chat.templates import Message, Template
+from engine.chat.turn import Turn, TurnRequest, TurnResult
 from engine.errors import ContextFull, InvalidPrefix
 from engine.kv import persist as kv_persist
-from engine.kv.cache import KvCache, KvDtype
+from engine.kv.cache import KvCache
 from engine.kv.sidecar_writer import WRITER
 from engine.models.transformer import UBATCH, Transformer
-from engine.models.validate import check_logits
-from engine.sampling import LogitProcessor, Sampler, SamplerConfig
-from engine.speculative import SpeculativeStream, Stats as SpecStats
-from engine.sampling.grammar import Grammar, grammar_processor
+from engine.sampling import Sampler
+from engine.speculative import SpeculativeStream
+from engine.sampling.grammar import grammar_processor
 from engine.tokenize import StreamDecoder, Tokenizer, load_tokenizer
-
-
-@dataclass(frozen=True)
-class ChatOptions:
-    system: str | None = None
-    capacity: int = 4096                 # KV positions; the whole conversation must fit
-    kv_dtype: KvDtype | str = KvDtype.F16
-    max_tokens: int = 1024               # per reply
-    think_off: bool = False              # render with the reasoning channel closed (ChatML, Gemma 4)
-    sampler: SamplerConfig = SamplerConfig()
-    extra_stop_ids: tuple[int, ...] = ()
-    stop_sequences: tuple[str, ...] = ()  # a reply stops before the token that completes one
-    processor: LogitProcessor | None = None  # re-armed (reset) at every turn start
-    speculation: bool = False  # decode replies speculatively (engine.chat.speculation): same output, fewer forwards
-    grammar: Grammar | None = None  # every reply follows it and ends on the stop marker (instead of processor)
-
-    def __post_init__(self):
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if any(not s for s in self.stop_sequences):
-            raise ValueError("stop sequences must not be empty")
-        if self.grammar is not None and self.processor is not None:
-            raise ValueError("a chat takes a grammar or a logit processor, not both")
-
-
-@dataclass
-class TurnStats:
-    prompt_tokens: int = 0     # the context the reply is conditioned on (after the prefix): reused + prefilled
-    reused_tokens: int = 0     # already in the KV cache, not prefilled again
-    prefilled_tokens: int = 0
-    generated_tokens: int = 0  # committed reply tokens (a stop token is not one)
-    prefill_ms: float = 0.0
-    ttft_ms: float = 0.0       # turn start to the first sampled token
-    decode_tps: float = 0.0    # sampled tokens per second after the first
-    spec: SpecStats | None = None  # the speculative decoder's counts, on a speculative turn
-
-
-@dataclass
-class TurnResult:
-    text: str
-    token_ids: list[int]
-    finish_reason: str  # stop | stop_sequence | length | length_closed | context | cancelled | error
-    fired_stop: int | None = None  # index into stop_sequences when one ended the reply
-    stats: TurnStats = field(default_factory=TurnStats)
-    error: BaseException | None = None
-    # a JSON schema reply's violations of the keywords not enforced while writing (checked after it)
-    schema_warnings: tuple[str, ...] = ()
 
 
 @dataclass
@@ -109,14 +63,6 @@ class DecodeStep:
     """A batched turn's next token to forward into its conversation's cache (send_tokens(batched=True))."""
     token: int
     cache: KvCache
-
-
-@dataclass
-class _Request:
-    ids: list[int]
-    reuse: bool             # reconcile with the cache by longest common prefix (ids are a full render)
-    user: str | None = None  # the user message, when the turn came from send()
-    on_prefill: Callable[[int, int], None] | None = None  # (tokens fed, tokens to feed), between slices
 
 
 class Conversation:
@@ -307,23 +253,23 @@ class Conversation:
         steps of several conversations: engine.service) and sends the step's logits row back."""
         if not len(ids):
             raise ValueError("the prompt is empty")
-        return self._stream(_Request([int(t) for t in ids], reuse, on_prefill=on_prefill), cancel, batched)
+        return self._stream(TurnRequest([int(t) for t in ids], reuse, on_prefill=on_prefill), cancel, batched)
 
-    def _user_request(self, user: str) -> _Request:
+    def _user_request(self, user: str) -> TurnRequest:
         if isinstance(self.template, Template):
             first = not self._history
             text = self.template.render_turn(user, system=self.system, first=first,
                                              think_off=self.options.think_off)
             ids = self.tokenizer.encode(text, add_special=first and self.prefix_rows == 0)
-            return _Request(ids, reuse=False, user=user)
+            return TurnRequest(ids, reuse=False, user=user)
         system = [Message("system", self.system)] if self.system is not None else []
         text = self.template.render_messages([*system, *self.messages, Message("user", user)],
                                              think_off=self.options.think_off)
-        return _Request(self.tokenizer.encode(text, add_special=self.prefix_rows == 0), reuse=True, user=user)
+        return TurnRequest(self.tokenizer.encode(text, add_special=self.prefix_rows == 0), reuse=True, user=user)
 
-    def _stream(self, request: _Request, cancel: threading.Event | None,
+    def _stream(self, request: TurnRequest, cancel: threading.Event | None,
                 batched: bool = False) -> Generator[str | DecodeStep, np.ndarray | None, None]:
-        turn = _Turn(self, request, cancel)
+        turn = Turn(self, request, cancel)
         logits = turn.prefill()
         if turn.done:  # stopped during the prefill
             return
@@ -352,7 +298,7 @@ class Conversation:
                 turn.end("cancelled" if isinstance(e, (GeneratorExit, KeyboardInterrupt)) else "error", e)
             raise
 
-    def _prefill(self, request: _Request, cancel: threading.Event | None) -> tuple[np.ndarray | None, int, int]:
+    def _prefill(self, request: TurnRequest, cancel: threading.Event | None) -> tuple[np.ndarray | None, int, int]:
         """Reconcile the cache with the request and feed what it lacks: (last logits, reused, fed). Logits
         None: `cancel` stopped the feed between two slices."""
         cache = self._live_cache()
@@ -417,120 +363,6 @@ class Conversation:
         return None
 
 
-class _Turn:
-    """One reply in progress: sampling, stop checks, streaming and statistics for one conversation."""
-
-    def __init__(self, convo: Conversation, request: _Request, cancel: threading.Event | None):
-        self.convo, self.request, self.cancel = convo, request, cancel
-        self.ids: list[int] = []
-        self.reply = b""
-        self.parts: list[str] = []
-        self.done = False
-        self.stats = TurnStats()
-        self._start = time.perf_counter()
-        self._sampled = 0
-        self._first_at = self._last_at = 0.0
-        convo.reply_tokens = 0
-
-    @property
-    def next_token(self) -> int:
-        return self.ids[-1]
-
-    def prefill(self) -> np.ndarray:
-        c = self.convo
-        if c.sampler.processor is not None:
-            c.sampler.processor.reset()
-            c.sampler.processor.set_budget(c.options.max_tokens)  # a grammar's reply ends whole within it
-        c._decoder.reset()
-        logits, reused, fed = c._prefill(self.request, self.cancel)
-        self.stats.prefill_ms = (time.perf_counter() - self._start) * 1e3
-        self.stats.reused_tokens, self.stats.prefilled_tokens = reused, fed
-        self.stats.prompt_tokens = reused + fed
-        if logits is None:
-            self.end("cancelled")
-        return logits
-
-    def accept(self, logits: np.ndarray) -> str:
-        """Sample the next token; return the text it completes (possibly "")."""
-        if self.cancelled():
-            self.end("cancelled")
-            return ""
-        token = self.sample(logits)
-        stop = self.stop_check(token)
-        if stop is not None:
-            self.end(stop[0], fired=stop[1])
-            return ""
-        self.convo._history.append(token)
-        text = self.commit(token)
-        if spent := self.budget_spent():
-            self.end(spent)
-        return text
-
-    # The steps of `accept`, shared with the speculative loop (engine.chat.speculation), which samples,
-    # checks and commits several tokens per forward.
-    def cancelled(self) -> bool:
-        return self.cancel is not None and self.cancel.is_set()
-
-    def sample(self, logits: np.ndarray) -> int:
-        """One draw from the conversation's sampler, conditioned on the committed history; a broken model's
-        non-finite logits fail the turn instead of being sampled."""
-        c = self.convo
-        check_logits(logits, c.prefix_rows + len(c._history) - 1)  # the row's position, in either loop
-        token = c.sampler.sample(logits, c._history)
-        self._count_sample()
-        return token
-
-    def stop_check(self, token: int) -> tuple[str, int | None] | None:
-        """(finish reason, fired stop sequence) when the sampled `token` ends the reply; it is then neither
-        committed nor streamed."""
-        return self.convo._ending(self.reply, token)
-
-    def commit(self, token: int) -> str:
-        """Add a token the history already holds to the reply; the text it completes."""
-        self.ids.append(token)
-        self.convo.reply_tokens = len(self.ids)
-        self.reply += self.convo.tokenizer.token_bytes(token)
-        text = self.convo._decoder.push(token)
-        self.parts.append(text)
-        return text
-
-    def budget_spent(self) -> str | None:
-        """The finish reason when the reply may not grow: its token budget, or no cache room to forward
-        the token just committed."""
-        c = self.convo
-        if len(self.ids) >= c.options.max_tokens:
-            return "length"
-        if c.cache.len >= c.cache.capacity:
-            return "context"
-        return None
-
-    def end(self, reason: str, error: BaseException | None = None, fired: int | None = None) -> None:
-        c = self.convo
-        if reason in ("length", "stop") and c.sampler.processor is not None and c.sampler.processor.closed_early:
-            reason = "length_closed"  # the grammar's document was closed to fit the limit
-        c._decoder.reset()  # a character the reply ends inside of is no text
-        self.done = True
-        s = self.stats
-        s.generated_tokens = len(self.ids)
-        if self._sampled > 1:
-            s.decode_tps = (self._sampled - 1) / max(self._last_at - self._first_at, 1e-9)
-        text = "".join(self.parts)
-        checked = c.options.grammar is not None and reason in ("stop", "length_closed")
-        warnings = tuple(map(str, c.options.grammar.check_reply(text))) if checked else ()
-        c.last_turn = TurnResult(text, self.ids, reason, fired, s, error, warnings)
-        if self.request.user is not None:
-            c.messages += [Message("user", self.request.user), Message("assistant", text)]
-        c._save()
-
-    def _count_sample(self) -> None:
-        now = time.perf_counter()
-        if not self._sampled:
-            self._first_at = now
-            self.stats.ttft_ms = (now - self._start) * 1e3
-        self._last_at = now
-        self._sampled += 1
-
-
 def send_batch(conversations: Sequence[Conversation], users: Sequence[str], *,
                sinks: Sequence[Callable[[str], None]] | None = None,
                cancel: threading.Event | None = None) -> list[TurnResult]:
@@ -545,8 +377,8 @@ def send_batch_rendered(conversations: Sequence[Conversation], rendered: Sequenc
                         sinks: Sequence[Callable[[str], None]] | None = None,
                         cancel: threading.Event | None = None) -> list[TurnResult]:
     """send_batch over full-history renders, each reconciled with its conversation's cache (reuse)."""
-    def request(c: Conversation) -> Callable[[str], _Request]:
-        return lambda text: _Request(c.tokenizer.encode(text, add_special=c.prefix_rows == 0), reuse=True)
+    def request(c: Conversation) -> Callable[[str], TurnRequest]:
+        return lambda text: TurnRequest(c.tokenizer.encode(text, add_special=c.prefix_rows == 0), reuse=True)
 
     return _lockstep(conversations, [request(c) for c in conversations], rendered, sinks, cancel)
 
@@ -554,7 +386,7 @@ def send_batch_rendered(conversations: Sequence[Conversation], rendered: Sequenc
 def _lockstep(convos: Sequence[Conversation], make_requests: Sequence[Callable], prompts: Sequence,
               sinks: Sequence[Callable[[str], None]] | None, cancel: threading.Event | None) -> list[TurnResult]:
     _check_batch(convos, prompts, sinks)
-    turns: list[_Turn | None] = [None] * len(convos)
+    turns: list[Turn | None] = [None] * len(convos)
     failed: dict[int, TurnResult] = {}
 
     def advance(i: int, logits: np.ndarray) -> None:
@@ -568,7 +400,7 @@ def _lockstep(convos: Sequence[Conversation], make_requests: Sequence[Callable],
 
     for i, (convo, make_request, prompt) in enumerate(zip(convos, make_requests, prompts)):
         try:  # turn prefills run per stream
-            turn = _Turn(convo, make_request(prompt), cancel)
+            turn = Turn(convo, make_request(prompt), cancel)
             logits = turn.prefill()
         except Exception as e:  # isolated: this stream never started
             failed[i] = TurnResult("", [], "error", error=e)

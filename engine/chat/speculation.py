@@ -13,19 +13,17 @@ rebuilds), and the cost gate over the verify-cost table measured for the model o
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
+from engine.chat.turn import Turn
 from engine.speculative.constrained import grammar_aware
 from engine.speculative.source import DraftSource, last_forced, match_len, truncate_pending, wants_top_k
 from engine.speculative.stream import SpeculativeStream
 
-if TYPE_CHECKING:
-    from engine.chat.conversation import _Turn
 
-
-def run_speculative(turn: "_Turn", stream: SpeculativeStream, logits: np.ndarray) -> Iterator[str]:
+def run_speculative(turn: Turn, stream: SpeculativeStream, logits: np.ndarray) -> Iterator[str]:
     """Decode the turn after its prefill (`logits`: the prefill's last row); yield its text per step."""
     c = turn.convo
     stream.index.sync(c._history)
@@ -68,7 +66,7 @@ class _TurnSampler:
     """The decoder's sampler: the turn's own sample step (the conversation's sampler, timed for the turn's
     statistics) over the history the decoder extends, which is the conversation's."""
 
-    def __init__(self, turn: "_Turn"):
+    def __init__(self, turn: Turn):
         self.turn = turn
 
     def sample(self, logits: np.ndarray, history: Sequence[int]) -> int:
@@ -80,7 +78,7 @@ class _TurnBoundary:
     token, or one completing a stop sequence after the reply and the draft before it). Such a token is
     never committed, so verifying rows past it is wasted work; the source is told its draft was shortened."""
 
-    def __init__(self, source: DraftSource, turn: "_Turn"):
+    def __init__(self, source: DraftSource, turn: Turn):
         self.source, self.turn = source, turn
         if wants_top_k(source):
             self.observe_top_k = source.observe_top_k

@@ -1,0 +1,197 @@
+"""One reply in progress (spec 13.8.2): the request it answers, its steps, and what it reports.
+
+A turn prefills what its conversation's cache lacks of the request, then takes one step per sampled token:
+sample -> stop check -> commit -> budget. The plain decode loop (engine.chat.conversation), the speculative
+one (engine.chat.speculation) and the lockstep batch (send_batch) all drive these same steps, so their
+replies agree token for token. At its end a turn records its result on the conversation and brings the
+conversation's sidecar up to date.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import numpy as np
+
+from engine.chat.options import ChatOptions
+from engine.chat.templates import Message
+from engine.kv.cache import KvCache
+from engine.models.validate import check_logits
+from engine.sampling import Sampler
+from engine.speculative import Stats as SpecStats
+from engine.tokenize import StreamDecoder, Tokenizer
+
+
+@dataclass
+class TurnStats:
+    prompt_tokens: int = 0     # the context the reply is conditioned on (after the prefix): reused + prefilled
+    reused_tokens: int = 0     # already in the KV cache, not prefilled again
+    prefilled_tokens: int = 0
+    generated_tokens: int = 0  # committed reply tokens (a stop token is not one)
+    prefill_ms: float = 0.0
+    ttft_ms: float = 0.0       # turn start to the first sampled token
+    decode_tps: float = 0.0    # sampled tokens per second after the first
+    spec: SpecStats | None = None  # the speculative decoder's counts, on a speculative turn
+
+
+@dataclass
+class TurnResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # stop | stop_sequence | length | length_closed | context | cancelled | error
+    fired_stop: int | None = None  # index into stop_sequences when one ended the reply
+    stats: TurnStats = field(default_factory=TurnStats)
+    error: BaseException | None = None
+    # a JSON schema reply's violations of the keywords not enforced while writing (checked after it)
+    schema_warnings: tuple[str, ...] = ()
+
+
+@dataclass
+class TurnRequest:
+    ids: list[int]
+    reuse: bool             # reconcile with the cache by longest common prefix (ids are a full render)
+    user: str | None = None  # the user message, when the turn came from send()
+    on_prefill: Callable[[int, int], None] | None = None  # (tokens fed, tokens to feed), between slices
+
+
+class TurnOwner(Protocol):
+    """What a turn reads and changes of its conversation (engine.chat.conversation.Conversation, which imports
+    this module). The turn is a part of the conversation's work, so it reaches the conversation's own state."""
+
+    options: ChatOptions
+    sampler: Sampler
+    tokenizer: Tokenizer
+    cache: KvCache
+    prefix_rows: int
+    reply_tokens: int
+    last_turn: TurnResult | None
+    messages: list[Message]
+    _history: list[int]
+    _decoder: StreamDecoder
+    _stop_sequences: list[bytes]
+
+    def _prefill(self, request: TurnRequest, cancel: threading.Event | None) -> tuple[np.ndarray | None, int, int]:
+        ...
+
+    def _ending(self, reply: bytes, token: int) -> tuple[str, int | None] | None:
+        ...
+
+    def _save(self) -> None:
+        ...
+
+
+class Turn:
+    """One reply in progress: sampling, stop checks, streaming and statistics for one conversation."""
+
+    def __init__(self, convo: TurnOwner, request: TurnRequest, cancel: threading.Event | None):
+        self.convo, self.request, self.cancel = convo, request, cancel
+        self.ids: list[int] = []
+        self.reply = b""
+        self.parts: list[str] = []
+        self.done = False
+        self.stats = TurnStats()
+        self._start = time.perf_counter()
+        self._sampled = 0
+        self._first_at = self._last_at = 0.0
+        convo.reply_tokens = 0
+
+    @property
+    def next_token(self) -> int:
+        return self.ids[-1]
+
+    def prefill(self) -> np.ndarray:
+        c = self.convo
+        if c.sampler.processor is not None:
+            c.sampler.processor.reset()
+            c.sampler.processor.set_budget(c.options.max_tokens)  # a grammar's reply ends whole within it
+        c._decoder.reset()
+        logits, reused, fed = c._prefill(self.request, self.cancel)
+        self.stats.prefill_ms = (time.perf_counter() - self._start) * 1e3
+        self.stats.reused_tokens, self.stats.prefilled_tokens = reused, fed
+        self.stats.prompt_tokens = reused + fed
+        if logits is None:
+            self.end("cancelled")
+        return logits
+
+    def accept(self, logits: np.ndarray) -> str:
+        """Sample the next token; return the text it completes (possibly "")."""
+        if self.cancelled():
+            self.end("cancelled")
+            return ""
+        token = self.sample(logits)
+        stop = self.stop_check(token)
+        if stop is not None:
+            self.end(stop[0], fired=stop[1])
+            return ""
+        self.convo._history.append(token)
+        text = self.commit(token)
+        if spent := self.budget_spent():
+            self.end(spent)
+        return text
+
+    # The steps of `accept`, shared with the speculative loop (engine.chat.speculation), which samples,
+    # checks and commits several tokens per forward.
+    def cancelled(self) -> bool:
+        return self.cancel is not None and self.cancel.is_set()
+
+    def sample(self, logits: np.ndarray) -> int:
+        """One draw from the conversation's sampler, conditioned on the committed history; a broken model's
+        non-finite logits fail the turn instead of being sampled."""
+        c = self.convo
+        check_logits(logits, c.prefix_rows + len(c._history) - 1)  # the row's position, in either loop
+        token = c.sampler.sample(logits, c._history)
+        self._count_sample()
+        return token
+
+    def stop_check(self, token: int) -> tuple[str, int | None] | None:
+        """(finish reason, fired stop sequence) when the sampled `token` ends the reply; it is then neither
+        committed nor streamed."""
+        return self.convo._ending(self.reply, token)
+
+    def commit(self, token: int) -> str:
+        """Add a token the history already holds to the reply; the text it completes."""
+        self.ids.append(token)
+        self.convo.reply_tokens = len(self.ids)
+        self.reply += self.convo.tokenizer.token_bytes(token)
+        text = self.convo._decoder.push(token)
+        self.parts.append(text)
+        return text
+
+    def budget_spent(self) -> str | None:
+        """The finish reason when the reply may not grow: its token budget, or no cache room to forward
+        the token just committed."""
+        c = self.convo
+        if len(self.ids) >= c.options.max_tokens:
+            return "length"
+        if c.cache.len >= c.cache.capacity:
+            return "context"
+        return None
+
+    def end(self, reason: str, error: BaseException | None = None, fired: int | None = None) -> None:
+        c = self.convo
+        if reason in ("length", "stop") and c.sampler.processor is not None and c.sampler.processor.closed_early:
+            reason = "length_closed"  # the grammar's document was closed to fit the limit
+        c._decoder.reset()  # a character the reply ends inside of is no text
+        self.done = True
+        s = self.stats
+        s.generated_tokens = len(self.ids)
+        if self._sampled > 1:
+            s.decode_tps = (self._sampled - 1) / max(self._last_at - self._first_at, 1e-9)
+        text = "".join(self.parts)
+        checked = c.options.grammar is not None and reason in ("stop", "length_closed")
+        warnings = tuple(map(str, c.options.grammar.check_reply(text))) if checked else ()
+        c.last_turn = TurnResult(text, self.ids, reason, fired, s, error, warnings)
+        if self.request.user is not None:
+            c.messages += [Message("user", self.request.user), Message("assistant", text)]
+        c._save()
+
+    def _count_sample(self) -> None:
+        now = time.perf_counter()
+        if not self._sampled:
+            self._first_at = now
+            self.stats.ttft_ms = (now - self._start) * 1e3
+        self._last_at = now
+        self._sampled += 1
