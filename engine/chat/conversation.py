@@ -17,14 +17,12 @@ conversations (send_batch), which stays plain.
 A conversation may be served behind attached documents (attach): their cartridges' KV rows fill the cache
 as the preloaded prefix, and their tokens become frozen draft references for speculation.
 
-With persistence on (enable_persistence), every turn's end brings the conversation's KV sidecar up to the
-cache, so a reopened chat resumes without prefilling again. The new positions are copied out at the turn's
-end and written by a background writer (engine.kv.sidecar_writer), so the disk never stalls a reply.
+With persistence on (enable_persistence), every turn's end brings the conversation's KV sidecar
+(engine.chat.sidecar) up to the cache, so a reopened chat resumes without prefilling again.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 from dataclasses import dataclass
@@ -36,13 +34,12 @@ from engine.cartridge.cartridge import Cartridge, composed_rows, composition_ide
 from engine.chat.jinja_template import JinjaTemplate
 from engine.chat.model_template import stop_token_id, template_for_model
 from engine.chat.options import ChatOptions
+from engine.chat.sidecar import Sidecar
 from engine.chat.speculation import run_speculative
 from engine.chat.templates import Message, Template
 from engine.chat.turn import Turn, TurnRequest, TurnResult
 from engine.errors import ContextFull, InvalidPrefix
-from engine.kv import persist as kv_persist
 from engine.kv.cache import KvCache
-from engine.kv.sidecar_writer import WRITER
 from engine.models.transformer import UBATCH, Transformer
 from engine.sampling import Sampler
 from engine.speculative import SpeculativeStream
@@ -86,9 +83,7 @@ class Conversation:
         self.cache.truncate(self.prefix_rows + len(self._history))
         self._apply_reply_options()
         self._decoder = StreamDecoder(tokenizer)
-        self._sidecar: tuple[str, bytes] | None = None  # (path, model fingerprint) once persistence is on
-        self._saved = 0  # leading cache positions the sidecar holds (or will, once its writes land)
-        self.sidecar_error: str | None = None  # why the last sidecar write failed; the next turn rewrites it
+        self._sidecar: Sidecar | None = None  # once persistence is on
         self._speculation: SpeculativeStream | None = None  # built at the first speculative turn (it may measure)
         self._references: list[Sequence[int]] = []  # attached documents' tokens, drafted from when speculating
         self._prefix_identity: bytes | None = None  # which cartridges built the prefix (attach)
@@ -124,11 +119,15 @@ class Conversation:
     def history(self) -> list[int]:
         return list(self._history)
 
+    @property
+    def sidecar_error(self) -> str | None:
+        """Why the last sidecar write failed, if it did; the next turn's end rewrites the sidecar whole."""
+        return None if self._sidecar is None else self._sidecar.error
+
     def reset(self) -> None:
         """Forget the chat (the preloaded prefix stays)."""
-        self._live_cache().truncate(self.prefix_rows)
+        self._truncate(self.prefix_rows)
         self._history, self.messages = [], []
-        self._saved = min(self._saved, self.prefix_rows)
         self._save()
 
     def declare_prefix(self, rows: int) -> None:
@@ -166,10 +165,9 @@ class Conversation:
         if self.prefix_rows or source.prefix_rows:
             raise InvalidPrefix("a conversation with a preloaded prefix neither gives nor takes a copied one")
         n = min(n, source_cache.len)
-        cache.truncate(0)
+        self._truncate(0)
         cache.copy_rows(source_cache, 0, n)
         self._history = source._history[:n]
-        self._saved = 0
 
     def take_cache(self) -> WarmState:
         """Release the cache and the tokens behind it (for another Conversation's `warm`); this
@@ -180,7 +178,7 @@ class Conversation:
         return state
 
     def enable_persistence(self, path: str | os.PathLike) -> int:
-        """Keep this chat's KV cache in a sidecar file (engine.kv.persist): once, before any turn. A saved
+        """Keep this chat's KV cache in a sidecar file (engine.chat.sidecar): once, before any turn. A saved
         conversation there of this model and cache geometry resumes (its tokens and KV rows, its prefix
         included; zero re-prefill); any other file starts over. Returns the resumed positions (0: a fresh
         start). Every turn then appends its new positions. The sidecar holds tokens, not messages: a model's
@@ -188,36 +186,29 @@ class Conversation:
         cache = self._live_cache()
         if self._sidecar is not None or self._history:
             raise RuntimeError("persistence is enabled once, on a conversation that has not had a turn yet")
-        fingerprint = kv_persist.model_fingerprint(self.model.file)
-        if self._prefix_identity is not None:  # behind cartridges: the file is this model's AND this prefix's
-            fingerprint = hashlib.sha256(fingerprint + self._prefix_identity).digest()
-        WRITER.flush()  # another conversation over this file may still be writing it
-        loaded = kv_persist.load(path, cache, fingerprint)
-        if loaded is None:  # a stale or foreign file must not become this conversation's
-            kv_persist.reset(path, cache, fingerprint, self.prefix_rows)
-        else:
+        self._sidecar, loaded = Sidecar.open(path, self.model.file, self._prefix_identity, cache, self.prefix_rows)
+        if loaded is not None:
             self._history, self.prefix_rows = loaded.tokens, loaded.prefix_rows
-        # A fresh file holds nothing yet: the first save writes from position 0, a declared prefix's rows
-        # included (starting at cache.len would leave the prefix unwritten and every later append refused).
-        self._sidecar, self._saved = (os.fspath(path), fingerprint), 0 if loaded is None else cache.len
         self._save()
         return 0 if loaded is None else cache.len
 
     def _save(self) -> None:
-        """Bring the sidecar up to the cache: hand the writer the positions from the first one the cache
-        replaced or added since the last save. A committed token the turn left unforwarded is forwarded
-        first: the sidecar holds positions only."""
+        """Bring the sidecar up to the cache. A committed token the turn left unforwarded is forwarded first:
+        the sidecar holds positions only."""
         if self._sidecar is None:
             return
-        (path, fingerprint), cache = self._sidecar, self.cache
+        cache = self.cache
         pending = self._history[cache.len - self.prefix_rows:]
         if pending and cache.len < cache.capacity:
             self.model.forward(pending, cache)
-        self.sidecar_error = WRITER.take_failure(path)
-        start = 0 if self.sidecar_error else self._saved
-        tokens = self._history[: cache.len - self.prefix_rows]
-        WRITER.submit(path, kv_persist.snapshot(cache, tokens, fingerprint, self.prefix_rows, start))
-        self._saved = cache.len
+        self._sidecar.save(cache, self._history[: cache.len - self.prefix_rows], self.prefix_rows)
+
+    def _truncate(self, positions: int) -> None:
+        """Keep the cache's first `positions`; the sidecar is rewritten from there at the next save."""
+        cache = self._live_cache()
+        cache.truncate(positions)
+        if self._sidecar is not None:
+            self._sidecar.rewind(cache.len)
 
     def _live_cache(self) -> KvCache:
         if self.cache is None:
@@ -312,15 +303,14 @@ class Conversation:
         if need > cache.capacity:
             raise ContextFull(f"context full: the conversation needs {need} positions but its context holds "
                               f"{cache.capacity}; start over (reset) or use a larger context")
-        cache.truncate(self.prefix_rows + keep)
-        self._saved = min(self._saved, cache.len)
+        self._truncate(self.prefix_rows + keep)
         feed = history[keep:]
         logits = self._feed(feed, cancel, request.on_prefill)
         if logits is None:
             if request.reuse:  # what was fed stays: a resend of this render resumes from it
                 self._history = list(history[: cache.len - self.prefix_rows])
             else:  # a part of a turn cannot stay under the turns that follow it
-                cache.truncate(self.prefix_rows + keep)
+                self._truncate(self.prefix_rows + keep)
             return None, keep, cache.len - self.prefix_rows - keep
         self._history = list(history)
         return logits, keep, len(feed)
