@@ -2,8 +2,8 @@
 
 A turn prefills what its conversation's cache lacks of the request, then takes one step per sampled token:
 sample -> stop check -> commit -> budget. The plain decode loop (engine.chat.conversation), the speculative
-one (engine.chat.speculation) and the lockstep batch (send_batch) all drive these same steps, so their
-replies agree token for token. At its end a turn records its result on the conversation and brings the
+one (engine.chat.speculation) and the lockstep batch (engine.chat.lockstep) all drive these same steps, so
+their replies agree token for token. At its end a turn records its result on the conversation and brings the
 conversation's sidecar up to date.
 """
 
