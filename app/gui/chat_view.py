@@ -78,10 +78,6 @@ class ChatView(QScrollArea):
         """The row after the window's last card."""
         return self._first + len(self.widgets)
 
-    def widget_of(self, message_id: str) -> MessageWidget | None:
-        """The card of a message, if it is built."""
-        return next((w for w in self.widgets if w.message_id == message_id), None)
-
     # -- the window of built cards -------------------------------------------------------------------
     def rebuild(self) -> None:
         """Cards for the newest rows, built afresh (another conversation, or another theme), at the bottom."""

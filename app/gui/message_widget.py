@@ -189,10 +189,6 @@ class MessageWidget(QWidget):
         self.actions_["delete"].clicked.connect(lambda: self.delete_requested.emit(self.message_id))
 
     # -- revealing the actions -----------------------------------------------------------------------
-    @property
-    def actions_revealed(self) -> bool:
-        return self._fade.opacity() > 0
-
     def set_actions_revealed(self, revealed: bool) -> None:
         self._fade.setOpacity(1.0 if revealed else 0.0)
 

@@ -197,6 +197,11 @@ def test_a_5000_message_conversation_opens_with_a_batch_of_cards_and_resets_once
     qtbot.waitUntil(lambda: view.verticalScrollBar().value() == view.verticalScrollBar().maximum())  # at the end
 
 
+def built_card(view: ChatView, message_id: str) -> MessageWidget | None:
+    """The card of a message, if the view has built it."""
+    return next((w for w in view.widgets if w.message_id == message_id), None)
+
+
 def top_card(view: ChatView, value: int | None = None) -> tuple[MessageWidget, int]:
     """The card at the top of the view (scrolled to `value`, default where it is), and how far below the
     view's top it starts."""
@@ -240,7 +245,7 @@ def test_a_search_hit_far_up_is_scrolled_to_and_highlighted_then_sending_returns
     assert window.current_id == window.long_id
     target = hit.data(HIT_MESSAGE_ROLE)
     assert window.chat_model.row_of(target) == 8
-    found = view.widget_of(target)
+    found = built_card(view, target)
     assert found is not None and found.card.property("found") is True  # outlined in the accent colour
     assert len(view.widgets) <= RENDER_BATCH  # a batch around the hit, not everything after it
 
