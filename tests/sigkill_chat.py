@@ -258,13 +258,15 @@ def _row_error(model, cache, tokens: list[int]) -> float:
     """The largest relative error of one position's rows (a layer's K or V) in the cache against the
     model's rows for `tokens` computed afresh. A reply's rows were decoded a token at a time and the
     fresh ones are prefilled at once, so they differ a little (about 0.05); a damaged row by about 1."""
+    from tests.kv_rows import keys_f32, values_f32
+
     n = len(tokens)
     fresh = model.new_cache(n, cache.dtype)
     model.forward(tokens, fresh)
     worst = 0.0
     for layer in range(cache.n_layers):
-        for got, want in ((cache.keys_f32(layer, n), fresh.keys_f32(layer, n)),
-                          (cache.values_f32(layer, n), fresh.values_f32(layer, n))):
+        for got, want in ((keys_f32(cache, layer, n), keys_f32(fresh, layer, n)),
+                          (values_f32(cache, layer, n), values_f32(fresh, layer, n))):
             with np.errstate(all="ignore"):
                 error = (np.linalg.norm((got - want).reshape(n, -1), axis=1)
                          / np.maximum(np.linalg.norm(want.reshape(n, -1), axis=1), 1e-6))

@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from engine.errors import KvCacheHeadDimNotBlockAligned, KvCacheOverflow, KvCacheShapeMismatch, KvDtypeUnsupported
-from kernels.backend import Q8_0_BLOCK, Backend, UnsupportedKvDtype, cpu_backend, kv_rows_f32
+from kernels.backend import Q8_0_BLOCK, Backend, UnsupportedKvDtype, cpu_backend
 
 
 class KvDtype(str, Enum):
@@ -91,24 +91,6 @@ class KvCache:
             raise KvCacheOverflow(f"rows up to {start + len(k_rows)} exceed the cache's capacity of {self.capacity}")
         self.store.write(layer, start, k_rows, v_rows)
 
-    def append_layer(self, layer: int, k_rows: np.ndarray, v_rows: np.ndarray) -> None:
-        """Write f32 rows [m, kv_heads, head_dim] at offset len. Does not advance: call
-        advance(m) once after every layer has been written."""
-        want = (self.kv_heads[layer], self.head_dims[layer])
-        for name, rows in (("K", k_rows), ("V", v_rows)):
-            if rows.ndim != 3 or rows.shape[1:] != want:
-                raise KvCacheShapeMismatch(
-                    f"layer {layer} {name} rows have shape {rows.shape}; the cache expects [m, {want[0]}, {want[1]}]"
-                )
-        m = k_rows.shape[0]
-        if v_rows.shape[0] != m:
-            raise KvCacheShapeMismatch(f"layer {layer}: {m} K rows but {v_rows.shape[0]} V rows")
-        if self.len + m > self.capacity:
-            raise KvCacheOverflow(
-                f"KV cache full: {self.len} + {m} positions exceed its capacity of {self.capacity}"
-            )
-        self.store.write_f32(layer, self.len, k_rows, v_rows)
-
     def advance(self, m: int) -> None:
         if self.len + m > self.capacity:
             raise KvCacheOverflow(f"KV cache full: cannot advance {self.len} by {m} (capacity {self.capacity})")
@@ -134,19 +116,6 @@ class KvCache:
             raise KvCacheOverflow(f"copy_rows to {end} exceeds capacity {self.capacity}")
         self.store.copy_from(src.store, start, end)
         self.len = end
-
-    def keys(self, layer: int, n: int | None = None) -> np.ndarray:
-        """Stored K rows [0, n) in storage form (uint16 f16 bits or q8_0 blocks)."""
-        return self.store.read(layer, 0, self.len if n is None else n)[0]
-
-    def values(self, layer: int, n: int | None = None) -> np.ndarray:
-        return self.store.read(layer, 0, self.len if n is None else n)[1]
-
-    def keys_f32(self, layer: int, n: int) -> np.ndarray:
-        return kv_rows_f32(self.dtype.value, self.keys(layer, n))
-
-    def values_f32(self, layer: int, n: int) -> np.ndarray:
-        return kv_rows_f32(self.dtype.value, self.values(layer, n))
 
     def byte_size(self) -> int:
         return self.store.nbytes()

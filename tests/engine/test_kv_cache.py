@@ -3,6 +3,7 @@ import pytest
 
 from engine.errors import KvCacheHeadDimNotBlockAligned, KvCacheOverflow, KvCacheShapeMismatch
 from engine.kv.cache import KvCache
+from tests.kv_rows import append_layer, keys_f32, stored_keys, stored_values, values_f32
 
 
 def rows(m, h=2, d=32, value=0.5):
@@ -12,29 +13,29 @@ def rows(m, h=2, d=32, value=0.5):
 @pytest.mark.parametrize("dtype", ["f16", "q8_0"])
 def test_append_advance_truncate(dtype):
     c = KvCache.uniform(1, 2, 32, 8, dtype)
-    c.append_layer(0, rows(3), rows(3, value=0.25))
+    append_layer(c, 0, rows(3), rows(3, value=0.25))
     assert c.len == 0  # append does not advance
     c.advance(3)
     assert c.len == 3
-    np.testing.assert_allclose(c.keys_f32(0, 3), 0.5, rtol=1e-2)
-    np.testing.assert_allclose(c.values_f32(0, 3), 0.25, rtol=1e-2)
+    np.testing.assert_allclose(keys_f32(c, 0, 3), 0.5, rtol=1e-2)
+    np.testing.assert_allclose(values_f32(c, 0, 3), 0.25, rtol=1e-2)
     c.truncate(1)
     assert c.len == 1
     c.truncate(5)  # at or above len: no-op
     assert c.len == 1
-    c.append_layer(0, rows(1, value=-1.0), rows(1))
+    append_layer(c, 0, rows(1, value=-1.0), rows(1))
     c.advance(1)
-    np.testing.assert_allclose(c.keys_f32(0, 2)[1], -1.0, rtol=1e-2)
+    np.testing.assert_allclose(keys_f32(c, 0, 2)[1], -1.0, rtol=1e-2)
 
 
 def test_overflow_and_shape_errors():
     c = KvCache.uniform(2, 2, 32, 4)
     with pytest.raises(KvCacheOverflow, match="capacity of 4"):
-        c.append_layer(0, rows(5), rows(5))
+        append_layer(c, 0, rows(5), rows(5))
     with pytest.raises(KvCacheShapeMismatch, match="expects"):
-        c.append_layer(0, rows(1, h=3), rows(1, h=3))
+        append_layer(c, 0, rows(1, h=3), rows(1, h=3))
     with pytest.raises(KvCacheShapeMismatch):
-        c.append_layer(1, rows(2), rows(1))
+        append_layer(c, 1, rows(2), rows(1))
 
 
 def test_q8_0_needs_block_aligned_head_dim():
@@ -45,10 +46,10 @@ def test_q8_0_needs_block_aligned_head_dim():
 
 def test_per_layer_geometry():
     c = KvCache([8, 2], [16, 64], 4)
-    c.append_layer(0, rows(1, 8, 16), rows(1, 8, 16))
-    c.append_layer(1, rows(1, 2, 64), rows(1, 2, 64))
+    append_layer(c, 0, rows(1, 8, 16), rows(1, 8, 16))
+    append_layer(c, 1, rows(1, 2, 64), rows(1, 2, 64))
     c.advance(1)
-    assert c.keys_f32(1, 1).shape == (1, 2, 64)
+    assert keys_f32(c, 1, 1).shape == (1, 2, 64)
 
 
 @pytest.mark.parametrize("dtype", ["f16", "q8_0"])
@@ -56,12 +57,12 @@ def test_copy_rows_adopts_a_prefix(dtype):
     src = KvCache.uniform(2, 2, 32, 8, dtype)
     rng = np.random.default_rng(0)
     for layer in range(2):
-        src.append_layer(layer, rng.normal(size=(5, 2, 32)).astype(np.float32), rows(5))
+        append_layer(src, layer, rng.normal(size=(5, 2, 32)).astype(np.float32), rows(5))
     src.advance(5)
     dst = KvCache.uniform(2, 2, 32, 8, dtype)
     dst.copy_rows(src, 0, 3)
     assert dst.len == 3
-    np.testing.assert_array_equal(dst.keys(1), src.keys(1, 3))
+    np.testing.assert_array_equal(stored_keys(dst, 1), stored_keys(src, 1, 3))
     with pytest.raises(KvCacheShapeMismatch, match="in order"):
         dst.copy_rows(src, 0, 2)
     with pytest.raises(KvCacheShapeMismatch, match="outside"):
@@ -75,9 +76,9 @@ def test_q8_0_storage_is_ggml_block_q8_0():
     from gguf.constants import GGMLQuantizationType as T
     x = np.random.default_rng(3).normal(size=(4, 2, 64)).astype(np.float32)
     c = KvCache.uniform(1, 2, 64, 4, "q8_0")
-    c.append_layer(0, x, x)
+    append_layer(c, 0, x, x)
     c.advance(4)
-    assert np.array_equal(c.keys(0).reshape(-1), quants.quantize(x.reshape(-1, 64), T.Q8_0).reshape(-1))
+    assert np.array_equal(stored_keys(c, 0).reshape(-1), quants.quantize(x.reshape(-1, 64), T.Q8_0).reshape(-1))
     assert c.byte_size() == 2 * 4 * 2 * 64 // 32 * 34
 
 
@@ -85,7 +86,7 @@ def test_q8_0_storage_is_ggml_block_q8_0():
 def test_rows_read_and_written_in_storage_form_round_trip(dtype):
     src = KvCache.uniform(2, 2, 32, 8, dtype)
     for layer in range(2):
-        src.append_layer(layer, rows(3, value=layer + 0.5), rows(3, value=-layer - 0.25))
+        append_layer(src, layer, rows(3, value=layer + 0.5), rows(3, value=-layer - 0.25))
     src.advance(3)
     dst = KvCache.uniform(2, 2, 32, 8, dtype)
     for layer in range(2):
@@ -94,13 +95,13 @@ def test_rows_read_and_written_in_storage_form_round_trip(dtype):
         dst.write_rows(layer, 0, k, v)
     dst.advance(2)
     for layer in range(2):
-        np.testing.assert_array_equal(dst.keys(layer), src.keys(layer)[1:3])
-        np.testing.assert_array_equal(dst.values(layer), src.values(layer)[1:3])
+        np.testing.assert_array_equal(stored_keys(dst, layer), stored_keys(src, layer)[1:3])
+        np.testing.assert_array_equal(stored_values(dst, layer), stored_values(src, layer)[1:3])
 
 
 def test_row_reads_and_writes_outside_the_cache_are_refused():
     c = KvCache.uniform(1, 2, 32, 4)
-    c.append_layer(0, rows(2), rows(2))
+    append_layer(c, 0, rows(2), rows(2))
     c.advance(2)
     with pytest.raises(KvCacheShapeMismatch, match=r"rows \[1, 3\) are outside the cache's 2 rows"):
         c.read_rows(0, 1, 3)

@@ -6,6 +6,7 @@ from engine.speculative.cascade import SpeculationIndex
 from engine.speculative.decoder import SpecOptions, SpeculativeDecoder
 from engine.speculative.target import CacheTarget
 from tests.engine.speculative.fakes import STOP, FakeModel
+from tests.kv_rows import append_layer
 
 
 class RowWiseModel:
@@ -19,7 +20,7 @@ class RowWiseModel:
         rows = []
         for t in tokens:
             k = np.full((1, 1, 2), float(t), dtype=np.float32)
-            cache.append_layer(0, k, k)
+            append_layer(cache, 0, k, k)
             cache.advance(1)
             held = cache.k[0][: cache.len, 0, 0].view(np.float16).astype(np.int64)
             rows.append(self.fake.logits(held.tolist()))
