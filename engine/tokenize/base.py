@@ -50,11 +50,8 @@ class Tokenizer(ABC):
 
     @property
     def eog_ids(self) -> frozenset[int]:
-        return self.vocab.eog_ids
-
-    def is_eog(self, token: int) -> bool:
         """End of generation: eos, and template end markers such as <|im_end|> or <end_of_turn>."""
-        return token in self.vocab.eog_ids
+        return self.vocab.eog_ids
 
     def token_id(self, piece: str) -> int | None:
         """The id of a token given its vocabulary text (e.g. "<|im_end|>"), or None."""

@@ -57,7 +57,7 @@ def test_bos_eos_policy():
     assert tok.encode("a") == [0, 2, 1]
     assert tok.encode("a", add_special=False) == [2]
     assert tok.encode("") == [0, 1]
-    assert tok.is_eog(1) and not tok.is_eog(0)
+    assert 1 in tok.eog_ids and 0 not in tok.eog_ids
 
 
 def test_decode_skips_special_on_request():
@@ -93,7 +93,7 @@ def test_metadata_defaults_follow_llama_cpp():
     }
     tok = load_tokenizer(md)
     assert (tok.bos_id, tok.eos_id, tok.add_bos) == (11, 11, True)  # llama.cpp's BPE defaults
-    assert tok.is_eog(20) and tok.vocab.types[20] == CONTROL  # promoted by its text
+    assert 20 in tok.eog_ids and tok.vocab.types[20] == CONTROL  # promoted by its text
     md["tokenizer.ggml.add_bos_token"] = False
     md["tokenizer.ggml.bos_token_id"] = np.uint32(3)
     tok = load_tokenizer(md)

@@ -59,4 +59,4 @@ def test_metadata_defaults_follow_llama_cpp():
     tok = load_tokenizer(md)
     assert (tok.bos_id, tok.eos_id, tok.vocab.unk_id, tok.add_bos) == (1, 2, 0, True)
     assert tok.encode("hi") == [1, 3]  # add_space_prefix defaults on
-    assert tok.is_eog(2)
+    assert 2 in tok.eog_ids
