@@ -9,10 +9,10 @@ positions [0, prefix_rows) for the prefix and the first `cache.len - prefix_rows
 may run one token ahead (a turn that ended on its token budget never forwarded its last token), and the
 next prefill feeds it first. Any error leaves that invariant intact, so a conversation stays resendable.
 The stop token that ends a reply is never committed: the next turn's render closes the turn itself.
-Each reply is a turn (engine.chat.turn): its steps (sample, stop check, commit, budget) drive the plain
-loop here, the speculative one (engine.chat.speculation, with `speculation` on), which runs them over verified
-drafts so that its output and its cache equal the plain turn's, and the lockstep batch of several
-conversations (engine.chat.lockstep).
+Each reply is a turn (engine.chat.turn), whose steps (sample, stop check, commit, budget) the plain loop
+here drives; so do the speculative loop, with `speculation` on (engine.chat.speculation: over verified
+drafts, with the plain turn's output and cache), and the lockstep batch of several conversations
+(engine.chat.lockstep).
 
 A conversation may be served behind attached documents (attach): their cartridges' KV rows fill the cache
 as the preloaded prefix, and their tokens become frozen draft references for speculation.
