@@ -13,9 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from numba import njit, prange
 
+from kernels.common.quant_blocks import KERNEL
 from kernels.cpu.fast_exp import exp32
 from kernels.cpu.float_dot import as_f32, dot
-from kernels.cpu.quant_blocks import KERNEL
 
 
 @njit(parallel=True, **KERNEL)

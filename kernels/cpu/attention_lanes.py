@@ -18,11 +18,11 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from kernels.common.quant_blocks import KERNEL
 from kernels.cpu.attention import decode_rows
 from kernels.cpu.fast_exp import exp32
 from kernels.cpu.int8_dot import multiply_add
 from kernels.cpu.int_gemm import _splat
-from kernels.cpu.quant_blocks import KERNEL
 
 LANES = 16
 _F32 = ir.FloatType()

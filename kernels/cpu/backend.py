@@ -14,8 +14,8 @@ import numpy as np
 from numba import typed
 
 from kernels.backend import Q8_0_BLOCK, Q8_0_BLOCK_BYTES, AttentionShape, LayerSpec, Segment
-from kernels.cpu import decode, ops, q8_0, quant, quant_dot
-from kernels.cpu import quant_generic as generic
+from kernels.common import gguf_weights, kv_rows, q8_0
+from kernels.cpu import decode, ops, quant, quant_dot
 from kernels.cpu.attention import attention_prefill
 from kernels.cpu.row_variants import RowVariants
 
@@ -48,18 +48,13 @@ class CpuKvStore:
     def row_layout(self, layer: int):
         return self.k[layer].dtype, self.k[layer].shape[1:]
 
-    def encode(self, rows: np.ndarray) -> np.ndarray:
-        if self.dtype == "f16":
-            return rows.astype(np.float16).view(np.uint16)
-        return q8_0.quantize(rows)
-
     def decode(self, stored: np.ndarray) -> np.ndarray:
         if self.dtype == "f16":
             return stored.view(np.float16).astype(np.float32)
         return q8_0.dequantize(stored)
 
     def write_f32(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> None:
-        self.write(layer, start, self.encode(k), self.encode(v))
+        self.write(layer, start, kv_rows.encode(self.dtype, k), kv_rows.encode(self.dtype, v))
 
     def write(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> None:
         self.k[layer][start : start + len(k)] = k
@@ -122,8 +117,7 @@ class CpuBackend:
     name = "cpu"
 
     def supports(self, qtype: int) -> bool:
-        # the generic path takes whatever gguf.quants can dequantize
-        return quant.has_native_kernel(qtype) or generic.supports(qtype)
+        return gguf_weights.supports(qtype)  # the generic path takes whatever gguf.quants can dequantize
 
     def upload_weight(self, qtype, raw, out_dim, in_dim, bias=None) -> CpuWeight:
         return CpuWeight(qtype, raw, out_dim, in_dim, bias)

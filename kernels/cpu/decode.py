@@ -27,13 +27,13 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
+from kernels.common.f16 import f32_to_f16_bits
+from kernels.common.q8_0 import dequantize_rows, quantize_row
+from kernels.common.quant_blocks import KERNEL
 from kernels.cpu import ops
 from kernels.cpu.attention import decode_rows
 from kernels.cpu.attention_lanes import attend_rows
-from kernels.cpu.f16 import f32_to_f16_bits
-from kernels.cpu.quant_blocks import KERNEL
 from kernels.cpu.quant_dot import parallel_chunks, products
-from kernels.cpu.q8_0 import dequantize_rows, quantize_row
 
 
 class Layer(NamedTuple):
@@ -186,7 +186,7 @@ def _ffn(formats, layer, h, threads, out):
 @njit(**KERNEL)
 def forward_rows(formats, x, layers, kcs, vcs, slots, positions, threads):
     """x [m, n_embd] (the rows' embeddings) += every layer's attention and FFN outputs, in place; row i's
-    keys and values are written to its cache at positions[i]. formats (kernels.cpu.formats) holds the types
+    keys and values are written to its cache at positions[i]. formats (kernels.common.formats) holds the types
     of every layer's weights."""
     n_layers = len(layers)
     h = np.empty_like(x)

@@ -17,9 +17,9 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from kernels.cpu.f16 import f16_bits_to_f32
+from kernels.common.f16 import f16_bits_to_f32
+from kernels.common.quant_blocks import KERNEL
 from kernels.cpu.int8_dot import multiply_add
-from kernels.cpu.quant_blocks import KERNEL
 
 _LANES = 8
 _F32 = ir.FloatType()

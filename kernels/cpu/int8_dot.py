@@ -28,7 +28,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from kernels.cpu.f16 import f16_bits_to_f32, f32_to_f16_bits
+from kernels.common.f16 import f16_bits_to_f32, f32_to_f16_bits
 
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 _AVX2 = bool(llvm.get_host_cpu_features().get("avx2"))

@@ -31,11 +31,11 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from kernels.cpu import formats
-from kernels.cpu import quant_blocks as qb
-from kernels.cpu.formats import switch
+from kernels.common import formats
+from kernels.common import quant_blocks as qb
+from kernels.common.formats import switch
+from kernels.common.quant_blocks import KERNEL, k_scale_min, load_f16
 from kernels.cpu.int8_dot import _fifth_bits, _low_high
-from kernels.cpu.quant_blocks import KERNEL, k_scale_min, load_f16
 
 _FEATURES = llvm.get_host_cpu_features()
 _AVX512 = bool(_FEATURES.get("avx512bw"))

@@ -20,18 +20,18 @@ Two products, with different numerics:
 
 from __future__ import annotations
 
-import functools
 from itertools import accumulate
 
 import numba
 import numpy as np
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from kernels import blas_core
-from kernels.cpu import formats, int_gemm
-from kernels.cpu import quant_blocks as blocks
+from kernels.common import formats
+from kernels.common import quant_blocks as blocks
+from kernels.common import quant_generic as generic
+from kernels.common.gguf_weights import checked, decode, has_native_kernel, type_name
+from kernels.cpu import int_gemm
 from kernels.cpu import quant_dot as dot
-from kernels.cpu import quant_generic as generic
 
 _TILE_BYTES = 4 << 20  # float32 tile of dequantized rows in GEMMs: big enough for sgemm, fits in L3
 # matmul inputs up to this many rows use the block kernels (weights read once, int8 dots, each weight
@@ -41,14 +41,6 @@ _MATVEC_MAX_ROWS = 16
 
 _PARALLEL_MIN_BYTES = dot.PARALLEL_MIN_BYTES
 _threads: int | None = None  # None: follow numba's own setting
-
-
-class UnsupportedQuantType(ValueError):
-    """A GGML type that neither the native kernels nor gguf.quants can multiply."""
-
-
-def has_native_kernel(qtype: int) -> bool:
-    return qtype in blocks.NATIVE_TYPES
 
 
 def set_num_threads(n: int) -> None:
@@ -71,50 +63,6 @@ def threads() -> int:
 # --- validation ---------------------------------------------------------------
 
 
-def _type_name(qtype: int) -> str:
-    try:
-        return GGMLQuantizationType(qtype).name
-    except ValueError:
-        return f"unknown type id {qtype}"
-
-
-@functools.cache
-def _block_geometry(qtype: int) -> tuple[int, int]:
-    """(weights, bytes) per block, or UnsupportedQuantType."""
-    if not (has_native_kernel(qtype) or generic.supports(qtype)):
-        raise UnsupportedQuantType(
-            f"GGML type {_type_name(qtype)} has no CPU kernel and gguf.quants cannot dequantize it"
-        )
-    return GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
-
-
-def _readonly(a: np.ndarray) -> np.ndarray:
-    """A read-only view: mmapped weights are read-only, so every array reaches Numba as one type."""
-    if not a.flags.writeable:
-        return a
-    v = a.view()
-    v.flags.writeable = False
-    return v
-
-
-def _weight(qtype: int, w: np.ndarray) -> tuple[np.ndarray, int]:
-    """Checked weight (read-only view) and its column count."""
-    block_elems, block_bytes = _block_geometry(qtype)
-    if not isinstance(w, np.ndarray) or w.dtype != np.uint8 or w.ndim != 2:
-        shape, dtype = getattr(w, "shape", None), getattr(w, "dtype", type(w).__name__)
-        raise ValueError(
-            f"a {_type_name(qtype)} weight must be a uint8 [rows, row_bytes] array, got {dtype} with shape {shape}"
-        )
-    if not w.flags.c_contiguous:
-        raise ValueError(f"a {_type_name(qtype)} weight must be C-contiguous (shape {w.shape}, strides {w.strides})")
-    if w.shape[1] % block_bytes:
-        raise ValueError(
-            f"a {_type_name(qtype)} weight of shape {w.shape} has rows of {w.shape[1]} bytes, "
-            f"not a whole number of {block_bytes}-byte blocks"
-        )
-    return _readonly(w), w.shape[1] // block_bytes * block_elems
-
-
 def _inputs(x: np.ndarray, ndim: int, cols: int, w: np.ndarray, qtype: int) -> np.ndarray:
     """x as writable contiguous float32 (the type the fused kernels pass, so the product kernels compile
     once) whose last axis matches the weight's columns."""
@@ -122,19 +70,11 @@ def _inputs(x: np.ndarray, ndim: int, cols: int, w: np.ndarray, qtype: int) -> n
     if x.ndim != ndim or x.shape[-1] != cols:
         expected = f"[{cols}]" if ndim == 1 else f"[n, {cols}]"
         raise ValueError(
-            f"input of shape {x.shape} does not fit a {_type_name(qtype)} weight of shape {w.shape} "
+            f"input of shape {x.shape} does not fit a {type_name(qtype)} weight of shape {w.shape} "
             f"({cols} columns): expected {expected}"
         )
     x = np.ascontiguousarray(x, dtype=np.float32)
     return x if x.flags.writeable else x.copy()
-
-
-def _row_range(w: np.ndarray, start: int, stop: int | None) -> tuple[int, int]:
-    rows = w.shape[0]
-    stop = rows if stop is None else stop
-    if not 0 <= start <= stop <= rows:
-        raise ValueError(f"row range [{start}, {stop}) is outside a weight of shape {w.shape}")
-    return start, stop
 
 
 # --- public API -----------------------------------------------------------------
@@ -142,12 +82,12 @@ def _row_range(w: np.ndarray, start: int, stop: int | None) -> tuple[int, int]:
 
 def kernel_weight(qtype: int, w: np.ndarray) -> np.ndarray:
     """The checked read-only view of w that fused kernels take (as matvec checks it)."""
-    return _weight(qtype, w)[0]
+    return checked(qtype, w)[0]
 
 
 def matvec(qtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """y[r] = sum_c W[r, c] * x[c] as float32 [rows] (written into `out` when given)."""
-    w, cols = _weight(qtype, w)
+    w, cols = checked(qtype, w)
     x = _inputs(x, 1, cols, w, qtype)
     n_rows = w.shape[0]
     if out is None:
@@ -160,7 +100,7 @@ def matvec(qtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray | None = No
 
 def rows(qtype: int, w: np.ndarray, X: np.ndarray) -> np.ndarray:
     """X float32 [n, cols] -> X @ W.T, float32 [n, rows], row i bitwise equal to matvec(w, X[i])."""
-    w, cols = _weight(qtype, w)
+    w, cols = checked(qtype, w)
     X = _inputs(X, 2, cols, w, qtype)
     Y = np.empty((X.shape[0], w.shape[0]), np.float32)
     _rows_into(qtype, (w,), X, Y)
@@ -169,7 +109,7 @@ def rows(qtype: int, w: np.ndarray, X: np.ndarray) -> np.ndarray:
 
 def matmul(qtype: int, w: np.ndarray, X: np.ndarray) -> np.ndarray:
     """X float32 [n, cols] -> X @ W.T, float32 [n, rows]."""
-    w, cols = _weight(qtype, w)
+    w, cols = checked(qtype, w)
     X = _inputs(X, 2, cols, w, qtype)
     n, rows = X.shape[0], w.shape[0]
     Y = np.empty((n, rows), np.float32)
@@ -186,19 +126,12 @@ def matmul(qtype: int, w: np.ndarray, X: np.ndarray) -> np.ndarray:
 
 def gather_rows(qtype: int, w: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """Rows W[ids] as float32 [len(ids), cols] (the embedding lookup)."""
-    w, cols = _weight(qtype, w)
+    w, cols = checked(qtype, w)
     ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
     if ids.size and (ids.min() < 0 or ids.max() >= w.shape[0]):
         bad = ids[(ids < 0) | (ids >= w.shape[0])][0]
-        raise IndexError(f"row {bad} is outside a {_type_name(qtype)} weight with {w.shape[0]} rows")
-    return _decode(qtype, w, ids, cols)
-
-
-def dequantize(qtype: int, w: np.ndarray, row_start: int = 0, row_stop: int | None = None) -> np.ndarray:
-    """Rows row_start..row_stop as float32 [rows, cols]."""
-    w, cols = _weight(qtype, w)
-    start, stop = _row_range(w, row_start, row_stop)
-    return _decode(qtype, w, np.arange(start, stop, dtype=np.int64), cols)
+        raise IndexError(f"row {bad} is outside a {type_name(qtype)} weight with {w.shape[0]} rows")
+    return decode(qtype, w, ids, cols)
 
 
 # --- paths ----------------------------------------------------------------------
@@ -219,15 +152,6 @@ def _rows_into(qtype: int, ws: tuple[np.ndarray, ...], X: np.ndarray, Y: np.ndar
     elif X.shape[0]:
         chunks = threads() if sum(w.nbytes for w in ws) >= _PARALLEL_MIN_BYTES else 1
         dot.products(formats.of([qtype]), *dot.stack([qtype] * len(ws), ws), X, Y, chunks)
-
-
-def _decode(qtype: int, w: np.ndarray, ids: np.ndarray, cols: int) -> np.ndarray:
-    """W[ids] as float32 [len(ids), cols]."""
-    if not has_native_kernel(qtype):
-        return generic.dequantize_rows(qtype, w[ids])
-    out = np.empty((ids.shape[0], cols), np.float32)
-    blocks.decode_rows(formats.of([qtype]), qtype, w, ids, out, blocks.N16)
-    return out
 
 
 def _dequantized_tiles(qtype: int, w: np.ndarray, cols: int):

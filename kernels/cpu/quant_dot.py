@@ -25,15 +25,15 @@ delete the `__pycache__/*.nb*` files).
 import numpy as np
 from numba import njit, prange
 
-from kernels.cpu import int8_dot, row_lanes
-from kernels.cpu.f16 import f16_bits_to_f32
-from kernels.cpu.formats import ByLanes, switch
-from kernels.cpu.int8_dot import (
-    rows_dot_q4_0, rows_dot_q4_1, rows_dot_q4_k, rows_dot_q5_0, rows_dot_q5_1, rows_dot_q6_k, rows_dot_q8_0,
-)
-from kernels.cpu.quant_blocks import (
+from kernels.common.f16 import f16_bits_to_f32
+from kernels.common.formats import ByLanes, switch
+from kernels.common.quant_blocks import (
     BF16, F16, F32, KERNEL, KERNEL_ONCE, N16, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
     bits, idx, join, k_scale_min, load_f16, q3_k_scale, span,
+)
+from kernels.cpu import int8_dot, row_lanes
+from kernels.cpu.int8_dot import (
+    rows_dot_q4_0, rows_dot_q4_1, rows_dot_q4_k, rows_dot_q5_0, rows_dot_q5_1, rows_dot_q6_k, rows_dot_q8_0,
 )
 
 # smaller weights run on the calling thread: a parallel launch costs more than it saves
@@ -351,7 +351,7 @@ def products(formats, qtypes, ws, X, Y, chunks):
     """Y[n] = the stacked products of the weights in ws with X[n], for every row n of X (float32 [m, cols],
     C-contiguous; Y [m, total rows]), split over `chunks` threads. Row n's outputs are computed exactly as
     for X[n] alone (the same activations, the same dot, the same order), whatever m and the chunks.
-    (qtypes, ws) come from `stack`; formats (kernels.cpu.formats) holds every type in qtypes."""
+    (qtypes, ws) come from `stack`; formats (kernels.common.formats) holds every type in qtypes."""
     starts = np.zeros(len(ws) + 1, np.int64)
     for i in range(len(ws)):
         starts[i + 1] = starts[i] + ws[i].shape[0]

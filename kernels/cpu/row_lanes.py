@@ -26,11 +26,11 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from kernels.common import quant_blocks as qb
+from kernels.common.quant_blocks import k_scale_min
 from kernels.cpu import int_gemm
-from kernels.cpu.int_gemm import _splat
-from kernels.cpu import quant_blocks as qb
 from kernels.cpu.int8_dot import _call, multiply_add
-from kernels.cpu.quant_blocks import k_scale_min
+from kernels.cpu.int_gemm import _splat
 
 ROWS = 16        # weight rows per tile: one int32 lane each in a 512-bit vector
 _QUADS = 8       # groups of four values per block of 32

@@ -1,6 +1,6 @@
 """A row-wise kernel in two compiled variants: the decode one first, the verify one in the background after.
 
-A format set with the lanes (kernels.cpu.formats) compiles the vector-lane code for many rows (row_lanes,
+A format set with the lanes (kernels.common.formats) compiles the vector-lane code for many rows (row_lanes,
 attention_lanes) into the forward. A one-row decode never runs that code, and compiling it before the
 first reply made a fresh kernel cache wait about half again as long for the first token. So a call of one
 row runs the variant without the lanes, and a call of more rows the variant with them once it is
@@ -16,7 +16,7 @@ import threading
 
 from numba import typeof
 
-from kernels.cpu import formats
+from kernels.common import formats
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,7 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType as T
 
 from kernels.backend import Q8_0_BLOCK, Q8_0_BLOCK_BYTES, AttentionShape, BackendUnavailable, Segment
-from kernels.cpu import quant as cpu_quant
-from kernels.cpu.backend import CpuBackend, CpuKvStore
+from kernels.common import gguf_weights, kv_rows
 from kernels.cuda import kernels as k
 from kernels.cuda.formats import DECODERS, FLOAT_VIEWS
 
@@ -28,7 +27,6 @@ try:
 except ImportError as e:  # numba without numba-cuda (the optional `cuda` extra)
     raise ImportError(f"numba-cuda is not installed ({e})") from None
 
-_CPU = CpuBackend()
 _PREFILL_TILED_ROWS = 4  # prefill products over more rows than this use the tiled kernel
 
 
@@ -48,7 +46,6 @@ class CudaKvStore:
 
     def __init__(self, kv_heads: Sequence[int], head_dims: Sequence[int], capacity: int, dtype: str):
         self.dtype, self.capacity = dtype, capacity
-        self._cpu = CpuKvStore([1], [head_dims[0]], 1, dtype)  # its encoder, for write_f32
         values = np.float16 if dtype == "f16" else np.int8
         # per layer and for K then V: (values, scales); an f16 cache passes its values as the unused scales
         self.layers = [[self._alloc(capacity, h, d, values) for _ in "kv"] for h, d in zip(kv_heads, head_dims)]
@@ -65,7 +62,7 @@ class CudaKvStore:
         return np.dtype(dtype), (self.layers[layer][0][0].shape[1], self.widths[layer])
 
     def write_f32(self, layer: int, start: int, k_rows: np.ndarray, v_rows: np.ndarray) -> None:
-        self.write(layer, start, self._cpu.encode(k_rows), self._cpu.encode(v_rows))
+        self.write(layer, start, kv_rows.encode(self.dtype, k_rows), kv_rows.encode(self.dtype, v_rows))
 
     def write(self, layer: int, start: int, k_rows: np.ndarray, v_rows: np.ndarray) -> None:
         for (values, scales), rows in zip(self.layers[layer], (k_rows, v_rows)):
@@ -122,11 +119,11 @@ class CudaBackend:
         self._positions = (None, None)  # the last positions uploaded (host, device): every layer reuses them
 
     def supports(self, qtype: int) -> bool:
-        return qtype in DECODERS or _CPU.supports(qtype)  # the others widened by the CPU's dequantizer
+        return qtype in DECODERS or gguf_weights.supports(qtype)  # the others widened on the host
 
     def upload_weight(self, qtype, raw, out_dim, in_dim, bias=None) -> CudaWeight:
         if qtype not in DECODERS:  # widened once on the host
-            raw, qtype = cpu_quant.dequantize(qtype, raw), int(T.F32)
+            raw, qtype = gguf_weights.dequantize(qtype, raw), int(T.F32)
         view = FLOAT_VIEWS.get(qtype)
         data = np.asarray(raw) if view is None else np.asarray(raw).view(view).reshape(out_dim, in_dim)
         b = np.zeros(out_dim, np.float32) if bias is None else np.asarray(bias, np.float32)

@@ -2,7 +2,7 @@
 
 A weight arrives as the array its format is read from: F32 as float32 [rows, cols], F16 as float16
 [rows, cols], BF16 as uint16 bit patterns, every block format as its uint8 bytes [rows, row_bytes]
-(GGML's block layouts, as kernels/cpu/quant_blocks.py reads them). Decoding one value at a time keeps
+(GGML's block layouts, as kernels/common/quant_blocks.py reads them). Decoding one value at a time keeps
 each format a few lines; the products (kernels.py) call them over a row or a tile.
 """
 

@@ -16,8 +16,7 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType as T
 
 from kernels.backend import Q8_0_BLOCK, Q8_0_BLOCK_BYTES, AttentionShape, BackendUnavailable, Segment, kv_rows_f32
-from kernels.cpu import q8_0, quant
-from kernels.cpu import quant_generic as generic
+from kernels.common import gguf_weights, kv_rows, q8_0
 from kernels.gpu import ops
 from kernels.gpu.device import Gpu, GpuUnavailable, gpu
 
@@ -81,10 +80,7 @@ class GpuKvStore:
         return np.dtype(np.uint8), (h, d // Q8_0_BLOCK * Q8_0_BLOCK_BYTES)
 
     def write_f32(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> None:
-        if self.dtype == "f16":
-            self.write(layer, start, k.astype(np.float16).view(np.uint16), v.astype(np.float16).view(np.uint16))
-        else:
-            self.write(layer, start, q8_0.quantize(k), q8_0.quantize(v))
+        self.write(layer, start, kv_rows.encode(self.dtype, k), kv_rows.encode(self.dtype, v))
 
     def write(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> None:
         offset = start * self.width(layer) * self._item
@@ -125,13 +121,13 @@ class GpuBackend:
     # -- resident data
 
     def supports(self, qtype: int) -> bool:
-        return ops.supports(qtype) or quant.has_native_kernel(qtype) or generic.supports(qtype)
+        return ops.supports(qtype) or gguf_weights.supports(qtype)
 
     def upload_weight(self, qtype, raw, out_dim, in_dim, bias=None) -> GpuWeight:
         if ops.supports(qtype):
             resident = ops.upload_weight(self.gpu, qtype, raw)
         else:  # no shader reads it: widened once (exact, at 4 bytes a weight)
-            resident = ops.upload_weight(self.gpu, T.F32, quant.dequantize(qtype, raw).view(np.uint8))
+            resident = ops.upload_weight(self.gpu, T.F32, gguf_weights.dequantize(qtype, raw).view(np.uint8))
         return GpuWeight(qtype, out_dim, in_dim, resident, None if bias is None else self.gpu.upload(
             np.ascontiguousarray(bias, np.float32)))
 

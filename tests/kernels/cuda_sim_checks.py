@@ -18,7 +18,7 @@ from app.cli import main
 from engine.models import load_model
 import kernels.backend as seam
 from kernels.backend import select_backend
-from kernels.cpu import quant
+from kernels.common import gguf_weights
 from tests.quant_weights import random_weight
 from tests.synthetic import write_tiny_model
 
@@ -34,8 +34,8 @@ def _format(qtype, cpu, cuda_be, rng) -> dict:
     x = rng.standard_normal((PREFILL_ROWS, cols)).astype(np.float32)
     w_cpu = cpu.upload_weight(int(qtype), raw, OUT, cols, bias)
     w_dev = cuda_be.upload_weight(int(qtype), raw, OUT, cols, bias)
-    # exact: the CPU's own decoding of the blocks, multiplied in float64
-    dense = quant.dequantize(int(qtype), raw).astype(np.float64)
+    # exact: the host's decoding of the blocks (kernels.common), multiplied in float64
+    dense = gguf_weights.dequantize(int(qtype), raw).astype(np.float64)
     exact = x @ dense.T + bias
     # the size of a float32 sum's rounding: each of `cols` additions may lose half an ulp of the running sum
     bound = cols * 2.0 ** -24 * (np.abs(x) @ np.abs(dense).T + np.abs(bias))

@@ -1,6 +1,6 @@
 """Processes compiling one function into one Numba cache at once leave every signature its own machine code.
 
-Without the lock (kernels/cpu/cache_lock.py) this failed in most rounds: two processes gave two signatures
+Without the lock (kernels/common/cache_lock.py) this failed in most rounds: two processes gave two signatures
 the same data file, and a later run loaded one signature's code for the other (wrong sums, "can't unbox
 array", or a crash).
 """

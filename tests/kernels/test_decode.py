@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType as T
 
-from kernels.cpu import formats, ops, quant
+from kernels.common import formats
+from kernels.cpu import ops, quant
 from kernels.cpu.attention import attention_decode
 from numba import typed
 

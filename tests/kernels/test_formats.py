@@ -1,11 +1,12 @@
-"""Kernels compiled per set of weight formats (kernels.cpu.formats), and products compiled once per set."""
+"""Kernels compiled per set of weight formats (kernels.common.formats), and products compiled once per set."""
 
 import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType as T
 from numba import njit
 
-from kernels.cpu import formats, quant
+from kernels.common import formats
+from kernels.cpu import quant
 from kernels.cpu import quant_dot as dot
 from tests.quant_weights import random_weight
 

@@ -5,8 +5,8 @@ import pytest
 from gguf import quants
 from gguf.constants import GGMLQuantizationType as T
 
+from kernels.common import q8_0
 from kernels.cpu import ops as cpu_ops
-from kernels.cpu import q8_0
 from kernels.cpu.attention import attention_decode, attention_prefill
 from kernels.gpu import ops
 from tests.quant_weights import random_weight

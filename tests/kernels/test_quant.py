@@ -6,6 +6,7 @@ import pytest
 from gguf import quants
 from gguf.constants import GGMLQuantizationType as T
 
+from kernels.common import gguf_weights
 from kernels.cpu import int8_dot, quant
 from tests.quant_weights import matvec_input, random_weight
 
@@ -76,8 +77,8 @@ def test_gather_and_dequantize(qtype, mode):
     ids = np.array([3, 0, 6, 3])
     _assert_rows(quant.gather_rows(qtype, w, ids), W[ids])
     _assert_rows(quant.gather_rows(qtype, w, np.array([], dtype=np.int64)), W[:0])
-    _assert_rows(quant.dequantize(qtype, w), W)
-    _assert_rows(quant.dequantize(qtype, w, 2, 5), W[2:5])
+    _assert_rows(gguf_weights.dequantize(qtype, w), W)
+    _assert_rows(gguf_weights.dequantize(qtype, w, 2, 5), W[2:5])
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q8_0], ids=lambda t: t.name)
@@ -145,12 +146,12 @@ def test_f16_scales_decode_every_bit_pattern():
     """F16 weights and f16 block scales decode all 65536 patterns like NumPy (NaN as NaN)."""
     patterns = np.arange(1 << 16, dtype=np.uint16)
     expected = patterns.view(np.float16).astype(np.float32)
-    got = quant.dequantize(T.F16, patterns.view(np.uint8).reshape(1, -1))[0]
+    got = gguf_weights.dequantize(T.F16, patterns.view(np.uint8).reshape(1, -1))[0]
     np.testing.assert_array_equal(got, expected)  # treats NaN == NaN
     # One Q8_0 block per pattern, scale = the pattern, every quant = 1: each block decodes to its scale.
     blocks = np.ones((1 << 16, 34), np.uint8)
     blocks[:, :2] = patterns.view(np.uint8).reshape(-1, 2)
-    got = quant.dequantize(T.Q8_0, blocks)
+    got = gguf_weights.dequantize(T.Q8_0, blocks)
     np.testing.assert_array_equal(got, np.repeat(expected[:, None], 32, axis=1))
 
 
@@ -160,7 +161,7 @@ def test_large_weight_uses_threads_and_matches():
     W = quants.dequantize(w, T.Q6_K).astype(np.float64)
     x = rng.standard_normal(1024, dtype=np.float32)
     _assert_products(quant.matvec(T.Q6_K, w, x)[None], W, matvec_input(T.Q6_K, x[None]))
-    _assert_rows(quant.dequantize(T.Q6_K, w), W)
+    _assert_rows(gguf_weights.dequantize(T.Q6_K, w), W)
 
 
 def test_weights_stay_zero_copy_and_unmodified():
@@ -174,8 +175,8 @@ def test_weights_stay_zero_copy_and_unmodified():
 
 
 def test_has_native_kernel():
-    assert all(quant.has_native_kernel(t) for t in NATIVE)
-    assert not any(quant.has_native_kernel(t) for t in GENERIC)
+    assert all(gguf_weights.has_native_kernel(t) for t in NATIVE)
+    assert not any(gguf_weights.has_native_kernel(t) for t in GENERIC)
 
 
 def test_set_num_threads():
@@ -200,10 +201,10 @@ def test_unsupported_types_name_the_type(qtype, name):
     for call in (lambda: quant.matvec(qtype, w, np.zeros(36, np.float32)),
                  lambda: quant.matmul(qtype, w, np.zeros((2, 36), np.float32)),
                  lambda: quant.gather_rows(qtype, w, np.array([0])),
-                 lambda: quant.dequantize(qtype, w)):
-        with pytest.raises(quant.UnsupportedQuantType, match=name):
+                 lambda: gguf_weights.dequantize(qtype, w)):
+        with pytest.raises(gguf_weights.UnsupportedQuantType, match=name):
             call()
-    assert issubclass(quant.UnsupportedQuantType, ValueError)
+    assert issubclass(gguf_weights.UnsupportedQuantType, ValueError)
 
 
 def test_input_width_mismatch_names_both_shapes():
@@ -230,6 +231,6 @@ def test_bad_rows_and_out_are_refused():
     with pytest.raises(IndexError, match="row -1"):
         quant.gather_rows(T.Q4_K, w, np.array([-1]))
     with pytest.raises(ValueError, match=r"\[3, 5\)"):
-        quant.dequantize(T.Q4_K, w, 3, 5)
+        gguf_weights.dequantize(T.Q4_K, w, 3, 5)
     with pytest.raises(ValueError, match="out"):
         quant.matvec(T.Q4_K, w, np.zeros(256, np.float32), out=np.zeros(3, np.float32))

@@ -7,9 +7,9 @@ import pytest
 from numba import njit
 
 import engine  # noqa: F401  (sets up Numba's threads before the kernels load)
+from kernels.common import quant_blocks as qb
+from kernels.common.formats import of as formats_of
 from kernels.cpu import quant_dot, row_lanes
-from kernels.cpu import quant_blocks as qb
-from kernels.cpu.formats import of as formats_of
 from tests.quant_weights import random_weight
 
 FORMATS = {"Q4_0": qb.Q4_0, "Q5_0": qb.Q5_0, "Q4_1": qb.Q4_1, "Q5_1": qb.Q5_1, "Q4_K": qb.Q4_K, "Q6_K": qb.Q6_K}

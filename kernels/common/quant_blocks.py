@@ -6,7 +6,7 @@ K-quant super-blocks hold 256 weights in sub-blocks of 16 or 32.
 
 Each `decode_<format>(w, ids, out, n16)` writes the float32 values of rows
 `w[ids[i]]` into `out[i]`; `decode_rows` dispatches on the GGML type id among
-a set of formats (kernels.cpu.formats). It runs on one thread: even for
+a set of formats (kernels.common.formats). It runs on one thread: even for
 prefill tiles, decoding costs a few percent of the sgemm that follows, less
 than another threaded entry point costs to compile.
 
@@ -27,8 +27,8 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType as T
 from numba import njit
 
-from kernels.cpu.f16 import f16_bits_to_f32
-from kernels.cpu.formats import switch
+from kernels.common.f16 import f16_bits_to_f32
+from kernels.common.formats import switch
 
 # No fast-math: reassociation lets each compilation order float sums its own way, so a cold and a warm
 # cache (or a kernel inlined in two places) gave different bits. Sums that must vectorize spell their order
@@ -312,5 +312,5 @@ _decode = switch({
 
 @njit(**KERNEL)
 def decode_rows(formats, qtype, w, ids, out, n16):
-    """out[i] = W[ids[i]] as float32, W of GGML type qtype, one of `formats` (kernels.cpu.formats)."""
+    """out[i] = W[ids[i]] as float32, W of GGML type qtype, one of `formats` (kernels.common.formats)."""
     _decode(formats, qtype, w, ids, out, n16)

@@ -9,8 +9,8 @@ implementation serves the cache's own encoder (prefill) and the row-wise kernel
 import numpy as np
 from numba import njit
 
-from kernels.cpu.f16 import f16_bits_to_f32, f32_to_f16_bits
-from kernels.cpu.quant_blocks import KERNEL
+from kernels.common.f16 import f16_bits_to_f32, f32_to_f16_bits
+from kernels.common.quant_blocks import KERNEL
 
 BLOCK = 32
 BLOCK_BYTES = 2 + BLOCK

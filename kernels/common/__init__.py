@@ -1,0 +1,44 @@
+"""What every backend shares, on the host: GGUF's formats read and written, and the Numba cache they compile in.
+
+gguf_weights: a GGUF weight checked and decoded to float32 (the block decoders of quant_blocks for the native
+formats, gguf.quants for the rest: quant_generic); what a device backend widens a format it has no kernel
+for with. kv_rows: KV rows into their storage form (q8_0: GGML's block_q8_0). f16 and formats: Numba
+building blocks of these and of the CPU backend's kernels.
+
+Numba's on-disk cache checks only the source file of the function it caches, not the helpers it inlined from
+other files, so an edited or upgraded helper could run stale machine code. The cache therefore lives in a
+directory named after a hash of the sources of every kernel compiled into it (unless NUMBA_CACHE_DIR says
+otherwise); it must be set before any kernel is decorated, hence here, in the package whose kernels every
+backend imports first, as must the lock that keeps the cache whole when processes compile into it side by
+side (cache_lock).
+"""
+
+import hashlib
+import os
+from pathlib import Path
+
+import numba
+import platformdirs
+
+from kernels.common import cache_lock
+
+# The packages whose Numba kernels compile into the cache: these, and the CPU backend's, which inline them.
+_CACHED_PACKAGES = ("common", "cpu")
+
+
+def _sources_hash() -> str:
+    h = hashlib.sha256()
+    kernels_dir = Path(__file__).parent.parent
+    for package in _CACHED_PACKAGES:
+        for source in sorted((kernels_dir / package).glob("*.py")):
+            h.update(f"{package}/{source.name}".encode() + b"\0" + source.read_bytes())
+    return h.hexdigest()[:16]
+
+
+# Names this build of the kernels: what was measured of them (speculation's verify costs) is kept under it.
+BUILD_ID = _sources_hash()
+
+if "NUMBA_CACHE_DIR" not in os.environ:
+    numba.config.CACHE_DIR = str(Path(platformdirs.user_cache_dir("fucina", appauthor=False)) / "numba"
+                                 / BUILD_ID)
+cache_lock.install()
