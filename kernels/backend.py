@@ -1,8 +1,9 @@
 """The seam between the engine and the kernels: what a compute backend implements, and which one runs.
 
 The engine (engine/models/transformer.py, engine/gguf/weights.py, engine/kv/) talks only to this
-protocol; `kernels.cpu.backend.CpuBackend` is the Numba code behind it, `kernels.cuda` and `kernels.gpu`
-put the same ops on a device. A family file never names a backend.
+protocol; `kernels.cpu.backend.CpuBackend` is the Numba code behind it, `kernels.cuda` and `kernels.wgpu`
+put the same ops on a device (sharing the host's format codecs, `kernels.common`, with the CPU). A family
+file never names a backend.
 
 Arrays. An *activation* (`Act`) is a backend's own float32 matrix [rows, cols]: a NumPy array on the CPU,
 device memory elsewhere. The engine only passes activations from one op to the next; host data crosses the
@@ -20,9 +21,9 @@ keeps the length and the checks. Rows cross the seam in *storage form*: f16 as u
 [m, kv_heads, head_dim], q8_0 as GGML block_q8_0 bytes [m, kv_heads, head_dim / 32 * 34] (what sidecars
 and cartridges store, byte-identical across backends).
 
-Selection: `select_backend("auto" | "cpu" | "cuda" | "gpu")`. A backend lives in `kernels.<name>.backend`
-and exposes `create_backend() -> Backend` (raising BackendUnavailable when it cannot start) and
-`device_present() -> bool` (cheap, for "auto").
+Selection: `select_backend("auto" | "cpu" | "cuda" | "gpu")`. A backend lives in `kernels.<package>.backend`
+(the package of each name in _PACKAGES: "gpu" is kernels.wgpu) and exposes `create_backend() -> Backend`
+(raising BackendUnavailable when it cannot start) and `device_present() -> bool` (cheap, for "auto").
 """
 
 from __future__ import annotations
@@ -206,10 +207,12 @@ def kv_rows_f32(dtype: str, stored: np.ndarray) -> np.ndarray:
 
 
 _started: dict[str, Backend] = {}
+# The package behind each backend name: users name the wgpu backend "gpu".
+_PACKAGES = {"cpu": "cpu", "cuda": "cuda", "gpu": "wgpu"}
 
 
 def _module(name: str):
-    return importlib.import_module(f"kernels.{name}.backend")
+    return importlib.import_module(f"kernels.{_PACKAGES[name]}.backend")
 
 
 def _create(name: str) -> Backend:

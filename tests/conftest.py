@@ -18,7 +18,7 @@ def model_path():
 @pytest.fixture(scope="session")
 def gpu():
     """The wgpu device; GPU tests skip only where no adapter exists (CI provides a software Vulkan one)."""
-    from kernels.gpu.device import GpuUnavailable, gpu as start
+    from kernels.wgpu.device import GpuUnavailable, gpu as start
 
     try:
         return start()

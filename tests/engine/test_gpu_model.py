@@ -1,4 +1,4 @@
-"""Tiny synthetic models of every family on the GPU backend against the CPU backend (kernels/gpu)."""
+"""Tiny synthetic models of every family on the GPU backend against the CPU backend (kernels/wgpu)."""
 
 import numpy as np
 import pytest
@@ -8,7 +8,7 @@ from engine.gguf.reader import open_gguf
 from engine.models import FAMILIES
 from engine.models.transformer import Transformer
 from kernels.cpu.backend import CpuBackend
-from kernels.gpu.backend import GpuBackend
+from kernels.wgpu.backend import GpuBackend
 from tests.synthetic import write_tiny_model
 
 TOKENS = [5, 17, 99, 3, 64, 64, 21, 8, 120, 1, 77, 40]  # past Gemma's window of 8

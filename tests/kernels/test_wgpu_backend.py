@@ -7,7 +7,7 @@ from gguf.constants import GGMLQuantizationType as T
 
 from kernels.backend import AttentionShape, Segment
 from kernels.cpu.backend import CpuBackend
-from kernels.gpu.backend import GpuBackend
+from kernels.wgpu.backend import GpuBackend
 from tests.quant_weights import random_weight
 
 CPU = CpuBackend()
@@ -110,8 +110,8 @@ def test_attention_over_two_segments_and_the_kv_rows(be, kv, scratch_floats, mon
 def test_no_adapter_is_backend_unavailable(monkeypatch):
     """What select_backend turns into its one fallback message."""
     from kernels.backend import BackendUnavailable
-    from kernels.gpu import backend
-    from kernels.gpu.device import GpuUnavailable
+    from kernels.wgpu import backend
+    from kernels.wgpu.device import GpuUnavailable
 
     def no_adapter():
         raise GpuUnavailable("no GPU adapter (no Metal or Vulkan driver found)")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
-from kernels.gpu.device import WORKGROUP, Gpu, shader
+from kernels.wgpu.device import WORKGROUP, Gpu, shader
 
 # GGML type -> the shader file that reads its blocks
 FORMATS = {T.F32: "f32", T.F16: "f16", T.BF16: "bf16", T.Q4_0: "q4_0", T.Q4_1: "q4_1", T.Q8_0: "q8_0",

@@ -1,4 +1,4 @@
-"""GpuBackend: the WGSL kernels of kernels.gpu.ops behind the seam of kernels.backend.
+"""GpuBackend: the WGSL kernels of kernels.wgpu.ops behind the seam of kernels.backend.
 
 Activations are f32 device buffers; weights their GGUF bytes uploaded once (types without a shader are
 widened to F32 once at upload); each cache's K/V rows stay in device memory: f16 as the very bytes of the
@@ -17,8 +17,8 @@ from gguf.constants import GGMLQuantizationType as T
 
 from kernels.backend import Q8_0_BLOCK, Q8_0_BLOCK_BYTES, AttentionShape, BackendUnavailable, Segment, kv_rows_f32
 from kernels.common import gguf_weights, kv_rows, q8_0
-from kernels.gpu import ops
-from kernels.gpu.device import Gpu, GpuUnavailable, gpu
+from kernels.wgpu import ops
+from kernels.wgpu.device import Gpu, GpuUnavailable, gpu
 
 _ACTIVATIONS = {"silu": ops.SILU, "gelu": ops.GELU}
 # attention scores of one dispatch: 64 MB holds a 512-row prefill of 16 heads over 2k keys; longer contexts

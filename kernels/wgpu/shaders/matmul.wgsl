@@ -23,7 +23,7 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 
-// MT and TPR are declared by the host (kernels.gpu.ops), which sizes the dispatch by them
+// MT and TPR are declared by the host (kernels.wgpu.ops), which sizes the dispatch by them
 const RPW: u32 = WG / TPR;
 var<workgroup> partial: array<f32, MT * WG>;
 

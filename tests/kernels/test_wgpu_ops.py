@@ -8,7 +8,7 @@ from gguf.constants import GGMLQuantizationType as T
 from kernels.common import q8_0
 from kernels.cpu import ops as cpu_ops
 from kernels.cpu.attention import attention_decode, attention_prefill
-from kernels.gpu import ops
+from kernels.wgpu import ops
 from tests.quant_weights import random_weight
 
 # Columns: several blocks; float formats at widths that are no multiple of 16 (odd f16 rows start mid-word).
@@ -194,7 +194,7 @@ def test_attention_decode_and_prefill(gpu, kv_dtype, window):
 
 
 def test_no_wgpu_package_is_a_clear_gpu_unavailable(monkeypatch):
-    from kernels.gpu.device import Gpu, GpuUnavailable
+    from kernels.wgpu.device import Gpu, GpuUnavailable
 
     monkeypatch.setitem(__import__("sys").modules, "wgpu", None)  # import wgpu now raises ImportError
     with pytest.raises(GpuUnavailable, match=r"needs the wgpu package .*fucina\[gpu\]"):

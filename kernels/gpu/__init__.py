@@ -1,1 +1,0 @@
-"""GPU kernels: WGSL compute shaders through wgpu (Metal on macOS, Vulkan on Linux and Windows)."""
