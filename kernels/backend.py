@@ -42,6 +42,17 @@ BACKENDS = ("auto", "cpu", "cuda", "gpu")
 Q8_0_BLOCK = 32  # values per block_q8_0 (f16 scale + 32 int8): a q8_0 KV row's head_dim must be a multiple
 Q8_0_BLOCK_BYTES = 2 + Q8_0_BLOCK
 
+# The ops on activations of Backend below, by the names supports_op takes.
+OP_EMBED = "embed"
+OP_LINEAR = "linear"
+OP_RMSNORM = "rmsnorm"
+OP_ROPE = "rope"
+OP_GATED = "gated"
+OP_ADD = "add"
+OP_ATTENTION = "attention"
+OP_TAKE_ROWS = "take_rows"
+OPS = frozenset((OP_EMBED, OP_LINEAR, OP_RMSNORM, OP_ROPE, OP_GATED, OP_ADD, OP_ATTENTION, OP_TAKE_ROWS))
+
 
 class BackendUnavailable(RuntimeError):
     """A backend cannot start here (no device, driver or package); the message says which and why."""
@@ -146,6 +157,10 @@ class Backend(Protocol):
     # -- resident data
     def supports(self, qtype: int) -> bool:
         """Whether upload_weight takes this GGML type (natively or by converting it once at upload)."""
+
+    def supports_op(self, op: str) -> bool:
+        """Whether this backend runs the op of this name (one of OPS; a backend may run only some of them).
+        A name it does not know: False."""
 
     def upload_weight(self, qtype: int, raw: np.ndarray, out_dim: int, in_dim: int,
                       bias: np.ndarray | None = None) -> Weight:

@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 from numba import typed
 
-from kernels.backend import Q8_0_BLOCK, Q8_0_BLOCK_BYTES, AttentionShape, LayerSpec, Segment
+from kernels.backend import OPS, Q8_0_BLOCK, Q8_0_BLOCK_BYTES, AttentionShape, LayerSpec, Segment
 from kernels.common import gguf_weights, kv_rows, q8_0
 from kernels.cpu import decode, ops, quant, quant_dot
 from kernels.cpu.attention import attention_prefill
@@ -118,6 +118,9 @@ class CpuBackend:
 
     def supports(self, qtype: int) -> bool:
         return gguf_weights.supports(qtype)  # the generic path takes whatever gguf.quants can dequantize
+
+    def supports_op(self, op: str) -> bool:
+        return op in OPS  # every op of the seam
 
     def upload_weight(self, qtype, raw, out_dim, in_dim, bias=None) -> CpuWeight:
         return CpuWeight(qtype, raw, out_dim, in_dim, bias)

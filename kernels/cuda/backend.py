@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 from gguf.constants import GGMLQuantizationType as T
 
-from kernels.backend import Q8_0_BLOCK, Q8_0_BLOCK_BYTES, AttentionShape, BackendUnavailable, Segment
+from kernels.backend import OPS, Q8_0_BLOCK, Q8_0_BLOCK_BYTES, AttentionShape, BackendUnavailable, Segment
 from kernels.common import gguf_weights, kv_rows
 from kernels.cuda import kernels as k
 from kernels.cuda.formats import DECODERS, FLOAT_VIEWS
@@ -120,6 +120,9 @@ class CudaBackend:
 
     def supports(self, qtype: int) -> bool:
         return qtype in DECODERS or gguf_weights.supports(qtype)  # the others widened on the host
+
+    def supports_op(self, op: str) -> bool:
+        return op in OPS  # every op of the seam
 
     def upload_weight(self, qtype, raw, out_dim, in_dim, bias=None) -> CudaWeight:
         if qtype not in DECODERS:  # widened once on the host

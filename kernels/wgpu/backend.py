@@ -15,7 +15,9 @@ from typing import Sequence
 import numpy as np
 from gguf.constants import GGMLQuantizationType as T
 
-from kernels.backend import Q8_0_BLOCK, Q8_0_BLOCK_BYTES, AttentionShape, BackendUnavailable, Segment, kv_rows_f32
+from kernels.backend import (
+    OPS, Q8_0_BLOCK, Q8_0_BLOCK_BYTES, AttentionShape, BackendUnavailable, Segment, kv_rows_f32,
+)
 from kernels.common import gguf_weights, kv_rows, q8_0
 from kernels.wgpu import ops
 from kernels.wgpu.device import Gpu, GpuUnavailable, gpu
@@ -122,6 +124,9 @@ class GpuBackend:
 
     def supports(self, qtype: int) -> bool:
         return ops.supports(qtype) or gguf_weights.supports(qtype)
+
+    def supports_op(self, op: str) -> bool:
+        return op in OPS  # every op of the seam
 
     def upload_weight(self, qtype, raw, out_dim, in_dim, bias=None) -> GpuWeight:
         if ops.supports(qtype):
