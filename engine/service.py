@@ -40,12 +40,12 @@ from engine.errors import ContextFull, FucinaError
 from engine.kv import persist as kv_persist
 from engine.kv.cache import KvDtype
 from engine.kv.sidecar_writer import WRITER
+from engine.model_tokenizer import tokenizer_for
 from engine.models.transformer import Transformer
 from engine.paths import data_dir
 from engine.sampling import CHAT_DEFAULTS, SamplerConfig
 from engine.sampling.grammar import Grammar
 from engine.storage_errors import storage_error
-from engine.tokenize import load_tokenizer
 
 DEFAULT_SLOTS = 4
 DEFAULT_CONTEXT = 4096
@@ -216,7 +216,7 @@ class EngineService:
         if slots < 1:
             raise ValueError(f"an engine service needs at least one slot, got {slots}")
         self.model, self.capacity, self.kv_dtype = model, capacity, kv_dtype
-        self.tokenizer = load_tokenizer(model.file.metadata)
+        self.tokenizer = tokenizer_for(model)  # the one the model's chat sessions use
         self.template = template_for_model(model.file.metadata, self.tokenizer)
         self._render_lock = threading.Lock()  # a model's own template renders in a child process, one at a time
         self._jobs: queue.Queue[Job | _Call | None] = queue.Queue()

@@ -21,7 +21,6 @@ import dataclasses
 import os
 import secrets
 import threading
-import weakref
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -32,12 +31,12 @@ from engine.errors import FucinaError
 from engine.history.store import HistoryStore
 from engine.kv.sidecar_writer import WRITER
 from engine.locks import busy, conversation_lock
+from engine.model_tokenizer import tokenizer_for
 from engine.models.transformer import Transformer
 from engine.paths import data_dir
 from engine.sampling import CHAT_DEFAULTS
 from engine.storage_errors import storage_error
 from engine.sampling.grammar import Grammar
-from engine.tokenize import Tokenizer, load_tokenizer
 
 DEFAULT_CONTEXT = 4096
 DEFAULT_MAX_TOKENS = 1024
@@ -46,17 +45,6 @@ SIDECAR_SUFFIX = ".fkv"
 _KEEP = object()  # "not passed" for update_settings, distinct from None (a real value: no system prompt)
 
 OnPrefill = Callable[[int, int], None]  # (prompt tokens fed, tokens to feed)
-
-
-# A model's tokenizer takes a second or more to build (Qwen's 151k-token vocabulary) and never changes:
-# sessions on one loaded model share it.
-_TOKENIZERS: "weakref.WeakKeyDictionary[Transformer, Tokenizer]" = weakref.WeakKeyDictionary()
-
-
-def tokenizer_for(model: Transformer) -> Tokenizer:
-    if model not in _TOKENIZERS:
-        _TOKENIZERS[model] = load_tokenizer(model.file.metadata)
-    return _TOKENIZERS[model]
 
 
 def default_sidecar_dir() -> Path:

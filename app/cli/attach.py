@@ -18,8 +18,8 @@ from engine.cartridge.fleet import FleetDocument
 from engine.cartridge.for_chat import read_for_chat
 from engine.cartridge.ingest import read_document
 from engine.chat import template_for_model
-from engine.session import DEFAULT_CONTEXT, tokenizer_for
-from engine.tokenize import load_tokenizer
+from engine.model_tokenizer import tokenizer_for
+from engine.session import DEFAULT_CONTEXT
 
 
 def add_attach_option(p) -> None:
@@ -51,7 +51,7 @@ def attach_documents(model, paths, kv: str, context: int, *, budget: int | None 
     one, the parts are read and none is attached)."""
     if not paths:
         return []
-    tokenizer = load_tokenizer(model.file.metadata)
+    tokenizer = tokenizer_for(model)
     template = template_for_model(model.file.metadata, tokenizer)
     attached = []
     for path in paths:

@@ -30,6 +30,7 @@ from engine.chat import ChatOptions, Conversation, TurnResult
 from engine.chat.window import POLICIES
 from engine.history.store import HistoryStore
 from engine.kv.cache import KvDtype
+from engine.model_tokenizer import tokenizer_for
 from engine.errors import ContextFull, FucinaError, RemoteConnectionLost, StoreError
 from engine.remote import RemoteClient
 from engine.remote_session import RemoteChatSession, check_remote_format
@@ -74,7 +75,8 @@ class _EphemeralChat(_Chat):
     def __init__(self, model, args, grammar, attachments):
         self.convo = self.target = Conversation.for_model(model, ChatOptions(
             system=args.system, capacity=args.ctx, kv_dtype=args.kv, max_tokens=args.max_tokens,
-            think_off=args.no_think, sampler=sampler_config(args), speculation=args.spec, grammar=grammar))
+            think_off=args.no_think, sampler=sampler_config(args), speculation=args.spec, grammar=grammar),
+            tokenizer=tokenizer_for(model))
         if attachments:
             self.convo.attach(attachments)
 

@@ -16,11 +16,12 @@ from engine.cartridge.cartridge import composed_rows
 from engine.chat import ChatOptions, Conversation, Message, template_for_model
 from engine.chat.model_template import stop_token_id
 from engine.errors import FucinaError
+from engine.model_tokenizer import tokenizer_for
 from engine.sampling import Sampler
 from engine.session import DEFAULT_CONTEXT
 from engine.speculative import Stats
 from engine.sampling.grammar import grammar_processor
-from engine.tokenize import StreamDecoder, load_tokenizer
+from engine.tokenize import StreamDecoder
 
 
 def parse_ids(text: str) -> list[int]:
@@ -51,7 +52,7 @@ def prompt_tokens(args, model, tokenizer) -> list[int]:
 
 def run_eval(args) -> int:
     model = open_model(args)
-    tokenizer = load_tokenizer(model.file.metadata)
+    tokenizer = tokenizer_for(model)
     ids = prompt_tokens(args, model, tokenizer)
     if args.top < 1:
         raise FucinaError("--top must be at least 1")
@@ -96,7 +97,7 @@ def run_generate(args) -> int:
     model = open_model(args)
     if args.attach:
         return generate_attached(args, model, grammar)
-    tokenizer = load_tokenizer(model.file.metadata)
+    tokenizer = tokenizer_for(model)
     prompt = prompt_tokens(args, model, tokenizer)
     stops = () if args.no_stop else tokenizer.eog_ids
     processor = None
@@ -143,7 +144,7 @@ def generate_attached(args, model, grammar) -> int:
     attached = attach_documents(model, args.attach, args.kv, DEFAULT_CONTEXT, budget=args.doc_budget,
                                 question=lambda: args.prompt)
     prefix = composed_rows([a.cartridge for a in attached])
-    tokenizer = load_tokenizer(model.file.metadata)
+    tokenizer = tokenizer_for(model)
     # room for the prefix, the question in its template and the reply
     capacity = prefix + len(tokenizer.encode(args.prompt, add_special=False)) + 64 + args.max_tokens
     convo = Conversation.for_model(model, ChatOptions(

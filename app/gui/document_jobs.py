@@ -32,7 +32,8 @@ from engine.chat import template_for_model
 from engine.errors import CartridgeCancelled, CartridgeRefused, FucinaError
 from engine.kv.cache import KvDtype
 from engine.kv.persist import model_fingerprint
-from engine.session import DEFAULT_CONTEXT, tokenizer_for
+from engine.model_tokenizer import tokenizer_for
+from engine.session import DEFAULT_CONTEXT
 
 READING, READY, FAILED = "reading", "ready", "failed"
 
