@@ -17,6 +17,10 @@ class UnsupportedArchitecture(FucinaError):
     """`general.architecture` names a family the engine does not implement."""
 
 
+class UnsupportedOnBackend(FucinaError):
+    """The model needs an op the chosen compute backend does not have (a family on the wgpu backend)."""
+
+
 class WeightShapeError(FucinaError):
     """A tensor's shape disagrees with what the model config predicts."""
 

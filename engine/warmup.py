@@ -10,7 +10,7 @@ started when those two have ended, what speculation needs (it is not waited for:
 until its kernels are in the cache).
 
 A stage that finished leaves a mark in the kernel cache directory, which is named after the kernel
-sources (kernels/cpu), so an edited kernel is compiled again.
+sources (kernels.common), so an edited kernel is compiled again.
 """
 
 from __future__ import annotations
@@ -26,10 +26,12 @@ import numba
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
-import kernels  # noqa: F401 (names the kernel cache directory, which holds the marks)
+import kernels.common  # noqa: F401 (names the kernel cache directory, which holds the marks)
 from engine.catalog import StarterModel, catalog
 from engine.child_process import popen_tied
 from engine.errors import FucinaError
+from engine.models import tiny
+from engine.models.layout import MATRIX, NORM
 
 STAGES = ("prefill", "decode")
 # After those, not holding up the first reply: until it ends, speculation waits (replies decode plainly)
@@ -65,51 +67,37 @@ def write_model(path: Path, plan: dict) -> None:
     alternates over the layers)."""
     arch, types = plan["arch"], plan["types"]
 
-    def qtype(kind: str, layer: int = 0) -> T:
+    def qtype(name: str) -> T:
+        layer, kind = _kind(name)
         t = types.get(kind, types["*"])
         return T[t[layer % len(t)] if isinstance(t, list) else t]
 
-    hd = N_EMBD // N_HEAD
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(N_LAYERS)
-    w.add_embedding_length(N_EMBD)
-    w.add_feed_forward_length(N_FF)
-    w.add_head_count(N_HEAD)
-    w.add_head_count_kv(N_HEAD_KV)
-    w.add_context_length(256)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(10000.0)
-    w.add_vocab_size(VOCAB)
-    if arch == "gemma3":
-        w.add_sliding_window(8)
+    meta = tiny.standard_metadata(arch, n_layers=N_LAYERS, n_embd=N_EMBD, n_head=N_HEAD, n_head_kv=N_HEAD_KV,
+                                  n_ff=N_FF, vocab=VOCAB)
+    tiny.write_metadata(w, meta)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt2")
     w.add_token_list(_byte_tokens())
     w.add_token_types([1] * VOCAB)
     w.add_token_merges(["h i"])
-    ones = lambda n: np.ones(n, np.float32)  # noqa: E731
-    _matrix(w, "token_embd.weight", qtype("token_embd"), VOCAB, N_EMBD)
-    if "output" in types:
-        _matrix(w, "output.weight", qtype("output"), VOCAB, N_EMBD)
-    w.add_tensor("output_norm.weight", ones(N_EMBD))
-    for i in range(N_LAYERS):
-        p = f"blk.{i}."
-        for name, rows, cols in (("attn_q", N_HEAD * hd, N_EMBD), ("attn_k", N_HEAD_KV * hd, N_EMBD),
-                                 ("attn_v", N_HEAD_KV * hd, N_EMBD), ("attn_output", N_EMBD, N_HEAD * hd),
-                                 ("ffn_gate", N_FF, N_EMBD), ("ffn_up", N_FF, N_EMBD), ("ffn_down", N_EMBD, N_FF)):
-            _matrix(w, p + name + ".weight", qtype(name, i), rows, cols)
-        for name in ("attn_norm", "ffn_norm", *(("post_attention_norm", "post_ffw_norm") if arch == "gemma3" else ())):
-            w.add_tensor(p + name + ".weight", ones(N_EMBD))
-        if arch == "qwen2":
-            for t, n in (("q", N_HEAD * hd), ("k", N_HEAD_KV * hd), ("v", N_HEAD_KV * hd)):
-                w.add_tensor(p + f"attn_{t}.bias", np.zeros(n, np.float32))
-        if arch in ("gemma3", "qwen3"):
-            w.add_tensor(p + "attn_q_norm.weight", ones(hd))
-            w.add_tensor(p + "attn_k_norm.weight", ones(hd))
+    for spec in tiny.tensors(arch, meta):
+        if spec.role == MATRIX:
+            if spec.required or _kind(spec.name)[1] in types:  # an untied output only where the plan has one
+                _matrix(w, spec.name, qtype(spec.name), *spec.shape)
+        else:  # norms of ones, zero biases
+            w.add_tensor(spec.name, np.full(spec.shape, 1.0 if spec.role == NORM else 0.0, np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def _kind(name: str) -> tuple[int, str]:
+    """A tensor's layer (0 outside the layers) and kind, as a plan names it: "blk.3.attn_q.weight" -> (3,
+    "attn_q")."""
+    parts = name.split(".")
+    return (int(parts[1]), parts[2]) if parts[0] == "blk" else (0, parts[0])
 
 
 def run_stage(plan: dict, stage: str) -> None:

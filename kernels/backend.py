@@ -12,9 +12,9 @@ states). Weights are uploaded once, in their GGUF block format, and stay residen
 
 Row-wise vs prefill. `linear` and `attention` take `row_wise`: True gives every row the bits it would get
 alone (decode, speculative verification, batched decode); False may use faster batch-shape-dependent
-numerics (prefill). A backend may also offer `row_stack`, the whole stack of layers row-wise in one call
-(the CPU does: per-op calls cost more than the arithmetic on small models); without it the engine composes
-the ops below with row_wise=True.
+numerics (prefill). A backend may also offer `row_stack`, a run of layers row-wise in one call (the CPU
+does: per-op calls cost more than the arithmetic on small models) for the kinds of layer parts it knows;
+the engine composes the ops below with row_wise=True for the layers no stack takes.
 
 KV cache. A backend owns its KV storage (`KvStore`, one per conversation cache); the engine's KvCache
 keeps the length and the checks. Rows cross the seam in *storage form*: f16 as uint16 bit patterns
@@ -118,25 +118,37 @@ class AttentionShape:
 
 
 @dataclass(frozen=True)
-class LayerSpec:
-    """One decoder layer as a backend's fused row-wise stack reads it (weights and vectors uploaded;
-    None leaves a step out). Biases ride on the q/k/v weights."""
+class AttentionSpec:
+    """An attention mixer as a fused row stack reads it. Biases ride on the q/k/v weights."""
 
     qkv: tuple[Weight, Weight, Weight]
     out: Weight
+    q_norm: Any | None  # per-head q/k norms (None: none)
+    k_norm: Any | None
+    shape: AttentionShape
+    rope_dims: int
+    rope_neox: bool
+    rope_base: float
+
+
+@dataclass(frozen=True)
+class GatedMlpSpec:
     gate_up: tuple[Weight, Weight]
     down: Weight
+    activation: str  # "silu" or "gelu" (tanh), gating the up projection
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One decoder layer as a backend's fused row-wise stack reads it (weights and vectors uploaded; None
+    leaves a step out): its mixer's and feed-forward's specs, a stack takes the kinds it knows."""
+
+    mixer: Any  # AttentionSpec, or another kind's spec
+    feed_forward: Any  # GatedMlpSpec, or another kind's spec
     attn_norm: Any
     ffn_norm: Any
     post_attn_norm: Any | None  # Gemma's norms after attention and FFN
     post_ffn_norm: Any | None
-    q_norm: Any | None  # per-head q/k norms
-    k_norm: Any | None
-    attention: AttentionShape
-    rope_dims: int
-    rope_neox: bool
-    rope_base: float
-    activation: str  # "silu" or "gelu" (tanh), gating the up projection
     eps: float
 
 
@@ -204,8 +216,9 @@ class Backend(Protocol):
     def to_host(self, x: Act) -> np.ndarray:
         """The activation as a float32 NumPy array (logits, hidden states)."""
 
-    def row_stack(self, layers: Sequence[LayerSpec]) -> RowStack | None:
-        """A fused row-wise forward of these layers, or None (the engine composes the ops)."""
+    def row_stack(self, layers: Sequence[LayerSpec], first_layer: int = 0) -> RowStack | None:
+        """A fused row-wise forward of these consecutive layers, the first of them layer `first_layer` of the
+        model (its KV rows), or None (the engine composes the ops)."""
 
 
 def kv_rows_f32(dtype: str, stored: np.ndarray) -> np.ndarray:

@@ -1,12 +1,53 @@
-"""Reading the metadata keys that every llama-like family shares."""
+"""What a family's GGUF metadata says about its network (ModelArgs: the model's sizes and each layer's
+parts), and the reading of the metadata keys every llama-like family shares."""
 
 from __future__ import annotations
 
-from typing import Mapping
+import math
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
 
 from engine.errors import ConfigError
 from engine.gguf.meta import meta_float, meta_float_opt, meta_int, meta_int_opt, meta_value, per_layer_int
-from engine.models.transformer import ModelArgs, default_attn_scale
+from engine.models.attention import AttentionArgs
+from engine.models.block import LayerArgs
+from engine.models.feed_forward import GatedMlpArgs
+from engine.models.layout import TensorSpec, layer_prefix, matrix, norm
+from kernels.backend import OP_EMBED, OP_LINEAR, OP_RMSNORM, OP_TAKE_ROWS
+
+
+@dataclass
+class ModelArgs:
+    arch: str
+    n_embd: int
+    vocab_size: int
+    norm_eps: float
+    context_length: int
+    layers: list[LayerArgs] = field(default_factory=list)
+    embed_scale: float = 1.0
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    def ops(self) -> set[str]:
+        """The backend ops the model runs on: the embedding, the layers', the output norm and head."""
+        return {OP_EMBED, OP_RMSNORM, OP_LINEAR, OP_TAKE_ROWS}.union(*(layer.ops() for layer in self.layers))
+
+    def tensors(self) -> list[TensorSpec]:
+        """Every tensor of the model (engine.models.layout): the embedding, the untied output matrix (a file
+        may leave it out), the output norm, then each layer's."""
+        e = self.n_embd
+        tensors = [matrix("token_embd.weight", self.vocab_size, e),
+                   matrix("output.weight", self.vocab_size, e, required=False), norm("output_norm.weight", e)]
+        for i, layer in enumerate(self.layers):
+            tensors += layer.tensors(layer_prefix(i), e)
+        return tensors
+
+    def kv_geometry(self) -> tuple[list[int], list[int]]:
+        """Each layer's KV cache rows: (kv heads per layer, head size per layer)."""
+        heads, dims = zip(*(layer.mixer.kv_geometry() for layer in self.layers))
+        return list(heads), list(dims)
 
 
 def vocab_size(meta: Mapping, arch: str) -> int:
@@ -19,8 +60,17 @@ def vocab_size(meta: Mapping, arch: str) -> int:
     return n
 
 
-def common_args(meta: Mapping, arch: str, **family) -> ModelArgs:
-    """ModelArgs from the standard "<arch>.*" keys; `family` sets or overrides fields."""
+def default_attn_scale(head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim)
+
+
+def llama_like(meta: Mapping, arch: str, *, activation: str = "silu", qkv_bias: bool = False,
+               qk_norm: bool = False, post_norms: bool = False, rope_neox: bool = True,
+               window: Sequence[int] | None = None, rope_base: Sequence[float] | None = None,
+               embed_scale: float = 1.0) -> ModelArgs:
+    """The args of a llama-like family from the standard "<arch>.*" keys: every layer attention and a gated
+    MLP; the keywords are what a family sets (window and rope_base: one per layer, default global
+    attention and `rope.freq_base`)."""
     n_layers = meta_int(meta, arch, "block_count")
     n_embd = meta_int(meta, arch, "embedding_length")
     n_head = meta_int(meta, arch, "attention.head_count")
@@ -31,23 +81,19 @@ def common_args(meta: Mapping, arch: str, **family) -> ModelArgs:
     value_dim = meta_int_opt(meta, arch, "attention.value_length") or head_dim
     if value_dim != head_dim:
         raise ConfigError(f"{arch}: key length {head_dim} differs from value length {value_dim}; not supported")
-    rope_base = meta_float_opt(meta, arch, "rope.freq_base", default=10000.0)
-    fields = dict(
-        arch=arch,
-        n_layers=n_layers,
-        n_embd=n_embd,
-        n_head=n_head,
-        n_head_kv=n_head_kv,
-        head_dim=head_dim,
-        n_ff=meta_int(meta, arch, "feed_forward_length"),
-        vocab_size=vocab_size(meta, arch),
-        norm_eps=meta_float(meta, arch, "attention.layer_norm_rms_epsilon"),
-        rope_base=[rope_base] * n_layers,
-        rope_dims=meta_int_opt(meta, arch, "rope.dimension_count") or head_dim,
-        rope_neox=True,
-        context_length=meta_int_opt(meta, arch, "context_length") or 4096,
-        window=[0] * n_layers,
-        attn_scale=default_attn_scale(head_dim),
-    )
-    fields.update(family)
-    return ModelArgs(**fields)
+    base = meta_float_opt(meta, arch, "rope.freq_base", default=10000.0)
+    rope_dims = meta_int_opt(meta, arch, "rope.dimension_count") or head_dim
+    n_ff = meta_int(meta, arch, "feed_forward_length")
+    windows = list(window) if window is not None else [0] * n_layers
+    bases = list(rope_base) if rope_base is not None else [base] * n_layers
+
+    def layer(i: int) -> LayerArgs:
+        mixer = AttentionArgs(n_head=n_head, n_kv=n_head_kv[i], head_dim=head_dim, window=windows[i],
+                              scale=default_attn_scale(head_dim), rope_base=bases[i], rope_dims=rope_dims,
+                              rope_neox=rope_neox, qkv_bias=qkv_bias, qk_norm=qk_norm)
+        return LayerArgs(mixer, GatedMlpArgs(n_ff, activation), post_norms)
+
+    return ModelArgs(arch=arch, n_embd=n_embd, vocab_size=vocab_size(meta, arch),
+                     norm_eps=meta_float(meta, arch, "attention.layer_norm_rms_epsilon"),
+                     context_length=meta_int_opt(meta, arch, "context_length") or 4096,
+                     layers=[layer(i) for i in range(n_layers)], embed_scale=embed_scale)

@@ -7,14 +7,13 @@ keys and use RoPE base 10000. The GGUF norm weights already include Gemma's +1.
 """
 
 import math
+from typing import Mapping
 
 import numpy as np
 
 from engine.errors import ConfigError
-from engine.gguf.meta import meta_float_opt, meta_int_opt, per_layer
-from engine.gguf.reader import GGUFFile
-from engine.models.args import common_args
-from engine.models.transformer import ModelArgs
+from engine.gguf.meta import meta_float_opt, meta_int, meta_int_opt, per_layer
+from engine.models.args import ModelArgs, llama_like
 
 ARCH = "gemma3"
 LOCAL_ROPE_BASE = 10000.0
@@ -38,13 +37,11 @@ def global_layers(meta, n_layers: int) -> list[bool]:
     return [is_global_layer(i, pattern) for i in range(n_layers)]
 
 
-def model_args(file: GGUFFile) -> ModelArgs:
-    meta = file.metadata
-    args = common_args(meta, ARCH, activation="gelu", qk_norm=True, post_norms=True)
+def model_args(meta: Mapping) -> ModelArgs:
     window = meta_int_opt(meta, ARCH, "attention.sliding_window") or 0
     global_base = meta_float_opt(meta, ARCH, "rope.freq_base", default=1_000_000.0)
-    glob = global_layers(meta, args.n_layers)
-    args.window = [0 if g else window for g in glob]
-    args.rope_base = [global_base if g else LOCAL_ROPE_BASE for g in glob]
-    args.embed_scale = math.sqrt(args.n_embd)
-    return args
+    glob = global_layers(meta, meta_int(meta, ARCH, "block_count"))
+    return llama_like(meta, ARCH, activation="gelu", qk_norm=True, post_norms=True,
+                      window=[0 if g else window for g in glob],
+                      rope_base=[global_base if g else LOCAL_ROPE_BASE for g in glob],
+                      embed_scale=math.sqrt(meta_int(meta, ARCH, "embedding_length")))

@@ -4,12 +4,12 @@ llama.cpp's converter permutes the q/k rows of llama checkpoints so that the
 "normal" RoPE (adjacent pairs) reproduces the Hugging Face rotation.
 """
 
-from engine.gguf.reader import GGUFFile
-from engine.models.args import common_args
-from engine.models.transformer import ModelArgs
+from typing import Mapping
+
+from engine.models.args import ModelArgs, llama_like
 
 ARCH = "llama"
 
 
-def model_args(file: GGUFFile) -> ModelArgs:
-    return common_args(file.metadata, ARCH, rope_neox=False)
+def model_args(meta: Mapping) -> ModelArgs:
+    return llama_like(meta, ARCH, rope_neox=False)

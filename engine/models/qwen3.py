@@ -1,11 +1,11 @@
 """Qwen3 (dense): no q/k/v biases; per-head RMSNorm on queries and keys before RoPE."""
 
-from engine.gguf.reader import GGUFFile
-from engine.models.args import common_args
-from engine.models.transformer import ModelArgs
+from typing import Mapping
+
+from engine.models.args import ModelArgs, llama_like
 
 ARCH = "qwen3"
 
 
-def model_args(file: GGUFFile) -> ModelArgs:
-    return common_args(file.metadata, ARCH, qk_norm=True)
+def model_args(meta: Mapping) -> ModelArgs:
+    return llama_like(meta, ARCH, qk_norm=True)

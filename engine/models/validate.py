@@ -4,7 +4,8 @@ The Numba kernels index without bounds checks, so every value they rely on is ch
 the model is built (engine.models.build_model), and the inputs that reach them are checked per call:
 
 - layers: `block_count` is the number of `blk.N.` layers in the file, before any per-layer list is
-  sized from it; per-layer values (kv heads, RoPE bases, windows) have one entry per layer.
+  sized from it; per-layer values (kv heads, RoPE bases, windows) have one entry per layer. Each kind of
+  layer part checks its own args (its `check_layers`); attention's are these:
 - RoPE rotates pairs inside dims [0, rope_dims) of each head: 0 < rope_dims <= head_dim, even.
 - grouped-query attention reads kv head h // (n_head / n_head_kv): n_head_kv divides n_head.
 - weights, caches: the q/k/v/o, FFN, norm and bias tensors must have exactly the shapes these args
@@ -22,7 +23,6 @@ still produce NaN or Inf logits, and check_logits turns those into an error inst
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Sequence
 
@@ -32,7 +32,8 @@ from engine.errors import ConfigError, GGUFError, InvalidTokenId, NonFiniteLogit
 from engine.gguf.finite import first_non_finite
 from engine.gguf.meta import meta_int, meta_value
 from engine.gguf.reader import GGUFFile
-from engine.models.transformer import ModelArgs
+from engine.models.args import ModelArgs
+from engine.models.parts import first_problem, positive
 
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.")
 
@@ -50,30 +51,22 @@ def check_layer_count(file: GGUFFile, arch: str) -> None:
 
 def check_args(file: GGUFFile, args: ModelArgs) -> None:
     """Every kernel precondition that follows from the metadata alone; the first broken one is a
-    ConfigError naming its key."""
+    ConfigError naming its key. Each kind of layer part checks its own (engine.models.parts)."""
     a, arch = args, args.arch
-    for name in ("n_head_kv", "rope_base", "window"):
-        if len(getattr(a, name)) != a.n_layers:
-            raise ConfigError(f"{file.path}: {name} has {len(getattr(a, name))} entries for {a.n_layers} layers")
-    checks = [
-        (a.n_layers >= 1 and a.n_embd >= 1 and a.n_ff >= 1,
-         f"{arch}.block_count, embedding_length and feed_forward_length must be positive"),
-        (a.n_head >= 1, f"{arch}.attention.head_count is {a.n_head}; it must be positive"),
-        (all(1 <= kv <= a.n_head and a.n_head % kv == 0 for kv in a.n_head_kv),
-         f"{arch}.attention.head_count_kv {_shown(a.n_head_kv)} must divide the {a.n_head} attention heads"),
-        (a.head_dim >= 1, f"the head size ({arch}.attention.key_length) is {a.head_dim}; it must be positive"),
-        (2 <= a.rope_dims <= a.head_dim and a.rope_dims % 2 == 0,
-         f"{arch}.rope.dimension_count is {a.rope_dims}; it must be even and at most the head size {a.head_dim}"),
+    problem = first_problem([
+        (a.n_layers >= 1 and a.n_embd >= 1, f"{arch}.block_count and embedding_length must be positive"),
         (a.vocab_size >= 1, f"{arch}.vocab_size is {a.vocab_size}; it must be positive"),
-        (all(w >= 0 for w in a.window), f"{arch}.attention.sliding_window {_shown(a.window)} must not be negative"),
-        (_positive(a.norm_eps), f"{arch}.attention.layer_norm_rms_epsilon is {a.norm_eps}; it must be positive"),
-        (all(_positive(b) for b in a.rope_base), f"{arch}.rope.freq_base {_shown(a.rope_base)} must be positive"),
-        (_positive(a.attn_scale) and _positive(a.embed_scale),
-         f"attention scale {a.attn_scale} and embedding scale {a.embed_scale} must be positive"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise ConfigError(f"{file.path}: {message}")
+        (positive(a.norm_eps), f"{arch}.attention.layer_norm_rms_epsilon is {a.norm_eps}; it must be positive"),
+        (positive(a.embed_scale), f"embedding scale {a.embed_scale} must be positive"),
+    ])
+    for part in ("mixer", "feed_forward"):
+        kinds: dict[type, list] = {}
+        for layer in a.layers:
+            kinds.setdefault(type(getattr(layer, part)), []).append(getattr(layer, part))
+        for kind, layers in kinds.items():
+            problem = problem or kind.check_layers(arch, layers)
+    if problem:
+        raise ConfigError(f"{file.path}: {problem}")
     tokens = meta_value(file.metadata, "tokenizer.ggml.tokens", "strings")
     if tokens is not None and len(tokens) != a.vocab_size:
         raise ConfigError(f"{file.path}: the model has {a.vocab_size} token rows ({arch}.vocab_size) but "
@@ -101,11 +94,3 @@ def check_logits(logits: np.ndarray, position: int) -> None:
         bad = position + (int(np.argmin(finite)) if finite.ndim else 0)
         raise NonFiniteLogits(f"the model produced non-finite logits at position {bad} (NaN or Inf: its "
                               "activations overflow; the model file is broken)")
-
-
-def _positive(x: float) -> bool:
-    return math.isfinite(x) and x > 0
-
-
-def _shown(values: list) -> str:
-    return str(values[0]) if len(set(values)) == 1 else str(values)

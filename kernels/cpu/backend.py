@@ -2,7 +2,7 @@
 
 Activations are NumPy float32 arrays; a weight is its GGUF bytes (a view of the file's mmap); the KV store
 is one preallocated NumPy array per layer for K and one for V. Row-wise forwards of models whose weights
-all have native kernels run the whole layer stack in one kernel call (kernels.cpu.decode).
+all have native kernels run their layers' stack in one kernel call (kernels.cpu.row_stack).
 """
 
 from __future__ import annotations
@@ -13,10 +13,13 @@ from typing import Sequence
 import numpy as np
 from numba import typed
 
-from kernels.backend import OPS, Q8_0_BLOCK, Q8_0_BLOCK_BYTES, AttentionShape, LayerSpec, Segment
+from kernels.backend import (
+    OPS, Q8_0_BLOCK, Q8_0_BLOCK_BYTES, AttentionShape, AttentionSpec, GatedMlpSpec, LayerSpec, Segment,
+)
 from kernels.common import gguf_weights, kv_rows, q8_0
-from kernels.cpu import decode, ops, quant, quant_dot
+from kernels.cpu import ops, quant, quant_dot
 from kernels.cpu.attention import attention_prefill
+from kernels.cpu.row_stack import Layer as KernelLayer, RowArgs, forward_rows
 from kernels.cpu.row_variants import RowVariants
 
 _ACTIVATIONS = {"silu": ops.SILU, "gelu": ops.GELU}
@@ -38,7 +41,7 @@ class CpuKvStore:
         self.dtype = dtype
         self.k = [self._alloc(capacity, h, d) for h, d in zip(kv_heads, head_dims)]
         self.v = [self._alloc(capacity, h, d) for h, d in zip(kv_heads, head_dims)]
-        self._views = None  # the per-layer arrays as the row-wise kernel takes them, built on first use
+        self._views = {}  # per run of layers, its arrays as the row-wise kernel takes them, built on first use
 
     def _alloc(self, capacity: int, kv_heads: int, head_dim: int) -> np.ndarray:
         if self.dtype == "f16":
@@ -70,47 +73,50 @@ class CpuKvStore:
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.k + self.v)
 
-    def kernel_views(self) -> tuple:
-        if self._views is None:
-            self._views = (typed.List(self.k), typed.List(self.v))
-        return self._views
+    def kernel_views(self, first: int, end: int) -> tuple:
+        """Layers [first, end)'s K and V arrays as typed lists (what the row-wise kernel takes)."""
+        views = self._views.get((first, end))
+        if views is None:
+            views = self._views[first, end] = (typed.List(self.k[first:end]), typed.List(self.v[first:end]))
+        return views
 
 
 class CpuRowStack:
-    """Every layer row-wise in one kernel call (kernels.cpu.decode.forward_rows), compiled first for one row
-    and for many rows after (kernels.cpu.row_variants)."""
+    """A run of layers row-wise in one kernel call (kernels.cpu.row_stack.forward_rows), compiled first for
+    one row and for many rows after (kernels.cpu.row_variants)."""
 
-    def __init__(self, layers: list):
+    def __init__(self, layers: list, first_layer: int):
         self.layers = typed.List(layers)
+        self.cache_layers = (first_layer, first_layer + len(layers))  # the KV rows of these layers
         groups = [(k.qkv_types, k.out_types, k.gate_up_types, k.down_types) for k in layers]
         # the kernel compiles for these formats only
-        self.variants = RowVariants(decode.forward_rows, np.concatenate(sum(groups, ())))
+        self.variants = RowVariants(forward_rows, np.concatenate(sum(groups, ())))
 
     def forward(self, x: np.ndarray, segments: Sequence[Segment]) -> None:
         slots = np.empty(x.shape[0], np.int64)
         positions = np.empty(x.shape[0], np.int64)
         if len(segments) == 1:
-            kcs, vcs = segments[0].store.kernel_views()
+            kcs, vcs = segments[0].store.kernel_views(*self.cache_layers)
         else:
             kcs, vcs = typed.List(), typed.List()
             for s in segments:
-                k, v = s.store.kernel_views()
+                k, v = s.store.kernel_views(*self.cache_layers)
                 kcs.extend(k)
                 vcs.extend(v)
         for slot, s in enumerate(segments):
             slots[s.row_start : s.row_end] = slot
             positions[s.row_start : s.row_end] = np.arange(s.pos0, s.pos0 + (s.row_end - s.row_start))
         args = self._args(x, kcs, vcs, slots, positions)
-        decode.forward_rows(self.variants.formats_for(x.shape[0], args), *args)
+        forward_rows(self.variants.formats_for(x.shape[0], args), *args)
 
     def rows_ready(self, store: CpuKvStore, wait: bool = False) -> bool:
         rows = np.empty(2, np.int64)  # stand-ins of the types a call of two rows over `store` passes
         x = np.empty((2, self.layers[0].attn_norm.shape[0]), np.float32)
-        return self.variants.ready(self._args(x, *store.kernel_views(), rows, rows), wait)
+        return self.variants.ready(self._args(x, *store.kernel_views(*self.cache_layers), rows, rows), wait)
 
-    def _args(self, x, kcs, vcs, slots, positions) -> tuple:
-        """forward_rows' arguments after the format set."""
-        return x, self.layers, kcs, vcs, slots, positions, quant.threads()
+    def _args(self, x, kcs, vcs, slots, positions) -> RowArgs:
+        return RowArgs(x=x, layers=self.layers, k_caches=kcs, v_caches=vcs, slots=slots,
+                                 positions=positions, threads=quant.threads())
 
 
 class CpuBackend:
@@ -183,16 +189,20 @@ class CpuBackend:
     def to_host(self, x: np.ndarray) -> np.ndarray:
         return x
 
-    def row_stack(self, layers: Sequence[LayerSpec]) -> CpuRowStack | None:
+    def row_stack(self, layers: Sequence[LayerSpec], first_layer: int = 0) -> CpuRowStack | None:
         kernel_layers = [_kernel_layer(spec) for spec in layers]
-        if any(k is None for k in kernel_layers):
+        if not kernel_layers or any(k is None for k in kernel_layers):
             return None
-        return CpuRowStack(kernel_layers)
+        return CpuRowStack(kernel_layers, first_layer)
 
 
-def _kernel_layer(spec: LayerSpec) -> decode.Layer | None:
-    """A layer as the row-wise kernel reads it, or None when a weight has no native kernel."""
-    parts = [*spec.qkv, spec.out, *spec.gate_up, spec.down]
+def _kernel_layer(spec: LayerSpec) -> KernelLayer | None:
+    """A layer as the row-wise kernel reads it, or None when a part is of a kind it does not know or a
+    weight has no native kernel."""
+    attn, mlp = spec.mixer, spec.feed_forward
+    if not isinstance(attn, AttentionSpec) or not isinstance(mlp, GatedMlpSpec):
+        return None
+    parts = [*attn.qkv, attn.out, *mlp.gate_up, mlp.down]
     if not all(quant.has_native_kernel(p.qtype) for p in parts):
         return None
 
@@ -203,19 +213,19 @@ def _kernel_layer(spec: LayerSpec) -> decode.Layer | None:
     def vector(v):
         return np.zeros(0, np.float32) if v is None else v
 
-    (qkv, qkv_types), (out, out_types) = weights(spec.qkv), weights([spec.out])
-    (gate_up, gate_up_types), (down, down_types) = weights(spec.gate_up), weights([spec.down])
-    q_bias, k_bias, v_bias = (p.bias for p in spec.qkv)
-    a = spec.attention
-    return decode.Layer(
+    (qkv, qkv_types), (out, out_types) = weights(attn.qkv), weights([attn.out])
+    (gate_up, gate_up_types), (down, down_types) = weights(mlp.gate_up), weights([mlp.down])
+    q_bias, k_bias, v_bias = (p.bias for p in attn.qkv)
+    a = attn.shape
+    return KernelLayer(
         qkv=qkv, qkv_types=qkv_types, out=out, out_types=out_types, gate_up=gate_up,
         gate_up_types=gate_up_types, down=down, down_types=down_types,
         attn_norm=spec.attn_norm, ffn_norm=spec.ffn_norm, post_attn_norm=vector(spec.post_attn_norm),
-        post_ffn_norm=vector(spec.post_ffn_norm), q_norm=vector(spec.q_norm), k_norm=vector(spec.k_norm),
+        post_ffn_norm=vector(spec.post_ffn_norm), q_norm=vector(attn.q_norm), k_norm=vector(attn.k_norm),
         q_bias=vector(q_bias), k_bias=vector(k_bias), v_bias=vector(v_bias),
-        n_head=a.n_head, n_kv=a.n_kv, head_dim=a.head_dim, rope_dims=spec.rope_dims,
-        rope_neox=bool(spec.rope_neox), rope_base=float(spec.rope_base),
-        activation=_ACTIVATIONS[spec.activation], window=int(a.window),
+        n_head=a.n_head, n_kv=a.n_kv, head_dim=a.head_dim, rope_dims=attn.rope_dims,
+        rope_neox=bool(attn.rope_neox), rope_base=float(attn.rope_base),
+        activation=_ACTIVATIONS[mlp.activation], window=int(a.window),
         eps=float(spec.eps), attn_scale=float(a.scale))
 
 

@@ -213,7 +213,7 @@ class CudaBackend:
     def to_host(self, x) -> np.ndarray:
         return x.copy_to_host()
 
-    def row_stack(self, layers):
+    def row_stack(self, layers, first_layer=0):
         return None  # the engine composes the row-wise ops; each of them is row-independent here
 
 

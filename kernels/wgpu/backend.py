@@ -234,7 +234,7 @@ class GpuBackend:
             return np.empty((0, x.cols), np.float32)
         return self.gpu.read(x.buffer, np.float32, (x.rows, x.cols))
 
-    def row_stack(self, layers) -> None:
+    def row_stack(self, layers, first_layer=0) -> None:
         return None  # the composed ops are already row-wise on the device
 
 

@@ -19,7 +19,7 @@ class ComposingBackend(CpuBackend):
 
     name = "composing"
 
-    def row_stack(self, layers):
+    def row_stack(self, layers, first_layer=0):
         return None
 
 
@@ -46,8 +46,7 @@ def test_composed_row_wise_ops_give_each_row_its_one_row_bits(tiny):
 
 def test_a_cache_on_another_backend_is_refused(tiny):
     model = load_model(tiny)
-    a = model.args
-    other = KvCache(a.n_head_kv, [a.head_dim] * a.n_layers, 16, backend=ComposingBackend())
+    other = KvCache(*model.args.kv_geometry(), 16, backend=ComposingBackend())
     with pytest.raises(KvCacheShapeMismatch, match="lives on the composing backend; this model runs on the cpu"):
         model.forward([1, 2], other)
 

@@ -18,7 +18,7 @@ def _models(tmp_path, gpu, arch, qtype):
     path = tmp_path / f"{arch}.gguf"
     write_tiny_model(path, arch, qtype=qtype, n_embd=128, n_head=4, n_head_kv=2, n_ff=256)
     file = open_gguf(path)
-    args = FAMILIES[arch](file)
+    args = FAMILIES[arch](file.metadata)
     return Transformer(file, args, CpuBackend()), Transformer(file, args, GpuBackend(gpu))
 
 

@@ -245,7 +245,7 @@ def test_gemma3_sliding_pattern_as_a_period_or_per_layer_flags(tmp_path):
         path = tmp_path / "m.gguf"
         write_tiny_model(path, "gemma3", n_layers=6, tokenizer=True,
                          metadata={"gemma3.attention.sliding_window_pattern": pattern})
-        windows.append(load_model(path).args.window)
+        windows.append([layer.mixer.window for layer in load_model(path).args.layers])
     assert windows == [[8, 8, 8, 8, 8, 0]] * 2
     write_tiny_model(path, "gemma3", n_layers=6, tokenizer=True,
                      metadata={"gemma3.attention.sliding_window_pattern": ([1.5] * 6, V.ARRAY)})

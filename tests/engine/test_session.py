@@ -209,7 +209,8 @@ def test_sidecar_bytes_per_token_match_the_geometry(smollm2, home):
     size = sidecar_path(s.id, sidecars).stat().st_size
     per_token = persist.bytes_per_token(s.convo.cache)
     # a u32 token id, every layer's K and V rows in f16, a u32 CRC
-    assert per_token == 8 + sum(2 * kv_heads * smollm2.args.head_dim * 2 for kv_heads in smollm2.args.n_head_kv)
+    kv_heads, head_dims = smollm2.args.kv_geometry()
+    assert per_token == 8 + sum(2 * heads * head_dim * 2 for heads, head_dim in zip(kv_heads, head_dims))
     assert size == persist.header_size(s.convo.cache) + s.context_used * per_token
 
 

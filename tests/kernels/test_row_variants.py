@@ -75,7 +75,7 @@ def test_a_verify_variant_that_fails_to_compile_leaves_the_decode_variant_servin
 def _decode_and_verify_variants_agree(model):
     prompt = [3, 17, 59, 5]
     rows = [int(t) for t in np.random.default_rng(0).integers(0, model.vocab_size, 12)]
-    variants = model._row_stack.variants
+    variants = model._row_runs[0].stack.variants  # the one run: every layer fused
     out = {}
     for name in ("decode", "verify"):
         with pytest.MonkeyPatch.context() as patch:

@@ -10,7 +10,7 @@ from kernels.cpu import ops, quant
 from kernels.cpu.attention import attention_decode
 from numba import typed
 
-from kernels.cpu.decode import Layer, forward_rows
+from kernels.cpu.row_stack import Layer, forward_rows
 from kernels.cpu.quant_dot import stack
 from tests.quant_weights import random_weight
 

@@ -1,12 +1,14 @@
-"""The row-wise forward: every decoder layer over m token rows in one kernel call (decode, verify).
+"""The fused row-wise stack: a run of decoder layers over m token rows in one kernel call.
 
 Row-wise numerics: each row goes through exactly the arithmetic of a one-token step (its own int8
 activation quantization, the same dot products in the same order, attention over the keys up to its own
 position), so one call over m rows gives, row for row, the bits of m one-token calls. Only the weights are
 shared: each tile of a weight is read from memory once and multiplied by every row while it sits in L2.
-This is what makes verifying m drafted tokens cost little more than decoding one. (Prefill takes the other
-path, engine.models.transformer's Block: dequantized tiles and BLAS, faster for long prompts but with
-numerics that depend on the batch shape.)
+This is what makes verifying m drafted tokens cost little more than decoding one; it serves decode,
+speculative verification and batched decode alike. (Prefill takes the other path, engine.models.block's
+Block: dequantized tiles and BLAS, faster for long prompts but with numerics that depend on the batch
+shape.) A model whose layers are not all of the kinds this stack knows runs a stack per run of layers it
+knows (`kcs` then holds the caches of that run's layers only).
 
 At decode a layer is a chain of small steps (norm, q/k/v, RoPE, cache write, attention, output, residual,
 norm, gate/up, activation, down, residual); run one by one from Python they cost more in calls than in
@@ -34,6 +36,18 @@ from kernels.cpu import ops
 from kernels.cpu.attention import decode_rows
 from kernels.cpu.attention_lanes import attend_rows
 from kernels.cpu.quant_dot import parallel_chunks, products
+
+
+class RowArgs(NamedTuple):
+    """forward_rows' arguments after the format set, by name."""
+
+    x: np.ndarray          # [m, n_embd] float32, the rows' embeddings; the layers' outputs are added in place
+    layers: object         # typed.List of Layer
+    k_caches: object       # typed.List: row i's layer li keys are k_caches[slots[i] * len(layers) + li]
+    v_caches: object
+    slots: np.ndarray      # int64 [m]: which cache each row belongs to
+    positions: np.ndarray  # int64 [m]: each row's position in its cache
+    threads: int
 
 
 class Layer(NamedTuple):

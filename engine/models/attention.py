@@ -1,0 +1,117 @@
+"""The attention mixer: grouped-query self-attention with RoPE over a KV cache, as the llama-like families
+have it. Its variants are fields of its args: q/k/v biases (Qwen2), per-head q/k norms (Qwen3, Gemma 3), a
+sliding window and a RoPE base per layer (Gemma 3), NeoX or normal RoPE pairs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from engine.gguf.reader import GGUFFile
+from engine.gguf.weights import LinearGroup, LinearWeight, load_vector
+from engine.models.layout import TensorSpec, bias, matrix, norm
+from engine.models.parts import first_problem, positive, shown
+from kernels.backend import OP_ATTENTION, OP_LINEAR, OP_RMSNORM, OP_ROPE, AttentionShape, AttentionSpec, Backend, Segment
+
+
+@dataclass(frozen=True)
+class AttentionArgs:
+    OPS = (OP_LINEAR, OP_RMSNORM, OP_ROPE, OP_ATTENTION)  # the backend ops the part runs on
+
+    n_head: int
+    n_kv: int
+    head_dim: int
+    window: int  # sliding window; 0 = global attention
+    scale: float
+    rope_base: float
+    rope_dims: int
+    rope_neox: bool  # NeoX pairs dim i with i + rope_dims/2; normal pairs 2i with 2i+1
+    qkv_bias: bool = False
+    qk_norm: bool = False
+
+    def tensors(self, p: str, n_embd: int) -> list[TensorSpec]:
+        nh, nkv, hd = self.n_head, self.n_kv, self.head_dim
+        widths = {"q": nh * hd, "k": nkv * hd, "v": nkv * hd}
+        tensors = [matrix(f"{p}attn_{t}.weight", n, n_embd) for t, n in widths.items()]
+        tensors.append(matrix(p + "attn_output.weight", n_embd, nh * hd))
+        if self.qkv_bias:
+            tensors += [bias(f"{p}attn_{t}.bias", n) for t, n in widths.items()]
+        if self.qk_norm:
+            tensors += [norm(p + "attn_q_norm.weight", hd), norm(p + "attn_k_norm.weight", hd)]
+        return tensors
+
+    def kv_geometry(self) -> tuple[int, int]:
+        """What this layer keeps per position in the KV cache: (kv heads, head size)."""
+        return self.n_kv, self.head_dim
+
+    def build(self, file: GGUFFile, p: str, layer: int, n_embd: int, eps: float, backend: Backend) -> "Attention":
+        return Attention(self, file, p, layer, n_embd, eps, backend)
+
+    @staticmethod
+    def check_layers(arch: str, layers: Sequence["AttentionArgs"]) -> str | None:
+        """The first kernel precondition these layers' attention breaks (naming its metadata key), or None."""
+        n_head = layers[0].n_head
+        kv = [a.n_kv for a in layers]
+        head_dim, rope_dims = layers[0].head_dim, layers[0].rope_dims
+        return first_problem([
+            (n_head >= 1, f"{arch}.attention.head_count is {n_head}; it must be positive"),
+            (all(1 <= k <= n_head and n_head % k == 0 for k in kv),
+             f"{arch}.attention.head_count_kv {shown(kv)} must divide the {n_head} attention heads"),
+            (head_dim >= 1, f"the head size ({arch}.attention.key_length) is {head_dim}; it must be positive"),
+            (2 <= rope_dims <= head_dim and rope_dims % 2 == 0,
+             f"{arch}.rope.dimension_count is {rope_dims}; it must be even and at most the head size {head_dim}"),
+            (all(a.window >= 0 for a in layers),
+             f"{arch}.attention.sliding_window {shown([a.window for a in layers])} must not be negative"),
+            (all(positive(a.rope_base) for a in layers),
+             f"{arch}.rope.freq_base {shown([a.rope_base for a in layers])} must be positive"),
+            (all(positive(a.scale) for a in layers), f"attention scale {layers[0].scale} must be positive"),
+        ])
+
+
+class Attention:
+    def __init__(self, args: AttentionArgs, file: GGUFFile, p: str, layer: int, n_embd: int, eps: float,
+                 backend: Backend):
+        hd, nh, nkv = args.head_dim, args.n_head, args.n_kv
+        self.backend = backend
+        self.args = args
+        self.shape = AttentionShape(n_head=nh, n_kv=nkv, head_dim=hd, window=int(args.window),
+                                    scale=float(args.scale))
+
+        def bias_of(t):
+            return f"{p}attn_{t}.bias" if args.qkv_bias else None
+
+        self.qkv = LinearGroup([
+            LinearWeight.load(file, p + "attn_q.weight", nh * hd, n_embd, backend, bias_of("q")),
+            LinearWeight.load(file, p + "attn_k.weight", nkv * hd, n_embd, backend, bias_of("k")),
+            LinearWeight.load(file, p + "attn_v.weight", nkv * hd, n_embd, backend, bias_of("v")),
+        ])
+        self.q_norm = self.k_norm = None
+        if args.qk_norm:
+            self.q_norm = backend.upload_vector(load_vector(file, p + "attn_q_norm.weight", hd))
+            self.k_norm = backend.upload_vector(load_vector(file, p + "attn_k_norm.weight", hd))
+        self.wo = LinearWeight.load(file, p + "attn_output.weight", n_embd, nh * hd, backend)
+        self.layer = layer
+        self.eps = eps
+
+    def __call__(self, h, segments: Sequence[Segment], positions: np.ndarray, row_wise: bool):
+        """h [rows, n_embd]; segments: the rows of each cache, at positions[row]."""
+        be, a = self.backend, self.args
+        q, k, v = self.qkv(h, row_wise)
+        if self.q_norm is not None:
+            q = be.rmsnorm(q, self.q_norm, self.eps)
+            k = be.rmsnorm(k, self.k_norm, self.eps)
+        rope_base = float(a.rope_base)
+        be.rope(q, positions, a.head_dim, a.rope_dims, rope_base, bool(a.rope_neox))
+        be.rope(k, positions, a.head_dim, a.rope_dims, rope_base, bool(a.rope_neox))
+        out = be.attention(q, k, v, segments, self.layer, self.shape, row_wise)
+        return self.wo(out, row_wise)
+
+    def spec(self) -> AttentionSpec:
+        """This mixer as a backend's fused row-wise stack reads it."""
+        a = self.args
+        return AttentionSpec(qkv=tuple(w.handle for w in self.qkv.parts), out=self.wo.handle, q_norm=self.q_norm,
+                             k_norm=self.k_norm, shape=self.shape, rope_dims=a.rope_dims,
+                             rope_neox=bool(a.rope_neox), rope_base=float(a.rope_base))

@@ -1,0 +1,37 @@
+"""A family's tensors as one table: each tensor's GGUF name, shape, role and whether a file must have it.
+
+Each part of a layer (engine.models.parts) lists its own tensors; ModelArgs.tensors puts a model's together.
+The loader reads weights by the names a part listed; the writers of tiny models (the kernel warm-up's,
+engine/warmup.py, and the tests' synthetic models) write exactly the tensors it lists. So a family's
+tensors are described once, as llama.cpp's LLM_TENSOR_* names and create_tensor(..., TENSOR_NOT_REQUIRED).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MATRIX, NORM, BIAS = "matrix", "norm", "bias"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]  # (out, in) for a matrix, as the loader checks it; (n,) for a vector
+    role: str               # MATRIX, NORM (values near 1) or BIAS (values near 0): what a writer fills it with
+    required: bool = True   # False: the model does without it (an untied output matrix)
+
+
+def matrix(name: str, rows: int, cols: int, required: bool = True) -> TensorSpec:
+    return TensorSpec(name, (rows, cols), MATRIX, required)
+
+
+def norm(name: str, n: int) -> TensorSpec:
+    return TensorSpec(name, (n,), NORM)
+
+
+def bias(name: str, n: int) -> TensorSpec:
+    return TensorSpec(name, (n,), BIAS)
+
+
+def layer_prefix(layer: int) -> str:
+    return f"blk.{layer}."
