@@ -40,7 +40,7 @@ from engine.cartridge.ingest import Document  # noqa: E402
 from engine.catalog import resolve_model  # noqa: E402
 from engine.chat import ChatOptions, Conversation, template_for_model  # noqa: E402
 from engine.models import load_model  # noqa: E402
-from engine.models.transformer import UBATCH  # noqa: E402
+from engine.models.model import UBATCH  # noqa: E402
 from engine.tokenize import load_tokenizer  # noqa: E402
 
 WORKLOAD = ROOT / "benchmarks" / "cartridge_documents.json"

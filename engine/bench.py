@@ -26,7 +26,7 @@ import numpy as np
 
 from engine.errors import FucinaError
 from engine.models import load_model
-from engine.models.transformer import Transformer
+from engine.models.model import Model
 
 
 @dataclass
@@ -53,7 +53,7 @@ def _timed_generation(prefill: Callable[[list[int]], np.ndarray], step: Callable
     return Run(len(prompt) / (t1 - t0), (gen_tokens - 1) / (t2 - t1), t1 - t0)
 
 
-def run_fucina(model: Transformer, prompt: list[int], gen_tokens: int, warm_up: bool = False) -> Run:
+def run_fucina(model: Model, prompt: list[int], gen_tokens: int, warm_up: bool = False) -> Run:
     """One timed prefill of `prompt` and decode of `gen_tokens`; with `warm_up`, after an untimed prefill of
     the same prompt, as llama-bench warms up before each of its runs (the peer's run in between leaves our
     threads and caches cold)."""

@@ -21,7 +21,7 @@ from typing import Callable
 from engine.bench import summary
 from engine.chat import ChatOptions, Conversation
 from engine.errors import BenchWorkloadError, SpeculationMismatch
-from engine.models.transformer import Transformer
+from engine.models.model import Model
 from engine.sampling import SamplerConfig
 from engine.speculative import Stats
 from engine.speculative.verify_costs import verify_cost_table
@@ -103,7 +103,7 @@ def _reply(convo: Conversation, user: str, side: _Side) -> list[int]:
     return turn.token_ids
 
 
-def run_workload(model: Transformer, workload: Workload, runs: int, *, sampler: SamplerConfig = SamplerConfig(),
+def run_workload(model: Model, workload: Workload, runs: int, *, sampler: SamplerConfig = SamplerConfig(),
                  max_tokens: int | None = None, tokenizer: Tokenizer | None = None,
                  log: Callable[[str], None] = lambda s: None) -> dict:
     """Median plain and speculative decode speed over `runs` runs of `workload`, with the speculative side's
@@ -145,7 +145,7 @@ def run_workload(model: Transformer, workload: Workload, runs: int, *, sampler: 
     return result
 
 
-def spec_benchmark(model: Transformer, workloads: list[Workload], runs: int, *,
+def spec_benchmark(model: Model, workloads: list[Workload], runs: int, *,
                    sampler: SamplerConfig = SamplerConfig(), max_tokens: int | None = None,
                    log: Callable[[str], None] = lambda s: None) -> dict:
     start = time.perf_counter()

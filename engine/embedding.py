@@ -9,10 +9,10 @@ from typing import Sequence
 import numpy as np
 
 from engine.kv.cache import KvDtype
-from engine.models.transformer import Transformer
+from engine.models.model import Model
 
 
-def embed(model: Transformer, ids: Sequence[int], kv_dtype: KvDtype | str = KvDtype.F16) -> np.ndarray:
+def embed(model: Model, ids: Sequence[int], kv_dtype: KvDtype | str = KvDtype.F16) -> np.ndarray:
     """float32 [n_embd] of a non-empty id sequence that fits the model's context (a fresh cache each call)."""
     hidden = model.hidden_states(list(ids), model.new_cache(len(ids), KvDtype(kv_dtype)))
     mean = hidden.mean(axis=0, dtype=np.float64)

@@ -7,7 +7,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from engine.kv.cache import KvDtype
-from engine.models.transformer import UBATCH, Transformer
+from engine.models.model import UBATCH, Model
 from engine.models.validate import check_logits, check_token_ids
 from engine.sampling import Sampler
 from engine.speculative import SpecOptions, SpeculativeStream, Stats
@@ -28,7 +28,7 @@ def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 PATHS = ("prefill", "rows", "decode")
 
 
-def teacher_forced(model: Transformer, ids: Sequence[int], kv: KvDtype | str = KvDtype.F16,
+def teacher_forced(model: Model, ids: Sequence[int], kv: KvDtype | str = KvDtype.F16,
                    chunk: int = UBATCH, path: str = "prefill") -> Iterator[np.ndarray]:
     """Logits after every prefix of ids, one [n, vocab] array per chunk (so a long text never holds
     all of its logits at once)."""
@@ -48,13 +48,13 @@ def teacher_forced(model: Transformer, ids: Sequence[int], kv: KvDtype | str = K
         yield logits
 
 
-def greedy(model: Transformer, prompt: Sequence[int], max_tokens: int, stop_ids: Iterable[int] = (),
+def greedy(model: Model, prompt: Sequence[int], max_tokens: int, stop_ids: Iterable[int] = (),
            kv: KvDtype | str = KvDtype.F16, capacity: int | None = None) -> Iterator[int]:
     """Yield greedily decoded ids (argmax, no sampling); a stop id ends generation and is yielded."""
     return sample(model, prompt, max_tokens, Sampler(), stop_ids, kv, capacity)
 
 
-def sample(model: Transformer, prompt: Sequence[int], max_tokens: int, sampler: Sampler,
+def sample(model: Model, prompt: Sequence[int], max_tokens: int, sampler: Sampler,
            stop_ids: Iterable[int] = (), kv: KvDtype | str = KvDtype.F16,
            capacity: int | None = None) -> Iterator[int]:
     """Yield the ids `sampler` chooses after the prompt; a stop id ends generation and is yielded. A
@@ -75,7 +75,7 @@ def sample(model: Transformer, prompt: Sequence[int], max_tokens: int, sampler: 
         logits = model.forward([tok], cache)
 
 
-def sample_speculative(model: Transformer, prompt: Sequence[int], max_tokens: int, sampler: Sampler,
+def sample_speculative(model: Model, prompt: Sequence[int], max_tokens: int, sampler: Sampler,
                        stop_ids: Iterable[int] = (), kv: KvDtype | str = KvDtype.F16, capacity: int | None = None,
                        *, stats: Stats | None = None) -> Iterator[int]:
     """`sample`, decoded speculatively (engine.speculative) with drafts from the prompt and the output so

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import weakref
 
-from engine.models.transformer import Transformer
+from engine.models.model import Model
 from engine.tokenize import Tokenizer, load_tokenizer
 
-_TOKENIZERS: "weakref.WeakKeyDictionary[Transformer, Tokenizer]" = weakref.WeakKeyDictionary()
+_TOKENIZERS: "weakref.WeakKeyDictionary[Model, Tokenizer]" = weakref.WeakKeyDictionary()
 
 
-def tokenizer_for(model: Transformer) -> Tokenizer:
+def tokenizer_for(model: Model) -> Tokenizer:
     if model not in _TOKENIZERS:
         _TOKENIZERS[model] = load_tokenizer(model.file.metadata)
     return _TOKENIZERS[model]

@@ -41,7 +41,7 @@ from engine.kv import persist as kv_persist
 from engine.kv.cache import KvDtype
 from engine.kv.sidecar_writer import WRITER
 from engine.model_tokenizer import tokenizer_for
-from engine.models.transformer import Transformer
+from engine.models.model import Model
 from engine.paths import data_dir
 from engine.sampling import CHAT_DEFAULTS, SamplerConfig
 from engine.sampling.grammar import Grammar
@@ -210,7 +210,7 @@ class EngineService:
     job comes, not before: a service that may only relay (the app's, until its local server is used)
     writes nothing to the data dir."""
 
-    def __init__(self, model: Transformer, *, slots: int = DEFAULT_SLOTS, capacity: int = DEFAULT_CONTEXT,
+    def __init__(self, model: Model, *, slots: int = DEFAULT_SLOTS, capacity: int = DEFAULT_CONTEXT,
                  kv_dtype: KvDtype | str = KvDtype.F16, sidecar_dir: str | os.PathLike | None = None,
                  max_waiting: int = DEFAULT_MAX_WAITING, open_slots_at_first_job: bool = False):
         if slots < 1:

@@ -32,7 +32,7 @@ from engine.history.store import HistoryStore
 from engine.kv.sidecar_writer import WRITER
 from engine.locks import busy, conversation_lock
 from engine.model_tokenizer import tokenizer_for
-from engine.models.transformer import Transformer
+from engine.models.model import Model
 from engine.paths import data_dir
 from engine.sampling import CHAT_DEFAULTS
 from engine.storage_errors import storage_error
@@ -248,7 +248,7 @@ class ChatSession(StoredChat):
     """One open conversation on a local model. `run_stream` runs a reply's model work where the model
     computes (EngineService.relay: on the service's compute thread); by default, on the caller's thread."""
 
-    def __init__(self, store: HistoryStore, model: Transformer, conversation_id: str, *, sidecar_dir=None,
+    def __init__(self, store: HistoryStore, model: Model, conversation_id: str, *, sidecar_dir=None,
                  speculation: bool = False, attachments: Sequence[Cartridge] = (),
                  run_stream: Callable[[Iterator[str]], Iterator[str]] | None = None):
         self.model = model
@@ -266,7 +266,7 @@ class ChatSession(StoredChat):
         self.resumed_positions = self._open_conversation(self.settings["sampler"])
 
     @classmethod
-    def open(cls, store: HistoryStore, model: Transformer, conversation_id: str | None = None, *,
+    def open(cls, store: HistoryStore, model: Model, conversation_id: str | None = None, *,
              sidecar_dir=None, system_prompt: str | None = None, sampler: dict | None = None,
              speculation: bool = False, attachments: Sequence[Cartridge] = (),
              run_stream: Callable[[Iterator[str]], Iterator[str]] | None = None) -> "ChatSession":

@@ -20,7 +20,7 @@ from engine.cartridge.ingest import Document
 from engine.errors import CartridgeCancelled, CartridgeRefused, DocumentTooLong
 from engine.kv.cache import KvDtype
 from engine.kv.persist import model_fingerprint
-from engine.models.transformer import UBATCH, Transformer
+from engine.models.model import UBATCH, Model
 from engine.tokenize import Tokenizer
 
 OnProgress = Callable[[int, int], None]  # (tokens prefilled, tokens to prefill)
@@ -38,7 +38,7 @@ def prefix_ids(tokenizer: Tokenizer, template, document: Document) -> list[int]:
                             add_special=True)
 
 
-def build(model: Transformer, tokenizer: Tokenizer, template, document: Document,
+def build(model: Model, tokenizer: Tokenizer, template, document: Document,
           dtype: KvDtype | str = KvDtype.F16, *, fingerprint: bytes | None = None,
           on_progress: OnProgress | None = None, cancel: threading.Event | None = None) -> Cartridge:
     """Prefill the wrapped document into an empty cache and keep its rows. `cancel` set between two slices
@@ -72,7 +72,7 @@ class Attached:
     chunk: int | None = None  # which chunk of a fleet (engine.cartridge.fleet) it serves, when it is one
 
 
-def load_stored(model: Transformer, document: str, dtype: KvDtype | str = KvDtype.F16, *,
+def load_stored(model: Model, document: str, dtype: KvDtype | str = KvDtype.F16, *,
                 directory: str | os.PathLike | None = None) -> tuple[Cartridge | None, str | None]:
     """The stored cartridge of a document (the SHA-256 of its text) for this model and cache type, marked as
     used now (the library evicts the least recently used), and None when there is none; a file that is
@@ -90,7 +90,7 @@ def load_stored(model: Transformer, document: str, dtype: KvDtype | str = KvDtyp
     return cart, None
 
 
-def attach(model: Transformer, tokenizer: Tokenizer, template, document: Document,
+def attach(model: Model, tokenizer: Tokenizer, template, document: Document,
            dtype: KvDtype | str = KvDtype.F16, *, directory: str | os.PathLike | None = None,
            on_progress: OnProgress | None = None, cancel: threading.Event | None = None,
            disk_budget: int = DEFAULT_DISK_BUDGET) -> Attached:

@@ -23,7 +23,7 @@ from engine.cartridge.ingest import read_document
 from engine.errors import CartridgeCancelled, FucinaError
 from engine.history.store import HistoryStore
 from engine.kv.cache import KvDtype
-from engine.models.transformer import Transformer
+from engine.models.model import Model
 from engine.tokenize import Tokenizer
 
 OnRowProgress = Callable[[str, int, int], None]  # (attachment id, tokens prefilled, tokens to prefill)
@@ -53,7 +53,7 @@ def carry_over(store: HistoryStore, from_id: str, to_id: str, served: list[Cartr
             store.add_attachment(to_id, row["name"], row["kind"], row["path"], row["document"], row["tokens"])
 
 
-def restore(store: HistoryStore, conversation_id: str, model: Transformer, tokenizer: Tokenizer, template,
+def restore(store: HistoryStore, conversation_id: str, model: Model, tokenizer: Tokenizer, template,
             dtype: KvDtype | str = KvDtype.F16, *, directory: str | os.PathLike | None = None,
             on_progress: OnRowProgress | None = None, cancel: threading.Event | None = None,
             disk_budget: int = DEFAULT_DISK_BUDGET) -> list[Restored]:

@@ -29,7 +29,7 @@ from engine.embedding import embed
 from engine.errors import CartridgeCancelled, CartridgeRefused, DocumentTooLong
 from engine.kv.cache import KvDtype
 from engine.kv.persist import model_fingerprint
-from engine.models.transformer import Transformer
+from engine.models.model import Model
 from engine.tokenize import Tokenizer
 
 PER_ANSWER = 3  # chunks one answer is served from, at most
@@ -49,7 +49,7 @@ class FleetDocument:
     index: chunk_index.ChunkIndex | None
     budget: int  # the prefix rows the served chunks may take together
     per_answer: int
-    model: Transformer
+    model: Model
     tokenizer: Tokenizer
     template: object
     dtype: KvDtype
@@ -57,7 +57,7 @@ class FleetDocument:
     disk_budget: int
 
     @classmethod
-    def open(cls, model: Transformer, tokenizer: Tokenizer, template, document: Document, budget: int,
+    def open(cls, model: Model, tokenizer: Tokenizer, template, document: Document, budget: int,
              dtype: KvDtype | str = KvDtype.F16, *, per_answer: int = PER_ANSWER,
              directory: str | os.PathLike | None = None, on_progress: OnProgress | None = None,
              cancel: threading.Event | None = None, disk_budget: int = DEFAULT_DISK_BUDGET) -> "FleetDocument":

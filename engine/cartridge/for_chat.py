@@ -13,7 +13,7 @@ from engine.cartridge.build import DEFAULT_DISK_BUDGET, Attached, OnProgress, at
 from engine.cartridge.fleet import FleetDocument
 from engine.cartridge.ingest import Document
 from engine.kv.cache import KvDtype
-from engine.models.transformer import Transformer
+from engine.models.model import Model
 from engine.tokenize import Tokenizer
 
 
@@ -23,7 +23,7 @@ def document_budget(context: int) -> int:
     return context // 2
 
 
-def read_for_chat(model: Transformer, tokenizer: Tokenizer, template, document: Document, context: int,
+def read_for_chat(model: Model, tokenizer: Tokenizer, template, document: Document, context: int,
                   dtype: KvDtype | str = KvDtype.F16, *, budget: int | None = None,
                   directory: str | os.PathLike | None = None, on_progress: OnProgress | None = None,
                   cancel: threading.Event | None = None,

@@ -40,7 +40,7 @@ from engine.chat.templates import Message, Template
 from engine.chat.turn import Turn, TurnRequest, TurnResult
 from engine.errors import ContextFull, InvalidPrefix
 from engine.kv.cache import KvCache
-from engine.models.transformer import UBATCH, Transformer
+from engine.models.model import UBATCH, Model
 from engine.sampling import Sampler
 from engine.speculative import SpeculativeStream
 from engine.sampling.grammar import grammar_processor
@@ -65,7 +65,7 @@ class DecodeStep:
 class Conversation:
     """One chat's KV cache, token history and sampler. Single-threaded mutable state."""
 
-    def __init__(self, model: Transformer, tokenizer: Tokenizer, template: Template | JinjaTemplate,
+    def __init__(self, model: Model, tokenizer: Tokenizer, template: Template | JinjaTemplate,
                  options: ChatOptions | None = None, *, warm: WarmState | None = None):
         self.model, self.tokenizer, self.template = model, tokenizer, template
         self.options = options or ChatOptions()
@@ -89,7 +89,7 @@ class Conversation:
         self._prefix_identity: bytes | None = None  # which cartridges built the prefix (attach)
 
     @classmethod
-    def for_model(cls, model: Transformer, options: ChatOptions | None = None, *,
+    def for_model(cls, model: Model, options: ChatOptions | None = None, *,
                   tokenizer: Tokenizer | None = None, warm: WarmState | None = None) -> "Conversation":
         """A conversation with the model's own tokenizer and chat template (engine.chat.model_template)."""
         tokenizer = tokenizer or load_tokenizer(model.file.metadata)

@@ -12,7 +12,7 @@ from engine.cartridge.ingest import Document
 from engine.chat import Format, Template
 from engine.errors import CartridgeCancelled, CartridgeRefused, DocumentTooLong
 from engine.kv.persist import model_fingerprint
-from engine.models.transformer import UBATCH
+from engine.models.model import UBATCH
 
 CHATML = Template(Format.CHATML)
 # long enough that its prefill takes two UBATCH slices (the byte-level vocabulary: ~1 token per byte)

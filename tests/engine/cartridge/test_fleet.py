@@ -17,7 +17,7 @@ from engine.cartridge.index import ChunkIndex
 from engine.cartridge.ingest import Document
 from engine.chat import Format, Template
 from engine.errors import CartridgeRefused, DocumentTooLong
-from engine.models.transformer import UBATCH
+from engine.models.model import UBATCH
 
 CHATML = Template(Format.CHATML)
 # Paragraphs of several lines, one line longer than a small budget, and one "word" longer still.

@@ -8,7 +8,7 @@ from engine.cartridge.cartridge import Cartridge, write_composed
 from engine.cartridge.ingest import Document
 from engine.chat import ChatOptions, Conversation, Format, Template
 from engine.errors import ContextFull, InvalidPrefix, KvCacheShapeMismatch
-from engine.models.transformer import UBATCH
+from engine.models.model import UBATCH
 from tests.engine.chat.conftest import Script
 
 CHATML = Template(Format.CHATML)

@@ -5,7 +5,7 @@ decoding does. On the tiny byte-level model one character is one token."""
 import threading
 
 from engine.chat import ChatOptions, Conversation, Format, Message, Template
-from engine.models.transformer import UBATCH
+from engine.models.model import UBATCH
 
 CHATML = Template(Format.CHATML)
 LONG = "x" * (2 * UBATCH + 300)
