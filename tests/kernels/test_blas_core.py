@@ -13,8 +13,11 @@ from kernels import blas_core
 
 @pytest.fixture
 def host(monkeypatch):
-    for name in ("OPENBLAS_CORETYPE", *blas_core._THREAD_VARIABLES):
-        monkeypatch.delenv(name, raising=False)
+    # configure_openblas writes os.environ itself, which monkeypatch would not undo: give it a copy, so a
+    # child process started by a later test does not inherit OPENBLAS_CORETYPE=SkylakeX (on a CPU without
+    # AVX-512 it died of SIGILL at its first product)
+    names = ("OPENBLAS_CORETYPE", *blas_core._THREAD_VARIABLES)
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k not in names})
     monkeypatch.setattr(blas_core, "_one_thread_ours", blas_core._one_thread_ours)
 
     def with_features(**features):
