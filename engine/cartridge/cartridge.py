@@ -88,6 +88,8 @@ def composed_rows(parts: Sequence[Cartridge]) -> int:
 def write_composed(parts: Sequence[Cartridge], cache: KvCache) -> None:
     """Serve `parts` in order from an empty cache: afterwards it holds composed_rows(parts) positions. Every
     part must fit the cache's geometry and the model; nothing is written when one does not."""
+    if not cache.composable:  # engine.kv.memory: a state, not rows a cartridge's can sit beside
+        raise InvalidPrefix("this model's memory cannot take documents' cartridges")
     if cache.len:
         raise InvalidPrefix(f"cartridges are written into an empty KV cache; this one holds {cache.len} positions")
     if not parts:

@@ -160,13 +160,16 @@ class Conversation:
     def copy_prefix(self, source: "Conversation", n: int) -> None:
         """Start over from the first `n` cached positions of another conversation on the same model (a
         prompt prefix it already computed, copied instead of prefilled again); the sidecar is rewritten
-        from there at the next turn's end."""
+        from there at the next turn's end. Nothing is copied from a memory that cannot give its first n
+        positions alone (engine.kv.memory): the prompt is read again."""
         cache, source_cache = self._live_cache(), source._live_cache()
         if self.prefix_rows or source.prefix_rows:
             raise InvalidPrefix("a conversation with a preloaded prefix neither gives nor takes a copied one")
         n = min(n, source_cache.len)
-        self._truncate(0)
-        cache.copy_rows(source_cache, 0, n)
+        if not source_cache.can_truncate(n):
+            return
+        self._truncate(0)  # the sidecar rewrites from 0: its rows are another chat's
+        cache.copy_prefix(source_cache, n)
         self._history = source._history[:n]
 
     def take_cache(self) -> WarmState:
@@ -186,6 +189,8 @@ class Conversation:
         cache = self._live_cache()
         if self._sidecar is not None or self._history:
             raise RuntimeError("persistence is enabled once, on a conversation that has not had a turn yet")
+        if not cache.persistable:  # engine.kv.memory: this chat reopens by reading its messages again
+            return 0
         self._sidecar, loaded = Sidecar.open(path, self.model.file, self._prefix_identity, cache, self.prefix_rows)
         if loaded is not None:
             self._history, self.prefix_rows = loaded.tokens, loaded.prefix_rows
@@ -204,11 +209,17 @@ class Conversation:
         self._sidecar.save(cache, self._history[: cache.len - self.prefix_rows], self.prefix_rows)
 
     def _truncate(self, positions: int) -> None:
-        """Keep the cache's first `positions`; the sidecar is rewritten from there at the next save."""
+        """Keep the cache's first `positions` (a memory that cannot be cut there must not be asked to:
+        engine.kv.memory); the sidecar is rewritten from there at the next save."""
         cache = self._live_cache()
+        if not cache.can_truncate(positions):
+            raise RuntimeError(f"this model's memory cannot be cut to {positions} positions")
         cache.truncate(positions)
+        self._rewound()
+
+    def _rewound(self) -> None:
         if self._sidecar is not None:
-            self._sidecar.rewind(cache.len)
+            self._sidecar.rewind(self.cache.len)
 
     def _live_cache(self) -> KvCache:
         if self.cache is None:
@@ -297,6 +308,8 @@ class Conversation:
         cached = cache.len - self.prefix_rows
         if request.reuse:  # logits are not cached state: at least the last prompt token is fed again
             keep = min(common_prefix_len(request.ids, self._history[:cached]), len(request.ids) - 1)
+            if not cache.can_truncate(self.prefix_rows + keep):  # a memory that cannot be cut there reads it all
+                keep = 0
             history = request.ids
         else:
             keep, history = cached, self._history + request.ids
@@ -305,13 +318,15 @@ class Conversation:
             raise ContextFull(f"context full: the conversation needs {need} positions but its context holds "
                               f"{cache.capacity}; start over (reset) or use a larger context")
         self._truncate(self.prefix_rows + keep)
+        before = cache.checkpoint()
         feed = history[keep:]
         logits = self._feed(feed, cancel, request.on_prefill)
         if logits is None:
             if request.reuse:  # what was fed stays: a resend of this render resumes from it
                 self._history = list(history[: cache.len - self.prefix_rows])
             else:  # a part of a turn cannot stay under the turns that follow it
-                self._truncate(self.prefix_rows + keep)
+                cache.restore(before)
+                self._rewound()
             return None, keep, cache.len - self.prefix_rows - keep
         self._history = list(history)
         return logits, keep, len(feed)

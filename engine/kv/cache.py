@@ -26,6 +26,11 @@ class KvDtype(str, Enum):
 
 
 class KvCache:
+    """Attention's memory (engine.kv.memory): a row per position, so every Memory operation is free."""
+
+    persistable = True  # rows are saved to and loaded from sidecars (engine.kv.persist)
+    composable = True  # cartridges' rows are placed in it (engine.cartridge)
+
     def __init__(self, kv_heads: Sequence[int], head_dims: Sequence[int], capacity: int,
                  dtype: KvDtype | str = KvDtype.F16, backend: Backend | None = None):
         if len(kv_heads) != len(head_dims):
@@ -99,10 +104,23 @@ class KvCache:
     def reset(self) -> None:
         self.len = 0
 
+    def can_truncate(self, keep_len: int) -> bool:
+        return True  # rows past keep_len are simply written over
+
     def truncate(self, keep_len: int) -> None:
         """Rewind to the first keep_len positions; at or above len is a no-op."""
         if keep_len < self.len:
             self.len = max(0, int(keep_len))
+
+    def checkpoint(self) -> int:
+        return self.len
+
+    def restore(self, checkpoint: int) -> None:
+        self.truncate(checkpoint)
+
+    def copy_prefix(self, src: "KvCache", n: int) -> None:
+        self.reset()
+        self.copy_rows(src, 0, n)
 
     def copy_rows(self, src: "KvCache", start: int, end: int) -> None:
         """Copy positions [start, end) of a same-geometry cache to the same positions here."""

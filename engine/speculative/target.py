@@ -26,11 +26,14 @@ class VerifyTarget(Protocol):
 
 
 class CacheTarget:
-    """A model's row-wise forward over one KV cache (`model.forward_rows(tokens, cache)` -> [m, vocab])."""
+    """A model's row-wise forward over one conversation's memory (`model.forward_rows(tokens, cache)` ->
+    [m, vocab]). A memory that cannot cut a verify's rejected rows (engine.kv.memory) goes back to where the
+    verify began and is fed the kept tokens again, row-wise: the bits a one-token decode leaves."""
 
     def __init__(self, model, cache):
         self.model = model
         self.cache = cache
+        self._verified: tuple[object, int, list[int]] | None = None  # the last verify: checkpoint, base, tokens
 
     @property
     def capacity(self) -> int:
@@ -40,7 +43,16 @@ class CacheTarget:
         return self.cache.len
 
     def verify(self, tokens: Sequence[int]) -> np.ndarray:
+        self._verified = (self.cache.checkpoint(), self.cache.len, list(tokens))
         return self.model.forward_rows(list(tokens), self.cache)
 
     def truncate(self, keep_len: int) -> None:
-        self.cache.truncate(keep_len)
+        if keep_len >= self.cache.len or self.cache.can_truncate(keep_len):
+            self.cache.truncate(keep_len)
+            return
+        if self._verified is None or keep_len < self._verified[1]:
+            raise ValueError(f"this memory cannot rewind to {keep_len}, before the last verify began")
+        checkpoint, base, tokens = self._verified
+        self.cache.restore(checkpoint)
+        if keep_len > base:
+            self.model.forward_rows(tokens[: keep_len - base], self.cache)
