@@ -1,5 +1,5 @@
 """`fucina serve`'s server inside the app: the server's ASGI app (app/server.py) on uvicorn in a thread, on
-loopback behind an API key, over the engine service the app's chat already goes through (engine/service.py:
+loopback behind an API key, over the engine service the app's chat already goes through (engine/serving/service.py:
 the chat's replies and the server's jobs take turns on its compute thread). Qt-free: the app's worker
 starts and stops it (app.gui.worker); stopping it leaves the service to the chat.
 """
@@ -17,7 +17,7 @@ from app.cli.serve import GRACEFUL_SHUTDOWN_S
 from app.server import create_app
 from app.server_requests import Limits
 from engine.errors import FucinaError
-from engine.service import EngineService
+from engine.serving.service import EngineService
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 30

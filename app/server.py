@@ -1,4 +1,4 @@
-"""The local OpenAI-compatible server: an ASGI app (Starlette) adapting HTTP to engine.service.
+"""The local OpenAI-compatible server: an ASGI app (Starlette) adapting HTTP to engine.serving.service.
 
 Routes: GET /v1/models; POST /v1/chat/completions and /v1/completions, answered whole or streamed as
 server-sent events; POST /v1/embeddings (the mean of the model's final hidden states, normalised);
@@ -36,7 +36,7 @@ from starlette.concurrency import run_in_threadpool
 
 from app.server_requests import ApiError, Call, Limits, parse_chat, parse_completion, parse_embeddings, parse_json
 from engine.errors import ContextFull, FucinaError
-from engine.service import EngineService, Job, JobResult, ServiceBusy, ServiceClosed
+from engine.serving.service import EngineService, Job, JobResult, ServiceBusy, ServiceClosed
 
 # length_closed: a constrained reply closed to fit its limit, a whole document ("fucina" says which)
 FINISH_REASONS = {"stop": "stop", "stop_sequence": "stop", "length": "length", "length_closed": "length",

@@ -18,7 +18,7 @@ from engine.chat import Message
 from engine.errors import InvalidGrammar
 from engine.sampling import CHAT_DEFAULTS, SamplerConfig
 from engine.sampling.grammar import Grammar
-from engine.service import GenerationRequest
+from engine.serving.service import GenerationRequest
 
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit
 MAX_EMBEDDING_INPUTS = 64  # texts in one embeddings request (each may be a whole context long)

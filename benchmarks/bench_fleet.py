@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from engine.cartridge.fleet import FleetDocument  # noqa: E402
 from engine.cartridge.ingest import Document  # noqa: E402
-from engine.catalog import resolve_model  # noqa: E402
+from engine.platform.catalog import resolve_model  # noqa: E402
 from engine.chat import ChatOptions, Conversation, template_for_model  # noqa: E402
 from engine.models import load_model  # noqa: E402
 from engine.tokenize import load_tokenizer  # noqa: E402

@@ -36,12 +36,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.catalog import resolve_model  # noqa: E402
+from engine.platform.catalog import resolve_model  # noqa: E402
 from engine.chat import ChatOptions, Conversation, TurnResult, template_for_model  # noqa: E402
 from engine.chat.model_template import stop_token_id  # noqa: E402
 from engine.errors import SpeculationMismatch  # noqa: E402
 from engine.models import load_model  # noqa: E402
-from engine.runtime import configure_threads  # noqa: E402
+from engine.platform.runtime import configure_threads  # noqa: E402
 from engine.sampling.grammar import Grammar, grammar_processor  # noqa: E402
 from engine.sampling.processor import StructuredProcessor  # noqa: E402
 from engine.speculative import Stats  # noqa: E402

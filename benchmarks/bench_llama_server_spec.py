@@ -27,9 +27,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.bench import summary  # noqa: E402
-from engine.bench_spec import Workload, load_workload  # noqa: E402
-from engine.catalog import resolve_model  # noqa: E402
+from engine.benchmarks.peer import summary  # noqa: E402
+from engine.benchmarks.speculation import Workload, load_workload  # noqa: E402
+from engine.platform.catalog import resolve_model  # noqa: E402
 
 WORKLOADS = ROOT / "benchmarks" / "workloads"
 

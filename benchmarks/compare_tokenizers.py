@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.catalog import catalog, resolve_model  # noqa: E402
+from engine.platform.catalog import catalog, resolve_model  # noqa: E402
 from engine.gguf.reader import open_gguf  # noqa: E402
 from engine.tokenize import load_tokenizer  # noqa: E402
 from engine.tokenize.vocab import CONTROL, USER_DEFINED  # noqa: E402

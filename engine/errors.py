@@ -226,7 +226,7 @@ class DocumentTooLong(CartridgeError):
 
 
 class RemoteError(FucinaError):
-    """Base for errors of a remote OpenAI-compatible endpoint used as the model (engine.remote)."""
+    """Base for errors of a remote OpenAI-compatible endpoint used as the model (engine.serving.remote)."""
 
 
 class RemoteUnreachable(RemoteError):

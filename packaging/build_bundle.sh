@@ -25,7 +25,7 @@ done
 # The GPU backend is bundled: a tiny model (the warm-up's writer, Q8_0 weights) replies with --backend gpu.
 # Without a GPU, or a software Vulkan driver, the CPU replies after one warning; a bundle without wgpu would
 # say that the backend needs the package.
-"$PYTHON" -c "import sys; from pathlib import Path; from engine.warmup import write_model
+"$PYTHON" -c "import sys; from pathlib import Path; from engine.platform.warmup import write_model
 write_model(Path(sys.argv[1]), {'arch': 'llama', 'types': {'*': 'Q8_0'}})" "$SCRATCH/tiny.gguf"
 NUMBA_CACHE_DIR="$SCRATCH/numba" "$APP" generate "$SCRATCH/tiny.gguf" --prompt-ids 1,2,3 --max-tokens 2 \
     --backend gpu > /dev/null 2> "$SCRATCH/gpu.log" || { cat "$SCRATCH/gpu.log" >&2; exit 1; }

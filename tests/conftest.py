@@ -9,7 +9,7 @@ def model_path():
 
     Pulls go to the user's models directory (not a temp dir) so later runs and CI re-runs reuse them.
     """
-    from engine.catalog import models_dir, pull
+    from engine.platform.catalog import models_dir, pull
 
     directory = models_dir()  # fixed now, so a test that sets FUCINA_HOME never re-downloads a model
     return lambda name: pull(name, directory=directory)

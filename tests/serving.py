@@ -16,7 +16,7 @@ def serving_tiny(directory, api_key: str | None = None):
     from app.server import create_app
     from app.server_requests import Limits
     from engine.models import load_model
-    from engine.service import EngineService
+    from engine.serving.service import EngineService
     from tests.synthetic import write_tiny_model
 
     path = directory / "tiny.gguf"

@@ -205,7 +205,7 @@ def _check_sidecar(report: Report, home: Path, model, cid: str) -> None:
     """Reopen the conversation on a copy of the data dir (reopening writes the sidecar) and compare what it
     resumed with the stored branch and with the model's own KV rows for the resumed tokens."""
     from engine.history.store import HistoryStore
-    from engine.session import ChatSession
+    from engine.serving.session import ChatSession
 
     copy = Path(tempfile.mkdtemp(prefix="fucina-sigkill-check-"))
     try:
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--home", type=Path, default=None, help="data dir to use (default: a new temporary one)")
     args = p.parse_args(argv)
-    from engine.catalog import models_dir, pull
+    from engine.platform.catalog import models_dir, pull
 
     report = run(args.kills, pull(args.model, directory=models_dir()), seed=args.seed, home=args.home)
     print(report.summary())

@@ -19,7 +19,7 @@ from engine.cartridge.for_chat import read_for_chat
 from engine.cartridge.ingest import read_document
 from engine.chat import template_for_model
 from engine.model_tokenizer import tokenizer_for
-from engine.session import DEFAULT_CONTEXT
+from engine.serving.session import DEFAULT_CONTEXT
 
 
 def add_attach_option(p) -> None:

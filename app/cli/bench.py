@@ -8,11 +8,11 @@ from pathlib import Path
 
 from app.cli.common import add_compute_options, configure_compute, resolve_model_path
 from app.cli.sampling import add_sampler_options, sampler_config
-from engine.bench import PEERS, benchmark, rows_throughput
-from engine.bench_cold import cold_start
-from engine.bench_reopen import reopen_benchmark
-from engine.bench_spec import load_workload, spec_benchmark
-from engine.catalog import catalog
+from engine.benchmarks.peer import PEERS, benchmark, rows_throughput
+from engine.benchmarks.cold_start import cold_start
+from engine.benchmarks.reopen import reopen_benchmark
+from engine.benchmarks.speculation import load_workload, spec_benchmark
+from engine.platform.catalog import catalog
 from engine.errors import BenchWorkloadError, FucinaError
 from engine.models import load_model
 

@@ -2,7 +2,7 @@
 
 Interactive on a terminal; from a pipe it answers one message per input line until EOF. Replies (and
 /stats) go to stdout, notices to stderr, so a piped run's stdout holds only the conversation's answers.
-With --conversation the chat is stored (the history database and a KV sidecar, through engine.session)
+With --conversation the chat is stored (the history database and a KV sidecar, through engine.serving.session)
 and a stored one reopens warm; without it, the chat lives only in this process. With --attach FILE the chat
 is served behind the documents' KV cartridges (app.cli.attach); a stored chat records its documents and
 reopens warm behind them (engine.cartridge.chat_documents), without --attach. With --remote URL the replies
@@ -32,10 +32,10 @@ from engine.history.store import HistoryStore
 from engine.kv.cache import KvDtype
 from engine.model_tokenizer import tokenizer_for
 from engine.errors import ContextFull, FucinaError, RemoteConnectionLost, StoreError
-from engine.remote import RemoteClient
-from engine.remote_session import RemoteChatSession, check_remote_format
+from engine.serving.remote import RemoteClient
+from engine.serving.remote_session import RemoteChatSession, check_remote_format
 from engine.sampling import CHAT_DEFAULTS
-from engine.session import DEFAULT_CONTEXT, DEFAULT_MAX_TOKENS, ChatSession
+from engine.serving.session import DEFAULT_CONTEXT, DEFAULT_MAX_TOKENS, ChatSession
 
 HELP = """commands:
   /reset        forget the conversation (a stored chat: start a new one)

@@ -12,8 +12,8 @@ from pathlib import Path
 from engine.errors import HistoryError
 from engine.history.store import HistoryStore
 from engine.history.validate import read_export
-from engine.session import delete_conversation
-from engine.storage_errors import storage_error
+from engine.serving.session import delete_conversation
+from engine.platform.storage_errors import storage_error
 
 
 def open_store() -> HistoryStore:

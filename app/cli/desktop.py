@@ -77,7 +77,7 @@ def install(prefix: Path) -> list[Path]:
 
 
 def run_install_desktop(args) -> int:
-    from engine.storage_errors import storage_error
+    from engine.platform.storage_errors import storage_error
 
     prefix = Path(args.prefix) if args.prefix else data_home()
     try:

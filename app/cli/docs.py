@@ -9,7 +9,7 @@ from app.cli.attach import add_doc_budget_option, attach_documents, describe
 from app.cli.common import add_compute_options, add_kv_option, open_model
 from engine.cartridge import store
 from engine.errors import FucinaError
-from engine.session import DEFAULT_CONTEXT
+from engine.serving.session import DEFAULT_CONTEXT
 
 
 def run_add(args) -> int:

@@ -18,7 +18,7 @@ from engine.chat.model_template import stop_token_id
 from engine.errors import FucinaError
 from engine.model_tokenizer import tokenizer_for
 from engine.sampling import Sampler
-from engine.session import DEFAULT_CONTEXT
+from engine.serving.session import DEFAULT_CONTEXT
 from engine.speculative import Stats
 from engine.sampling.grammar import grammar_processor
 from engine.tokenize import StreamDecoder

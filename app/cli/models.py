@@ -6,7 +6,7 @@ import json
 import sys
 
 from app.cli.progress import ProgressBar
-from engine import catalog
+from engine.platform import catalog
 
 
 def register(subparsers) -> None:

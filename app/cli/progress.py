@@ -6,7 +6,7 @@ import sys
 import time
 from typing import Callable
 
-from engine.catalog import TransferRate
+from engine.platform.catalog import TransferRate
 
 REDRAW_S = 0.1  # a terminal's line is redrawn at most this often within a stage
 

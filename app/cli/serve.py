@@ -2,7 +2,7 @@
 
 It listens on loopback unless told otherwise; any other address needs an API key (--api-key or
 $FUCINA_API_KEY), since whoever reaches the port could use the model. The server is app/server.py on
-uvicorn; the model runs in one engine service (engine/service.py) whose slots keep their KV caches in
+uvicorn; the model runs in one engine service (engine/serving/service.py) whose slots keep their KV caches in
 sidecars under the data dir, so conversations resent after a restart are warm.
 """
 
@@ -15,9 +15,9 @@ from pathlib import Path
 
 from app.cli.common import add_model_options, open_model, token_count
 from app.server_requests import Limits
-from engine.catalog import default_model_name
+from engine.platform.catalog import default_model_name
 from engine.errors import FucinaError
-from engine.service import DEFAULT_SLOTS, EngineService
+from engine.serving.service import DEFAULT_SLOTS, EngineService
 
 DEFAULT_PORT = 8080
 GRACEFUL_SHUTDOWN_S = 5

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from engine.catalog import resolve_model
+from engine.platform.catalog import resolve_model
 from engine.gguf.reader import open_gguf
 from engine.tokenize import load_tokenizer
 

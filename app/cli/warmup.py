@@ -3,7 +3,7 @@ reply (the app runs it in the background on the first start, while the model dow
 
 from __future__ import annotations
 
-from engine import warmup
+from engine.platform import warmup
 
 
 def run_warmup(args) -> int:

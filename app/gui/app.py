@@ -26,9 +26,9 @@ def run(screenshot: str | None = None, conversation_id: str | None = None, theme
     from app.gui.qt_binding import binding_problem
     from app.gui.screenshot import Screenshot
     from engine.errors import FucinaError
-    from engine.locks import app_lock
-    from engine.paths import data_dir
-    from engine.runtime import configure_threads
+    from engine.platform.locks import app_lock
+    from engine.platform.paths import data_dir
+    from engine.platform.runtime import configure_threads
     from resources import resource_path
 
     if problem := binding_problem():

@@ -33,7 +33,7 @@ from engine.errors import CartridgeCancelled, CartridgeRefused, FucinaError
 from engine.kv.cache import KvDtype
 from engine.kv.persist import model_fingerprint
 from engine.model_tokenizer import tokenizer_for
-from engine.session import DEFAULT_CONTEXT
+from engine.serving.session import DEFAULT_CONTEXT
 
 READING, READY, FAILED = "reading", "ready", "failed"
 

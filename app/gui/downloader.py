@@ -7,7 +7,7 @@ import threading
 
 from PySide6.QtCore import QThread, Signal
 
-from engine.catalog import pull
+from engine.platform.catalog import pull
 from engine.errors import DownloadCancelled, FucinaError
 
 

@@ -1,4 +1,4 @@
-"""The first run's kernel warm-up (engine.warmup) seen from the window: its stages run as child processes
+"""The first run's kernel warm-up (engine.platform.warmup) seen from the window: its stages run as child processes
 (QProcess, so nothing blocks this thread) while the model downloads, and a progress bar in the status bar
 shows how far they are. The window holds the first message until they end: the first reply would
 otherwise compile the same kernels itself, in competition with them. The verify stage (speculation's
@@ -9,8 +9,8 @@ from __future__ import annotations
 from PySide6.QtCore import QObject, QProcess, Signal
 from PySide6.QtWidgets import QProgressBar
 
-from engine import warmup
-from engine.catalog import catalog
+from engine.platform import warmup
+from engine.platform.catalog import catalog
 
 
 class KernelWarmup(QObject):

@@ -31,12 +31,12 @@ from app.gui.storage_banner import StorageBanner
 from app.gui.theme import SPACE_L, SPACE_M, THEMES, apply_theme
 from app.gui.welcome import WelcomeScreen
 from app.gui.worker import EngineClient
-from engine.catalog import catalog, default_model_name
+from engine.platform.catalog import catalog, default_model_name
 from engine.errors import FucinaError, StoreError
 from engine.history.store import HistoryStore
 from engine.history.validate import read_export
-from engine.paths import data_dir
-from engine.runtime import configure_backend
+from engine.platform.paths import data_dir
+from engine.platform.runtime import configure_backend
 
 PREFERENCES_FILE = "gui.ini"
 THEME_NAMES = {"system": "Follow the system", "light": "Light", "dark": "Dark"}

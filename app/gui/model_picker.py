@@ -13,7 +13,7 @@ from PySide6.QtWidgets import (QDialog, QFileDialog, QHBoxLayout, QLabel, QListW
 
 from app.gui.downloader import Download
 from app.gui.remote_endpoint import RemoteEndpointBox
-from engine.catalog import StarterModel, TransferRate, catalog, default_model_name, model_display_name
+from engine.platform.catalog import StarterModel, TransferRate, catalog, default_model_name, model_display_name
 
 PATH_ROLE = Qt.ItemDataRole.UserRole
 

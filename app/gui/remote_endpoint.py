@@ -10,7 +10,7 @@ from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QComboBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel, QLineEdit, QPushButton
 
 from engine.errors import FucinaError
-from engine.remote import RemoteClient
+from engine.serving.remote import RemoteClient
 
 LIST_TIMEOUT_S = 10.0
 

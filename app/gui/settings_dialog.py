@@ -15,9 +15,9 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, 
 from app.gui.preferences import Preferences
 from app.gui.response_format import ResponseFormatEditor
 from engine.chat.window import DEFAULT_POLICY
-from engine.runtime import BACKENDS
+from engine.platform.runtime import BACKENDS
 from engine.sampling import CHAT_DEFAULTS
-from engine.session import DEFAULT_CONTEXT, DEFAULT_MAX_TOKENS
+from engine.serving.session import DEFAULT_CONTEXT, DEFAULT_MAX_TOKENS
 
 DEFAULT_SAMPLER = {"temperature": CHAT_DEFAULTS.temperature, "top_k": CHAT_DEFAULTS.top_k,
                    "top_p": CHAT_DEFAULTS.top_p, "min_p": CHAT_DEFAULTS.min_p,

@@ -1,5 +1,5 @@
 """The engine thread: a QObject living on its own QThread that owns the loaded model's engine service
-(engine/service.py, whose compute thread is the only one running the model), its own HistoryStore
+(engine/serving/service.py, whose compute thread is the only one running the model), its own HistoryStore
 connection (SQLite connections belong to the thread that made them) and the open ChatSession: the session
 renders, fits and stores each turn here, and relays its reply stream to the service's compute thread, where
 it takes turns with the local server's requests.
@@ -30,15 +30,15 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from app.gui.document_jobs import DocumentAttacher
 from app.local_server import LocalServer
-from engine.catalog import resolve_model
+from engine.platform.catalog import resolve_model
 from engine.errors import FucinaError, HistoryError, RemoteConnectionLost, StoreError
 from engine.history.store import HistoryStore
 from engine.models import load_model
-from engine.paths import data_dir
-from engine.remote import RemoteClient
-from engine.remote_session import RemoteChatSession
-from engine.service import EngineService
-from engine.session import ChatSession, OnPrefill, PendingReply, StoredChat, delete_conversation
+from engine.platform.paths import data_dir
+from engine.serving.remote import RemoteClient
+from engine.serving.remote_session import RemoteChatSession
+from engine.serving.service import EngineService
+from engine.serving.session import ChatSession, OnPrefill, PendingReply, StoredChat, delete_conversation
 
 FLUSH_INTERVAL_S = 1 / 30
 # The local server's slots (conversations it keeps warm) and their context, as `fucina serve`'s defaults

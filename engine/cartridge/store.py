@@ -28,8 +28,8 @@ import numpy as np
 from engine.cartridge.cartridge import Cartridge
 from engine.errors import CartridgeRefused
 from engine.kv.cache import KvCache, KvDtype
-from engine.paths import data_dir
-from engine.storage_errors import storage_error
+from engine.platform.paths import data_dir
+from engine.platform.storage_errors import storage_error
 
 FORMAT = "fucina-cartridge-1"
 SUFFIX = ".safetensors"

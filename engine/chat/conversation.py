@@ -97,7 +97,7 @@ class Conversation:
 
     def reconfigure(self, options: ChatOptions) -> None:
         """Reply settings for the turns that follow (sampler and seed, stops, grammar, budget, speculation):
-        one cache serving requests that each bring their own (engine.service). The cache, its history and
+        one cache serving requests that each bring their own (engine.serving.service). The cache, its history and
         the sidecar stay; the cache keeps its capacity and KV type."""
         self.options = options
         self.system = options.system
@@ -252,7 +252,7 @@ class Conversation:
                     batched: bool = False) -> Generator[str | DecodeStep, np.ndarray | None, None]:
         """send_rendered over pre-encoded ids. With `batched`, a plain turn does not forward its tokens
         itself: it yields a DecodeStep for each, and the caller forwards them (model.decode_batch over the
-        steps of several conversations: engine.service) and sends the step's logits row back."""
+        steps of several conversations: engine.serving.service) and sends the step's logits row back."""
         if not len(ids):
             raise ValueError("the prompt is empty")
         return self._stream(TurnRequest([int(t) for t in ids], reuse, on_prefill=on_prefill), cancel, batched)

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import sqlite_utils
 
-from engine.catalog import model_display_name
+from engine.platform.catalog import model_display_name
 from engine.errors import HistoryError
 from engine.history.schema import MIGRATIONS
 from engine.history.validate import EXPORT_FORMAT, ROLES, check_export, check_sampler, check_text
-from engine.paths import data_dir
-from engine.storage_errors import storage_error
+from engine.platform.paths import data_dir
+from engine.platform.storage_errors import storage_error
 
 TITLE_CHARS = 60
 _NON_SPACE = re.compile(r"\S")
@@ -58,7 +58,7 @@ class HistoryStore:
 
     @staticmethod
     def default_path() -> Path:
-        """The data dir's `history.db` (engine.paths)."""
+        """The data dir's `history.db` (engine.platform.paths)."""
         return data_dir() / "history.db"
 
     def close(self) -> None:

@@ -2,7 +2,7 @@
 
 Each part of a layer (engine.models.parts) lists its own tensors; ModelArgs.tensors puts a model's together.
 The loader reads weights by the names a part listed; the writers of tiny models (the kernel warm-up's,
-engine/warmup.py, and the tests' synthetic models) write exactly the tensors it lists. So a family's
+engine/platform/warmup.py, and the tests' synthetic models) write exactly the tensors it lists. So a family's
 tensors are described once, as llama.cpp's LLM_TENSOR_* names and create_tensor(..., TENSOR_NOT_REQUIRED).
 """
 

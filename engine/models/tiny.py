@@ -1,5 +1,5 @@
 """Tiny GGUFs of any family, their tensors taken from the family's own layout (engine.models.layout): the
-kernel warm-up's zero-weight models (engine/warmup.py) and the tests' random ones are written through
+kernel warm-up's zero-weight models (engine/platform/warmup.py) and the tests' random ones are written through
 here, so neither lists a family's tensors again."""
 
 from __future__ import annotations

@@ -73,12 +73,6 @@ class SamIndex:
     def token_count(self) -> int:
         return 0 if self._poisoned else len(self.tokens)
 
-    def state_count(self) -> int:
-        return 0 if self._poisoned else len(self._length)
-
-    def transition_count(self) -> int:
-        return 0 if self._poisoned else sum(len(t) for t in self._next)
-
     def match_len(self) -> int:
         """Length of the longest suffix of the stream that also ends at an earlier position."""
         return 0 if self._poisoned else self._length[self._match_state]

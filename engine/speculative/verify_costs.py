@@ -12,7 +12,7 @@ import json
 import weakref
 
 from engine.kv.persist import model_fingerprint
-from engine.paths import cache_dir
+from engine.platform.paths import cache_dir
 from engine.speculative.gate import measure_verify_costs
 from kernels.cpu import BUILD_ID as KERNELS_BUILD
 from kernels.cpu.quant import threads as kernel_threads

@@ -8,10 +8,10 @@ import sys
 import pytest
 
 from app.cli import main as fucina
-from engine import storage_errors
+from engine.platform import storage_errors
 from engine.history import HistoryStore
 from engine.kv import persist
-from engine.locks import conversation_lock
+from engine.platform.locks import conversation_lock
 
 MODEL = "smollm2-135m-instruct"
 

@@ -9,7 +9,7 @@ import pytest
 
 from app.cli.progress import ProgressBar
 from app.cli import main
-from engine import catalog
+from engine.platform import catalog
 from engine.errors import ModelDownloadError
 
 SMOL = "smollm2-135m-instruct"

@@ -7,7 +7,7 @@ import pytest
 
 from app.local_server import LocalServer
 from engine.errors import FucinaError
-from engine.service import EngineService
+from engine.serving.service import EngineService
 
 KEY = "local-key"
 

@@ -1,4 +1,4 @@
-"""Remote engines: engine.remote's client and `fucina chat --remote` against `fucina serve`'s app on a
+"""Remote engines: engine.serving.remote's client and `fucina chat --remote` against `fucina serve`'s app on a
 tiny random model (uvicorn in a thread, a real socket), and against stub endpoints that refuse, stall or
 drop the connection mid-reply. The chat is stored locally; a cut reply is kept, marked interrupted."""
 
@@ -12,7 +12,7 @@ from engine.chat import Message
 from engine.errors import (RemoteAuthFailed, RemoteConnectionLost, RemoteError, RemoteModelNotFound, RemoteTimeout,
                            RemoteUnreachable)
 from engine.history.store import HistoryStore
-from engine.remote import INTERRUPTED, RemoteClient, endpoint_url
+from engine.serving.remote import INTERRUPTED, RemoteClient, endpoint_url
 from tests.serving import free_port, serving_tiny, stub_endpoint
 
 KEY = "remote-test-key"

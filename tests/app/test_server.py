@@ -10,7 +10,7 @@ from starlette.testclient import TestClient
 
 from app.server import create_app
 from app.server_requests import Limits
-from engine.service import EngineService
+from engine.serving.service import EngineService
 
 CONTEXT = 256
 USER = [{"role": "user", "content": "hello"}]
@@ -248,7 +248,7 @@ def test_the_api_key_is_compared_in_constant_time(service, monkeypatch):
 
 
 def test_a_busy_service_answers_503_and_serves_again_afterwards(client, service, monkeypatch):
-    from engine.service import ServiceBusy
+    from engine.serving.service import ServiceBusy
 
     def busy(request, sink=None):
         raise ServiceBusy("all 2 slots are busy and 64 requests wait already; try again shortly")

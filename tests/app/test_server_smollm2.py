@@ -9,7 +9,7 @@ import openai
 from starlette.testclient import TestClient
 
 from app.server import create_app
-from engine.service import EngineService
+from engine.serving.service import EngineService
 
 NAME = "smollm2-135m-instruct"
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from engine.bench import LlamaBenchPeer
+from engine.benchmarks.peer import LlamaBenchPeer
 from engine.errors import FucinaError
 
 

@@ -1,6 +1,6 @@
 """`fucina bench --reopen`: the warm run prefills only the new turn, the cold run the whole conversation."""
 
-from engine.bench_reopen import reopen_benchmark
+from engine.benchmarks.reopen import reopen_benchmark
 
 
 def test_the_reopen_benchmark_measures_a_warm_and_a_cold_reopen(model_path):

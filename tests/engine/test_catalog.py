@@ -16,8 +16,8 @@ import platformdirs
 import pytest
 
 import resources
-from engine import catalog
-from engine.catalog import StarterModel, WheelPart, pull, resolve_model
+from engine.platform import catalog
+from engine.platform.catalog import StarterModel, WheelPart, pull, resolve_model
 from engine.errors import DownloadCancelled, ModelDownloadError, ModelFileDamaged, ModelNotFound
 
 try:
@@ -356,8 +356,8 @@ time.sleep(120)
 SLOW_PULL = """
 import sys
 from pathlib import Path
-from engine import catalog
-from engine.catalog import StarterModel, WheelPart
+from engine.platform import catalog
+from engine.platform.catalog import StarterModel, WheelPart
 
 slow_pip, report, directory = sys.argv[1:]
 catalog._pip_command = lambda part, dest, pip_args: [sys.executable, "-c", slow_pip, str(dest), report]

@@ -134,7 +134,7 @@ def test_check_logits_names_the_first_bad_row():
 
 def _session(tmp_path, model):
     from engine.history.store import HistoryStore
-    from engine.session import ChatSession
+    from engine.serving.session import ChatSession
 
     store = HistoryStore(tmp_path / "history.db")
     return ChatSession.open(store, model, sidecar_dir=tmp_path / "sidecars",

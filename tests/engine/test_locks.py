@@ -1,4 +1,4 @@
-"""engine.locks: the app's single-instance lock per data dir and the per-conversation streaming lock."""
+"""engine.platform.locks: the app's single-instance lock per data dir and the per-conversation streaming lock."""
 
 import subprocess
 import sys
@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 
 from engine.errors import DataDirInUse
-from engine.locks import FileLock, app_lock, conversation_lock
+from engine.platform.locks import FileLock, app_lock, conversation_lock
 
 REPO = Path(__file__).parents[2]
 
 _HOLDER = """
 import sys
-from engine.locks import FileLock
+from engine.platform.locks import FileLock
 lock = FileLock(sys.argv[1])
 print("held" if lock.try_acquire() else "refused", flush=True)
 sys.stdin.readline()

@@ -13,7 +13,7 @@ import textwrap
 SERVE = textwrap.dedent("""
     import json, sys
     from engine.models import load_model
-    from engine.bench import prompt_ids
+    from engine.benchmarks.peer import prompt_ids
 
     def status_kb(field):
         return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(field))

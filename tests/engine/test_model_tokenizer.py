@@ -3,8 +3,8 @@ app opens both on every model it loads)."""
 
 from engine import model_tokenizer
 from engine.history.store import HistoryStore
-from engine.service import EngineService
-from engine.session import ChatSession
+from engine.serving.service import EngineService
+from engine.serving.session import ChatSession
 
 
 def test_a_models_service_and_sessions_share_one_tokenizer_built_once(tmp_path, monkeypatch):

@@ -11,7 +11,7 @@ from engine.chat import ChatOptions, Conversation, Message
 from engine.errors import ContextFull, StoreError
 from engine.sampling import SamplerConfig
 from engine.sampling.grammar import Grammar
-from engine.service import MIN_COPIED_PREFIX, EngineService, GenerationRequest, ServiceBusy, ServiceClosed
+from engine.serving.service import MIN_COPIED_PREFIX, EngineService, GenerationRequest, ServiceBusy, ServiceClosed
 
 GREEDY = SamplerConfig()
 SAMPLED = SamplerConfig(temperature=1.0, seed=7)

@@ -1,4 +1,4 @@
-"""The session layer (engine.session) on the real default model: stored turns, warm reopen from the sidecar,
+"""The session layer (engine.serving.session) on the real default model: stored turns, warm reopen from the sidecar,
 branches that rewind the cache, deletion, and a process killed mid-reply."""
 
 import errno
@@ -14,7 +14,7 @@ import pytest
 from engine.errors import ConversationBusy, StorageReadOnly
 from engine.history.store import HistoryStore
 from engine.kv import persist
-from engine.session import ChatSession, delete_conversation, sidecar_path
+from engine.serving.session import ChatSession, delete_conversation, sidecar_path
 
 GREEDY = {"temperature": 0.0, "max_tokens": 12, "ctx": 512}
 REPO = Path(__file__).parents[2]
@@ -164,7 +164,7 @@ import time
 from engine.errors import ConversationBusy, StorageReadOnly
 from engine.history.store import HistoryStore
 from engine.models import load_model
-from engine.session import ChatSession
+from engine.serving.session import ChatSession
 store = HistoryStore(sys.argv[2])
 s = ChatSession.open(store, load_model(sys.argv[1]), sidecar_dir=sys.argv[3],
                      sampler={"temperature": 0.0, "max_tokens": 8, "ctx": 2048})

@@ -4,8 +4,8 @@ marks that keep it from running twice."""
 import numba
 import pytest
 
-from engine import warmup
-from engine.catalog import catalog
+from engine.platform import warmup
+from engine.platform.catalog import catalog
 from engine.models import load_model
 
 

@@ -4,7 +4,7 @@ model it had; switching models mid-conversation re-renders the history for the n
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 
 from app.gui.worker import EngineWorker
-from engine.catalog import catalog
+from engine.platform.catalog import catalog
 from tests.app.gui.conftest import MODEL, TURN_TIMEOUT_MS
 from tests.app.gui.test_chat_flow import GREEDY, send
 

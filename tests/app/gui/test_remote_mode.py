@@ -9,7 +9,7 @@ from PySide6.QtWidgets import QMessageBox
 
 from app.gui.main_window import PREFERENCES_FILE
 from app.gui.preferences import Preferences
-from engine.remote import INTERRUPTED
+from engine.serving.remote import INTERRUPTED
 from tests.app.gui.conftest import TURN_TIMEOUT_MS
 from tests.serving import serving_tiny, stub_endpoint
 

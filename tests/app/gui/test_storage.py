@@ -9,9 +9,9 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QMessageBox
 
-from engine import storage_errors
+from engine.platform import storage_errors
 from engine.history.store import HistoryStore
-from engine.locks import app_lock
+from engine.platform.locks import app_lock
 from tests.app.gui.conftest import TURN_TIMEOUT_MS
 from tests.app.gui.test_chat_flow import GREEDY, send, shown
 

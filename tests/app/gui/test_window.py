@@ -147,7 +147,7 @@ def test_every_control_has_an_accessible_name(qtbot, open_window):
 
 
 def test_the_picker_highlights_the_model_in_use_and_names_the_one_downloading(qtbot, tmp_path, monkeypatch):
-    from engine.catalog import catalog, default_model_name
+    from engine.platform.catalog import catalog, default_model_name
 
     monkeypatch.setenv("FUCINA_HOME", str(tmp_path))
     monkeypatch.setattr("app.gui.model_picker.Download", FakeDownload)
@@ -166,7 +166,7 @@ def test_the_first_run_compiles_kernels_during_the_download_and_holds_the_first_
                                                                                       monkeypatch):
     import numba
 
-    from engine import warmup
+    from engine.platform import warmup
 
     monkeypatch.setenv("FUCINA_HOME", str(tmp_path))
     monkeypatch.setattr("app.gui.model_picker.Download", FakeDownload)

@@ -1,4 +1,4 @@
-"""Stored chats behind attached documents (engine.session): the prompt is fitted to the context the prefix
+"""Stored chats behind attached documents (engine.serving.session): the prompt is fitted to the context the prefix
 leaves, and a reopened chat resumes behind the same documents."""
 
 import pytest
@@ -7,7 +7,7 @@ from engine.cartridge.build import build
 from engine.cartridge.ingest import Document
 from engine.chat import template_for_model
 from engine.history.store import HistoryStore
-from engine.session import ChatSession
+from engine.serving.session import ChatSession
 from engine.tokenize import load_tokenizer
 
 DOC = Document("notes.txt", "text", "The meeting moved to Thursday at noon. " * 4)

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from app.cli.bench import WORKLOADS
-from engine.bench_spec import Workload, load_workload, run_workload
+from engine.benchmarks.speculation import Workload, load_workload, run_workload
 from engine.chat import speculation
 from engine.errors import BenchWorkloadError, SpeculationMismatch
 from engine.speculative import stream

@@ -9,7 +9,7 @@ from engine.chat import Message
 from engine.chat.window import fit_context, longest_token, reply_room
 from engine.errors import ContextFull, HistoryError, InvalidContextPolicy
 from engine.history.store import HistoryStore
-from engine.session import ChatSession
+from engine.serving.session import ChatSession
 
 OVERHEAD = 4  # the fake template's tokens per message
 

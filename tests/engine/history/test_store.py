@@ -251,7 +251,7 @@ def test_sigkill_keeps_every_committed_message(tmp_path):
 
 
 def test_the_markdown_export_names_the_model_not_its_path(store, tmp_path):
-    from engine.catalog import catalog
+    from engine.platform.catalog import catalog
 
     starter = next(iter(catalog().values()))
     cid = store.create_conversation(str(tmp_path / "models" / starter.file))

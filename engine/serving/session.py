@@ -11,7 +11,7 @@ the sidecar follows (rewritten from that position, off the decoding thread).
 Store writes are one transaction each: the user message is committed before its reply starts, the reply
 when it ends, so a killed process keeps every finished turn, and a sidecar that resumes a consistent prefix.
 A reply the store refuses (a full disk: StoreError) stays in `pending_reply` and is saved before the next
-write, or by `save_pending`. A turn holds the conversation's lock (engine.locks) while it streams: a turn on
+write, or by `save_pending`. A turn holds the conversation's lock (engine.platform.locks) while it streams: a turn on
 a conversation another process is streaming into is refused (ConversationBusy) before anything is written.
 """
 
@@ -30,12 +30,12 @@ from engine.chat.window import DEFAULT_POLICY, ContextWindow, check_policy, fit_
 from engine.errors import FucinaError
 from engine.history.store import HistoryStore
 from engine.kv.sidecar_writer import WRITER
-from engine.locks import busy, conversation_lock
+from engine.platform.locks import busy, conversation_lock
 from engine.model_tokenizer import tokenizer_for
 from engine.models.model import Model
-from engine.paths import data_dir
+from engine.platform.paths import data_dir
 from engine.sampling import CHAT_DEFAULTS
-from engine.storage_errors import storage_error
+from engine.platform.storage_errors import storage_error
 from engine.sampling.grammar import Grammar
 
 DEFAULT_CONTEXT = 4096
@@ -98,7 +98,7 @@ def chat_options(settings: dict) -> ChatOptions:
 
 class StoredChat:
     """What every stored chat shares, whatever writes its replies (the local model here, a remote endpoint in
-    engine.remote_session): the history store's message tree and settings, the conversation's turn lock,
+    engine.serving.remote_session): the history store's message tree and settings, the conversation's turn lock,
     and the reply the store refused. A subclass names its model, starts a reply (`_start`) and tells the
     turn it ended with (`_latest_turn`) and the meta stored with it (`_meta`). Single-threaded, like the
     store connection."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from engine.bench import summary
+from engine.benchmarks.peer import summary
 from engine.chat import ChatOptions, Conversation
 from engine.errors import BenchWorkloadError, SpeculationMismatch
 from engine.models.model import Model

@@ -1,4 +1,4 @@
-"""A stored conversation whose replies come from a remote OpenAI-compatible endpoint (engine.remote).
+"""A stored conversation whose replies come from a remote OpenAI-compatible endpoint (engine.serving.remote).
 
 The conversation lives in the local history store like a local one (the message tree, settings, search
 and export are the store's); the endpoint only writes the replies, from the active branch sent whole each
@@ -15,8 +15,8 @@ from typing import Iterator
 
 from engine.chat import Message, TurnResult
 from engine.history.store import HistoryStore
-from engine.remote import RemoteClient, RemoteReply
-from engine.session import DEFAULT_MAX_TOKENS, OnPrefill, StoredChat
+from engine.serving.remote import RemoteClient, RemoteReply
+from engine.serving.session import DEFAULT_MAX_TOKENS, OnPrefill, StoredChat
 from engine.errors import RemoteError
 from engine.sampling import CHAT_DEFAULTS
 

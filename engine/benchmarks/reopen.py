@@ -14,11 +14,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from engine.bench import summary
+from engine.benchmarks.peer import summary
 from engine.history.store import HistoryStore
 from engine.kv import persist
 from engine.models import load_model
-from engine.session import ChatSession, sidecar_path
+from engine.serving.session import ChatSession, sidecar_path
 
 NEXT_MESSAGE = "Thanks. Summarise our conversation in one sentence."
 _FILLER_USER = "Tell me fact number {i} about the sea, in a few sentences."

@@ -27,8 +27,8 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 import kernels.common  # noqa: F401 (names the kernel cache directory, which holds the marks)
-from engine.catalog import StarterModel, catalog
-from engine.child_process import popen_tied
+from engine.platform.catalog import StarterModel, catalog
+from engine.platform.child_process import popen_tied
 from engine.errors import FucinaError
 from engine.models import tiny
 from engine.models.layout import MATRIX, NORM

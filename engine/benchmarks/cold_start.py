@@ -1,7 +1,7 @@
 """`fucina bench --cold-start MODEL`: the first reply on a fresh machine, after the model has downloaded.
 
 A child process runs with an empty kernel cache (NUMBA_CACHE_DIR and XDG_CACHE_HOME in a new temporary
-directory) and does what the app does on its first start: it starts the kernel warm-up (engine.warmup)
+directory) and does what the app does on its first start: it starts the kernel warm-up (engine.platform.warmup)
 and, `download_s` seconds later (the download, simulated: the model is on disk already), waits for the
 stages the first reply needs, starts the verify stage beside it, loads the model and sends one message.
 The figure is the time from the download's end to the reply's first token; with `warmup` off, the kernels
@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 
-from engine.catalog import catalog, pull
+from engine.platform.catalog import catalog, pull
 
 
 def cold_start(name: str, download_s: float = 0.0, warmup: bool = True) -> dict:
@@ -25,7 +25,7 @@ def cold_start(name: str, download_s: float = 0.0, warmup: bool = True) -> dict:
     with tempfile.TemporaryDirectory(prefix="fucina-cold-") as tmp:
         env = {**os.environ, "NUMBA_CACHE_DIR": os.path.join(tmp, "numba"),
                "XDG_CACHE_HOME": os.path.join(tmp, "cache")}
-        run = subprocess.run([sys.executable, "-m", "engine.bench_cold", name, str(download_s), str(int(warmup))],
+        run = subprocess.run([sys.executable, "-m", "engine.benchmarks.cold_start", name, str(download_s), str(int(warmup))],
                              env=env, capture_output=True, text=True, check=False)
     if run.returncode != 0:
         raise RuntimeError(f"the cold-start run failed: {run.stderr.strip()[-2000:]}")
@@ -33,7 +33,7 @@ def cold_start(name: str, download_s: float = 0.0, warmup: bool = True) -> dict:
 
 
 def _child(name: str, download_s: float, warmup: bool) -> dict:
-    from engine import warmup as kernel_warmup
+    from engine.platform import warmup as kernel_warmup
     from engine.chat import ChatOptions, Conversation
     from engine.models import load_model
 

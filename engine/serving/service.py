@@ -13,7 +13,7 @@ reply one token further, their forwards in one weight pass (model.decode_batch, 
 are those of a lone step), and every speculative reply one verify step. Jobs beyond the slot count wait in
 order. Cancellation is cooperative: `Job.cancel()` ends the reply at its next
 token (or prefill slice), or drops it while it waits. A caller with its own conversation (the app's chat,
-engine.session) has its reply stream advanced here too, one piece a round (`relay`), so the model only ever
+engine.serving.session) has its reply stream advanced here too, one piece a round (`relay`), so the model only ever
 computes on this thread. Every slot keeps its cache in a KV sidecar under the
 data dir (engine.kv.persist): a restarted service resumes them, so a resent long conversation is warm.
 """
@@ -42,10 +42,10 @@ from engine.kv.cache import KvDtype
 from engine.kv.sidecar_writer import WRITER
 from engine.model_tokenizer import tokenizer_for
 from engine.models.model import Model
-from engine.paths import data_dir
+from engine.platform.paths import data_dir
 from engine.sampling import CHAT_DEFAULTS, SamplerConfig
 from engine.sampling.grammar import Grammar
-from engine.storage_errors import storage_error
+from engine.platform.storage_errors import storage_error
 
 DEFAULT_SLOTS = 4
 DEFAULT_CONTEXT = 4096
@@ -142,7 +142,7 @@ class _Call:
 
 
 class _Relay:
-    """An iterator of another thread's (a chat session's reply stream: engine.session) advanced here, one
+    """An iterator of another thread's (a chat session's reply stream: engine.serving.session) advanced here, one
     item per round between the slots' steps, so that its model work runs on the compute thread; the items
     go back through a queue to the thread that reads `items()`."""
 

