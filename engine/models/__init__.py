@@ -14,7 +14,7 @@ from engine.models import gemma3, llama, qwen2, qwen3
 from engine.models.args import ModelArgs
 from engine.models.model import Model
 from engine.models.transformer import Transformer
-from engine.models.validate import check_args, check_layer_count, check_weights
+from engine.models.validate import check_args, check_layer_count, check_tensors, check_weights
 from engine.platform.runtime import model_backend
 from kernels.backend import Backend
 
@@ -39,6 +39,7 @@ def build_model(file: GGUFFile, backend: Backend | None = None) -> Model:
     check_layer_count(file, arch)  # before per-layer values are sized by block_count
     args = model_args(file.metadata)
     check_args(file, args)
+    check_tensors(file, args)
     check_weights(file)
     backend = backend or model_backend()
     missing = sorted(op for op in args.ops() if not backend.supports_op(op))

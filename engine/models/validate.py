@@ -8,8 +8,8 @@ the model is built (engine.models.build_model), and the inputs that reach them a
   layer part checks its own args (its `check_layers`); attention's are these:
 - RoPE rotates pairs inside dims [0, rope_dims) of each head: 0 < rope_dims <= head_dim, even.
 - grouped-query attention reads kv head h // (n_head / n_head_kv): n_head_kv divides n_head.
-- weights, caches: the q/k/v/o, FFN, norm and bias tensors must have exactly the shapes these args
-  predict (LinearWeight.load, load_vector), and KV caches are made from, and checked against, the
+- weights, caches: every tensor the family's table lists must have exactly the shape it gives
+  (check_tensors; LinearWeight.load and load_vector check again as they load), and KV caches are made from, and checked against, the
   same geometry (Transformer.new_cache, _check_cache), so no kernel reads past a row.
 - the embedding lookup gathers row `id`: the embedding and output matrices have vocab_size rows (their
   load checks the shape), the tokenizer has exactly vocab_size tokens (so every id it makes, and every
@@ -28,11 +28,12 @@ from typing import Sequence
 
 import numpy as np
 
-from engine.errors import ConfigError, GGUFError, InvalidTokenId, NonFiniteLogits
+from engine.errors import ConfigError, GGUFError, InvalidTokenId, NonFiniteLogits, WeightShapeError
 from engine.gguf.finite import first_non_finite
 from engine.gguf.meta import meta_int, meta_value
 from engine.gguf.reader import GGUFFile
 from engine.models.args import ModelArgs
+from engine.models.layout import MATRIX
 from engine.models.parts import first_problem, positive
 
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.")
@@ -71,6 +72,22 @@ def check_args(file: GGUFFile, args: ModelArgs) -> None:
     if tokens is not None and len(tokens) != a.vocab_size:
         raise ConfigError(f"{file.path}: the model has {a.vocab_size} token rows ({arch}.vocab_size) but "
                           f"tokenizer.ggml.tokens has {len(tokens)} tokens")
+
+
+def check_tensors(file: GGUFFile, args: ModelArgs) -> None:
+    """The file has every tensor the family's table (engine.models.layout) requires, each of the shape it
+    gives: one error naming every missing tensor, or the first of the wrong shape."""
+    specs = args.tensors()
+    missing = [s.name for s in specs if s.required and s.name not in file.tensors]
+    if missing:
+        names = ", ".join(repr(n) for n in missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        raise GGUFError(f"{file.path}: missing tensor{'s' if len(missing) > 1 else ''} {names}")
+    for spec in specs:
+        info = file.tensors.get(spec.name)
+        if info is not None and info.shape != spec.shape:
+            expected = f"{list(spec.shape)} (out, in)" if spec.role == MATRIX else str(list(spec.shape))
+            raise WeightShapeError(f"{file.path}: tensor {spec.name!r} has shape {list(info.shape)}, "
+                                   f"expected {expected}")
 
 
 def check_weights(file: GGUFFile) -> None:
