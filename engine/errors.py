@@ -119,7 +119,7 @@ class ContextFull(FucinaError):
 
 
 class InvalidContextPolicy(FucinaError):
-    """A conversation's context_policy setting that names no policy (engine.chat.window.POLICIES)."""
+    """A conversation's context_policy setting that names no policy (engine.context_policy.POLICIES)."""
 
 
 class InvalidPrefix(FucinaError):

@@ -37,7 +37,7 @@ from engine.chat.options import ChatOptions
 from engine.chat.sidecar import Sidecar
 from engine.chat.speculation import run_speculative
 from engine.chat.templates import Message, Template
-from engine.chat.turn import Turn, TurnRequest, TurnResult
+from engine.chat.turn import Prefilled, Turn, TurnRequest, TurnResult
 from engine.errors import ContextFull, InvalidPrefix
 from engine.kv.cache import KvCache
 from engine.models.model import UBATCH, Model
@@ -301,9 +301,8 @@ class Conversation:
                 turn.end("cancelled" if isinstance(e, (GeneratorExit, KeyboardInterrupt)) else "error", e)
             raise
 
-    def _prefill(self, request: TurnRequest, cancel: threading.Event | None) -> tuple[np.ndarray | None, int, int]:
-        """Reconcile the cache with the request and feed what it lacks: (last logits, reused, fed). Logits
-        None: `cancel` stopped the feed between two slices."""
+    def _prefill(self, request: TurnRequest, cancel: threading.Event | None) -> Prefilled:
+        """Reconcile the cache with the request and feed what it lacks."""
         cache = self._live_cache()
         cached = cache.len - self.prefix_rows
         if request.reuse:  # logits are not cached state: at least the last prompt token is fed again
@@ -327,9 +326,9 @@ class Conversation:
             else:  # a part of a turn cannot stay under the turns that follow it
                 cache.restore(before)
                 self._rewound()
-            return None, keep, cache.len - self.prefix_rows - keep
+            return Prefilled(None, keep, cache.len - self.prefix_rows - keep)
         self._history = list(history)
-        return logits, keep, len(feed)
+        return Prefilled(logits, keep, len(feed))
 
     def _feed(self, tokens: list[int], cancel: threading.Event | None,
               on_prefill: Callable[[int, int], None] | None) -> np.ndarray | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable, NamedTuple, Protocol
 
 import numpy as np
 
@@ -57,6 +57,15 @@ class TurnRequest:
     on_prefill: Callable[[int, int], None] | None = None  # (tokens fed, tokens to feed), between slices
 
 
+class Prefilled(NamedTuple):
+    """What reconciling the memory with a request did: the last prompt token's logits (None: cancelled
+    between two slices), the positions kept from before and the tokens fed."""
+
+    logits: np.ndarray | None
+    reused: int
+    fed: int
+
+
 class TurnOwner(Protocol):
     """What a turn reads and changes of its conversation (engine.chat.conversation.Conversation, which imports
     this module). The turn is a part of the conversation's work, so it reaches the conversation's own state."""
@@ -73,7 +82,7 @@ class TurnOwner(Protocol):
     _decoder: StreamDecoder
     _stop_sequences: list[bytes]
 
-    def _prefill(self, request: TurnRequest, cancel: threading.Event | None) -> tuple[np.ndarray | None, int, int]:
+    def _prefill(self, request: TurnRequest, cancel: threading.Event | None) -> Prefilled:
         ...
 
     def _ending(self, reply: bytes, token: int) -> tuple[str, int | None] | None:
@@ -108,10 +117,11 @@ class Turn:
             c.sampler.processor.reset()
             c.sampler.processor.set_budget(c.options.max_tokens)  # a grammar's reply ends whole within it
         c._decoder.reset()
-        logits, reused, fed = c._prefill(self.request, self.cancel)
+        prefilled = c._prefill(self.request, self.cancel)
         self.stats.prefill_ms = (time.perf_counter() - self._start) * 1e3
-        self.stats.reused_tokens, self.stats.prefilled_tokens = reused, fed
-        self.stats.prompt_tokens = reused + fed
+        self.stats.reused_tokens, self.stats.prefilled_tokens = prefilled.reused, prefilled.fed
+        self.stats.prompt_tokens = prefilled.reused + prefilled.fed
+        logits = prefilled.logits
         if logits is None:
             self.end("cancelled")
         return logits

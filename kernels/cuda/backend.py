@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 from gguf.constants import GGMLQuantizationType as T
@@ -39,6 +39,13 @@ class CudaWeight:
     bias: object  # device float32 [out_dim] (zeros when the weight has none)
 
 
+class DeviceRows(NamedTuple):
+    """One layer's K (or V) in device memory, as the cache kernels take them: values, then scales."""
+
+    values: object
+    scales: object
+
+
 class CudaKvStore:
     """Per layer, K and V in device memory: f16 as float16 [capacity, kv_heads, head_dim]; q8_0 as int8
     values [capacity, kv_heads, head_dim] and float16 scales [capacity, kv_heads, head_dim / 32], which
@@ -47,15 +54,15 @@ class CudaKvStore:
     def __init__(self, kv_heads: Sequence[int], head_dims: Sequence[int], capacity: int, dtype: str):
         self.dtype, self.capacity = dtype, capacity
         values = np.float16 if dtype == "f16" else np.int8
-        # per layer and for K then V: (values, scales); an f16 cache passes its values as the unused scales
+        # per layer, K then V, each DeviceRows; an f16 cache passes its values as the unused scales
         self.layers = [[self._alloc(capacity, h, d, values) for _ in "kv"] for h, d in zip(kv_heads, head_dims)]
         self.widths = [d if dtype == "f16" else d // Q8_0_BLOCK * Q8_0_BLOCK_BYTES for d in head_dims]
 
-    def _alloc(self, capacity: int, heads: int, head_dim: int, values) -> tuple:
+    def _alloc(self, capacity: int, heads: int, head_dim: int, values) -> "DeviceRows":
         v = cuda.to_device(np.zeros((capacity, heads, head_dim), values))
         if self.dtype == "f16":
-            return v, v
-        return v, cuda.to_device(np.zeros((capacity, heads, head_dim // Q8_0_BLOCK), np.float16))
+            return DeviceRows(v, v)
+        return DeviceRows(v, cuda.to_device(np.zeros((capacity, heads, head_dim // Q8_0_BLOCK), np.float16)))
 
     def row_layout(self, layer: int):
         dtype = np.uint16 if self.dtype == "f16" else np.uint8
@@ -141,8 +148,8 @@ class CudaBackend:
     def embed(self, w: CudaWeight, ids: np.ndarray, scale: float):
         out = cuda.device_array((len(ids), w.in_dim), np.float32)
         if len(ids):
-            k.products(w.qtype)[2][len(ids), k.ELEMENTS](w.data, cuda.to_device(np.asarray(ids, np.int64)),
-                                                        np.float32(scale), out)
+            k.products(w.qtype).gather[len(ids), k.ELEMENTS](w.data, cuda.to_device(np.asarray(ids, np.int64)),
+                                                             np.float32(scale), out)
         return out
 
     def linear(self, ws: Sequence[CudaWeight], x, row_wise: bool) -> list:
@@ -150,14 +157,14 @@ class CudaBackend:
         ys = []
         for w in ws:
             y = cuda.device_array((n, w.out_dim), np.float32)
-            matvec, matmul, _ = k.products(w.qtype)
+            kernels = k.products(w.qtype)
             if n == 0:
                 pass
             elif row_wise or n <= _PREFILL_TILED_ROWS:
-                matvec[(math.ceil(w.out_dim / k.THREADS), n), (k.THREADS, 1)](w.data, x, w.bias, y)
+                kernels.matvec[(math.ceil(w.out_dim / k.THREADS), n), (k.THREADS, 1)](w.data, x, w.bias, y)
             else:
                 grid = (math.ceil(w.out_dim / k.TILE), math.ceil(n / k.TILE))
-                matmul[grid, (k.TILE, k.TILE)](w.data, x, w.bias, y)
+                kernels.matmul[grid, (k.TILE, k.TILE)](w.data, x, w.bias, y)
             ys.append(y)
         return ys
 
@@ -199,9 +206,9 @@ class CudaBackend:
         for s in segments:
             r0, r1 = s.row_start, s.row_end
             kv_write, attend = k.cache_kernels(s.store.dtype == "q8_0")
-            (kc, ks), (vc, vs) = s.store.layers[layer]
-            kv_write[r1 - r0, shape.n_kv](key[r0:r1], value[r0:r1], kc, ks, vc, vs, s.pos0)
-            attend[r1 - r0, shape.n_head](q[r0:r1], kc, ks, vc, vs, s.pos0, shape.window, np.float32(shape.scale),
+            keys, values = s.store.layers[layer]
+            kv_write[r1 - r0, shape.n_kv](key[r0:r1], value[r0:r1], *keys, *values, s.pos0)
+            attend[r1 - r0, shape.n_head](q[r0:r1], *keys, *values, s.pos0, shape.window, np.float32(shape.scale),
                                           out[r0:r1])
         return out
 

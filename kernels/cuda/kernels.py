@@ -12,6 +12,7 @@ reads the weight rows coalesced and is the next step.
 
 import functools
 import math
+from typing import NamedTuple
 
 from numba import cuda, float32, int32
 
@@ -22,9 +23,16 @@ TILE = 16  # the tiled product's output tile is TILE x TILE, its k-step TILE col
 ELEMENTS = 128  # threads per block of the elementwise kernels
 
 
+class Products(NamedTuple):
+    """The kernels reading weights of one GGML type."""
+
+    matvec: object  # row-wise products, a thread per output
+    matmul: object  # tiled products (prefill)
+    gather: object  # the embedding lookup
+
+
 @functools.cache
-def products(qtype: int):
-    """(matvec, matmul, gather) kernels reading weights of one GGML type."""
+def products(qtype: int) -> Products:
     decode = DECODERS[qtype]
 
     @cuda.jit
@@ -64,7 +72,7 @@ def products(qtype: int):
         for c in range(cuda.threadIdx.x, out.shape[1], cuda.blockDim.x):
             out[i, c] = decode(w, ids[i], c) * scale
 
-    return matvec, matmul, gather
+    return Products(matvec, matmul, gather)
 
 
 @cuda.jit
