@@ -286,6 +286,21 @@ def select_backend(name: str = "auto", on_fallback: Callable[[str], None] | None
     return backend
 
 
+def set_kernel_threads(n: int) -> None:
+    """Threads the CPU kernels use, whichever thread calls them (the CPU backend's; a device's kernels are the
+    device's)."""
+    from kernels.cpu import quant
+
+    quant.set_num_threads(n)
+
+
+def kernel_threads() -> int:
+    """The CPU kernels' thread count (applied to the calling thread: Numba keeps it per thread)."""
+    from kernels.cpu import quant
+
+    return quant.threads()
+
+
 def cpu_backend() -> Backend:
     """The CPU backend (what a cache or a model made without naming a backend uses)."""
     return select_backend("cpu")

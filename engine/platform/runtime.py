@@ -7,8 +7,8 @@ from typing import Callable
 
 import numba
 
-from kernels.backend import BACKENDS, Backend, cpu_backend, select_backend  # noqa: F401 (BACKENDS: the names the app offers)
-from kernels.cpu import quant
+from kernels.backend import BACKENDS  # noqa: F401 (the names the app offers)
+from kernels.backend import Backend, cpu_backend, select_backend, set_kernel_threads
 
 from engine.errors import FucinaError
 
@@ -26,7 +26,7 @@ def configure_threads(n: int | None = None) -> int:
     n = cores if n is None else n
     if not 1 <= n <= cores:
         raise FucinaError(f"thread count must be between 1 and {cores}, got {n}")
-    quant.set_num_threads(n)  # numba's thread count is per calling thread; quant remembers it for all
+    set_kernel_threads(n)  # numba's thread count is per calling thread; the kernels remember it for all
     return n
 
 

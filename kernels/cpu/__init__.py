@@ -16,5 +16,4 @@ import os
 if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
     os.environ["GOMP_SPINCOUNT"] = "20000"
 
-# What the engine keys its measurements of these kernels by (the cache's name).
-from kernels.common import BUILD_ID  # noqa: E402, F401 (after the OpenMP setting: it imports Numba)
+import kernels.common  # noqa: E402, F401 (after the OpenMP setting: it imports Numba)
