@@ -41,7 +41,7 @@ from engine.chat import ChatOptions, Conversation, TurnResult, template_for_mode
 from engine.chat.model_template import stop_token_id  # noqa: E402
 from engine.errors import SpeculationMismatch  # noqa: E402
 from engine.models import load_model  # noqa: E402
-from engine.platform.runtime import configure_threads  # noqa: E402
+from engine.runtime import configure_threads  # noqa: E402
 from engine.sampling.grammar import Grammar, grammar_processor  # noqa: E402
 from engine.sampling.processor import StructuredProcessor  # noqa: E402
 from engine.speculative import Stats  # noqa: E402

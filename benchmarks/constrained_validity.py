@@ -35,7 +35,7 @@ from engine.platform.catalog import resolve_model  # noqa: E402
 from engine.chat.conversation import ChatOptions, Conversation  # noqa: E402
 from engine.errors import ReplyBudgetTooSmall  # noqa: E402
 from engine.models import load_model  # noqa: E402
-from engine.platform.runtime import configure_threads  # noqa: E402
+from engine.runtime import configure_threads  # noqa: E402
 from engine.sampling import SamplerConfig  # noqa: E402
 from engine.sampling.grammar import Grammar, grammar_processor  # noqa: E402
 from engine.sampling.json_schema import check_reply  # noqa: E402

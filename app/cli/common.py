@@ -10,7 +10,7 @@ from app.cli.progress import ProgressBar
 from engine.platform.catalog import default_model_name, resolve_model
 from engine.history.validate import SAMPLER_RANGES
 from engine.models import load_model
-from engine.platform.runtime import BACKENDS, configure_backend, configure_threads
+from engine.runtime import BACKENDS, configure_backend, configure_threads
 
 MAX_TOKENS = int(SAMPLER_RANGES["ctx"][2])
 

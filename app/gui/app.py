@@ -28,7 +28,7 @@ def run(screenshot: str | None = None, conversation_id: str | None = None, theme
     from engine.errors import FucinaError
     from engine.platform.locks import app_lock
     from engine.platform.paths import data_dir
-    from engine.platform.runtime import configure_threads
+    from engine.runtime import configure_threads
     from resources import resource_path
 
     if problem := binding_problem():

@@ -36,7 +36,7 @@ from engine.errors import FucinaError, StoreError
 from engine.history.store import HistoryStore
 from engine.history.validate import read_export
 from engine.platform.paths import data_dir
-from engine.platform.runtime import configure_backend
+from engine.runtime import configure_backend
 
 PREFERENCES_FILE = "gui.ini"
 THEME_NAMES = {"system": "Follow the system", "light": "Light", "dark": "Dark"}

@@ -15,7 +15,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, 
 from app.gui.preferences import Preferences
 from app.gui.response_format import ResponseFormatEditor
 from engine.chat.window import DEFAULT_POLICY
-from engine.platform.runtime import BACKENDS
+from engine.runtime import BACKENDS
 from engine.sampling import CHAT_DEFAULTS
 from engine.serving.session import DEFAULT_CONTEXT, DEFAULT_MAX_TOKENS
 

@@ -15,7 +15,7 @@ from engine.models.args import ModelArgs
 from engine.models.model import Model
 from engine.models.transformer import Transformer
 from engine.models.validate import check_args, check_layer_count, check_tensors, check_weights
-from engine.platform.runtime import model_backend
+from engine.runtime import model_backend
 from kernels.backend import Backend
 
 FAMILIES: dict[str, Callable[[Mapping], ModelArgs]] = {m.ARCH: m.model_args for m in (llama, qwen2, qwen3, gemma3)}
@@ -28,7 +28,7 @@ def register_family(arch: str, model_args: Callable[[Mapping], ModelArgs]) -> No
 
 
 def build_model(file: GGUFFile, backend: Backend | None = None) -> Model:
-    """The model of a GGUF file on `backend` (default: the one engine.platform.runtime.configure_backend chose)."""
+    """The model of a GGUF file on `backend` (default: the one engine.runtime.configure_backend chose)."""
     arch = file.architecture
     try:
         model_args = FAMILIES[arch]

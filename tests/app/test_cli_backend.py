@@ -4,7 +4,7 @@ import types
 
 import pytest
 
-import engine.platform.runtime
+import engine.runtime
 import kernels.backend as seam
 from app.cli import main
 from kernels.backend import BackendUnavailable
@@ -24,7 +24,7 @@ def test_a_backend_that_cannot_start_warns_once_and_the_cpu_answers(tmp_path, mo
     monkeypatch.setattr(seam, "_started", {})
     monkeypatch.setattr(seam, "_module", lambda name: cuda if name == "cuda" else seam.importlib.import_module(
         f"kernels.{name}.backend"))
-    monkeypatch.setattr(engine.platform.runtime, "_backend", None)
+    monkeypatch.setattr(engine.runtime, "_backend", None)
     assert main(["eval", str(path), "--ids", "1,2", "--backend", "cuda", "--json"]) == 0
     out = capsys.readouterr()
     assert out.err.splitlines() == ["warning: the cuda backend could not start, running on the CPU: "

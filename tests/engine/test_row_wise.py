@@ -103,7 +103,7 @@ _DECODE_SCRIPT = """
 import json, sys
 import numpy as np
 from engine.models import load_model
-from engine.platform.runtime import configure_threads
+from engine.runtime import configure_threads
 configure_threads(int(sys.argv[2]))
 model = load_model(sys.argv[1])
 cache = model.new_cache(16)
