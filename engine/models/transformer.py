@@ -27,6 +27,7 @@ chooses between them:
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -194,13 +195,11 @@ class _RowRun:
 def _row_runs(backend: Backend, blocks: list[Block]) -> list[_RowRun]:
     """The layers cut into runs the backend's fused row stack takes (every layer whose parts have a fused
     form, when the backend offers one for them) and runs it does not."""
-    runs, first = [], 0
-    while first < len(blocks):
-        fused = blocks[first].spec() is not None
-        end = first + 1
-        while end < len(blocks) and (blocks[end].spec() is not None) == fused:
-            end += 1
-        stack = backend.row_stack([b.spec() for b in blocks[first:end]], first) if fused else None
+    specs = [b.spec() for b in blocks]
+    runs = []
+    for fused, group in itertools.groupby(range(len(blocks)), key=lambda i: specs[i] is not None):
+        layers = list(group)
+        first, end = layers[0], layers[-1] + 1
+        stack = backend.row_stack(specs[first:end], first) if fused else None
         runs.append(_RowRun(blocks[first:end], stack))
-        first = end
     return runs
