@@ -6,10 +6,12 @@ import numpy as np
 from gguf import quants
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
-from kernels.cpu import int8_dot
+from kernels.cpu import int8_dot, k_quant_dot
 
-# Matvecs of these formats multiply x quantized to int8 blocks of 32 (as llama.cpp does).
-INT8_INPUTS = {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K}
+# Matvecs of these formats multiply x quantized to int8 blocks of 32, and of the K-quants here to int8 blocks of
+# 256 (as llama.cpp does: its Q8_0 and Q8_K).
+INT8_INPUTS = {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0}
+SUPER_BLOCK_INPUTS = {T.Q4_K, T.Q6_K}
 
 # Byte offsets of the f16 scale fields in one block, for formats built from random bytes
 # (every bit pattern of the quants is then exercised, and the scales stay finite).
@@ -40,6 +42,15 @@ def random_weight(qtype: T, rows: int, cols: int, rng: np.random.Generator) -> n
 
 def matvec_input(qtype: int, X: np.ndarray) -> np.ndarray:
     """The rows of X [n, cols] as the matvec kernels of qtype see them."""
+    if qtype in SUPER_BLOCK_INPUTS:
+        return np.stack([q * np.repeat(d, 256) for q, d, _ in map(super_block_input, X)]).astype(np.float32)
     if qtype not in INT8_INPUTS:
         return X
     return np.stack([xq * np.repeat(xd, 32) for xq, xd, _ in map(int8_dot.quantize, X)]).astype(np.float32)
+
+
+def super_block_input(x: np.ndarray):
+    """x quantized by k_quant_dot.quantize_into: (int8 values, float32 scale per 256, int16 sums of 16)."""
+    q, d, bsums = np.empty(x.size, np.int8), np.empty(x.size // 256, np.float32), np.empty(x.size // 16, np.int16)
+    k_quant_dot.quantize_into(np.ascontiguousarray(x, np.float32), q, d, bsums)
+    return q, d, bsums

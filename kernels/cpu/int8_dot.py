@@ -11,8 +11,7 @@ int64), else the same sums written as plain IR for any target.
 `rows_dot_<format>` runs a whole weight row in LLVM IR against every input
 row, unpacking each weight block once for a tile of input rows (`_tiled`).
 The 32-weight formats keep their block products in float vectors, reduced once
-per row; Q4_K and Q6_K apply their sub-block scales per 32 weights in float,
-four independent chains side by side in one vector. Weights enter the dot
+per row (Q4_K and Q6_K, against activations in blocks of 256: k_quant_dot). Weights enter the dot
 unsigned (at most 7 bits, so `pmaddubsw` never saturates): signed ones as |w|
 with w's sign moved onto x (Q4_0's and Q5_0's stored offsets are taken off
 the weights in int8 first), Q4_1's and Q5_1's mins through the int sums of
@@ -179,7 +178,6 @@ def _rows_dot(block_bytes, weights, offset=None):
     negative, whose x enters the dot negated). The block products accumulate in float vectors, reduced
     once per row."""
     lanes = 8 if _AVX2 else 32
-    fvec = _vec(ir.FloatType(), lanes)
 
     def dots(builder, row, nbytes, inputs):
         count = len(inputs)
@@ -314,52 +312,6 @@ rows_dot_q5_1 = _rows_dot(24, _q5(4, 8), offset=(2, 1.0))
 rows_dot_q8_0 = _rows_dot(34, _q8)
 
 
-def _byte(builder, ptr, offset):
-    """The unsigned byte at ptr + offset, as i32."""
-    return builder.zext(builder.load(_at(builder, ptr, offset)), _I32)
-
-
-def _float(builder, v):
-    """An unsigned i32 as float."""
-    return builder.uitofp(v, ir.FloatType())
-
-
-def _k_scale_min(builder, q, j):
-    """Q4_K/Q5_K: the 6-bit (scale, min) of sub-block j from the 12 packed bytes at q, as floats
-    (quant_blocks.k_scale_min)."""
-    def field(v, shift, mask):
-        return builder.and_(builder.lshr(v, ir.Constant(_I32, shift)), ir.Constant(_I32, mask))
-
-    if j < 4:
-        return _float(builder, field(_byte(builder, q, j), 0, 63)), _float(builder, field(_byte(builder, q, j + 4), 0, 63))
-    high = _byte(builder, q, j + 4)
-    sc = builder.or_(field(high, 0, 15), builder.shl(field(_byte(builder, q, j - 4), 6, 3), ir.Constant(_I32, 4)))
-    mn = builder.or_(field(high, 4, 15), builder.shl(field(_byte(builder, q, j), 6, 3), ir.Constant(_I32, 4)))
-    return _float(builder, sc), _float(builder, mn)
-
-
-_F4 = _vec(ir.FloatType(), 4)
-
-
-def _super_blocks(builder, row, nbytes, block_bytes, count, add):
-    """The float dots of a K-quant row with `count` input rows, each in four chains (lanes of a <4 x float>,
-    so one instruction serves the four): `add(b, sb, accs)` adds super-block b (at sb) to accs[t]; the
-    chains of a row are summed at the end as (0 + 1) + (2 + 3)."""
-    accs = [cgutils.alloca_once_value(builder, ir.Constant(_F4, None)) for _ in range(count)]
-    with cgutils.for_range(builder, builder.udiv(nbytes, ir.Constant(nbytes.type, block_bytes))) as loop:
-        b = loop.index
-        add(b, builder.gep(row, [builder.mul(b, ir.Constant(b.type, block_bytes))]), accs)
-    values = []
-    for acc in accs:
-        a = [builder.extract_element(builder.load(acc), ir.Constant(_I32, i)) for i in range(4)]
-        values.append(builder.fadd(builder.fadd(a[0], a[1]), builder.fadd(a[2], a[3])))
-    return values
-
-
-def _accumulate(builder, acc, term):
-    builder.store(builder.fadd(builder.load(acc), term), acc)
-
-
 def _x32(builder, xq, e):
     """The 32 int8 activations at xq + e (an element offset)."""
     return builder.load(builder.bitcast(builder.gep(xq, [e]), _vec(_I8, 32).as_pointer()), align=1)
@@ -368,115 +320,6 @@ def _x32(builder, xq, e):
 def _load_vec(builder, ptr, n):
     """n consecutive 4-byte elements (float or int32) at ptr as a vector."""
     return builder.load(builder.bitcast(ptr, _vec(ptr.type.pointee, n).as_pointer()), align=4)
-
-
-def _sums4(builder, vs):
-    """<4 x i32> of the lane sums of four i32 vectors, in steps that add neighbouring lanes (integer sums:
-    exact in any order)."""
-    def pair_sums(a, b):  # [a's neighbour sums | b's]
-        n = a.type.count + b.type.count
-        return builder.add(*(builder.shuffle_vector(a, b, _const(_I32, range(k, n, 2))) for k in (0, 1)))
-
-    v = pair_sums(pair_sums(vs[0], vs[1]), pair_sums(vs[2], vs[3]))
-    while v.type.count > 4:  # each input's sums stay in a run of lanes, halved each step
-        half = ir.Constant(v.type, None)
-        v = builder.add(*(builder.shuffle_vector(v, half, _const(_I32, range(k, v.type.count, 2))) for k in (0, 1)))
-    return v
-
-
-def _splat4(builder, x):
-    return _floats(builder, [x] * 4)
-
-
-def _even_odd(builder, v):
-    return tuple(builder.shuffle_vector(v, v, _const(_I32, range(k, v.type.count, 2))) for k in (0, 1))
-
-
-def _q4_k_dots(builder, row, nbytes, inputs):
-    """Q4_K (what quant_dot.dot_q4_k computed per row, chain c in lane c): per pair c of 32-weight
-    sub-blocks, d * (sc1 * xd[g] * (w1 . x) + sc2 * xd[g + 1] * (w2 . x)) - dmin * (m1 * xd[g] * xsum[g]
-    + m2 * xd[g + 1] * xsum[g + 1]), g = 2c in the super-block's activation blocks."""
-
-    def add(b, sb, accs):
-        d, dmin = _splat4(builder, _f16(builder, sb)), _splat4(builder, _f16(builder, _at(builder, sb, 2)))
-        scales = [_k_scale_min(builder, _at(builder, sb, 4), j) for j in range(8)]
-        sc1, m1, sc2, m2 = (_floats(builder, [scales[2 * c + k][i] for c in range(4)]) for k, i in
-                            ((0, 0), (0, 1), (1, 0), (1, 1)))
-        w_lo, w_hi = [], []
-        for c in range(4):
-            q = _at(builder, sb, 16 + 32 * c)
-            _prefetch(builder, q, PREFETCH_BYTES)
-            packed = builder.load(builder.bitcast(q, _vec(_I8, 32).as_pointer()), align=1)
-            w_lo.append(_nibbles(builder, packed, _const(_I8, [0] * 32)))
-            w_hi.append(_nibbles(builder, packed, _const(_I8, [4] * 32)))
-        e = builder.mul(b, ir.Constant(b.type, 256))
-        g = builder.mul(b, ir.Constant(b.type, 8))
-        for t, (xq, xd, xsum) in enumerate(inputs):
-            x = [_x32(builder, xq, builder.add(e, ir.Constant(e.type, 32 * k))) for k in range(8)]
-            i_lo = _sums4(builder, [_madd(builder, w_lo[c], x[2 * c]) for c in range(4)])
-            i_hi = _sums4(builder, [_madd(builder, w_hi[c], x[2 * c + 1]) for c in range(4)])
-            xd_g, xd_g1 = _even_odd(builder, _load_vec(builder, builder.gep(xd, [g]), 8))
-            xs_g, xs_g1 = _even_odd(builder, builder.sitofp(_load_vec(builder, builder.gep(xsum, [g]), 8), _vec(ir.FloatType(), 8)))
-            lo = builder.fmul(xd_g, builder.sitofp(i_lo, _F4))
-            hi = builder.fmul(xd_g1, builder.sitofp(i_hi, _F4))
-            mins = builder.fadd(builder.fmul(builder.fmul(m1, xd_g), xs_g), builder.fmul(builder.fmul(m2, xd_g1), xs_g1))
-            scaled = builder.fmul(d, builder.fadd(builder.fmul(sc1, lo), builder.fmul(sc2, hi)))
-            _accumulate(builder, accs[t], builder.fsub(scaled, builder.fmul(dmin, mins)))
-
-    return _super_blocks(builder, row, nbytes, 144, len(inputs), add)
-
-
-def _madd_scaled(builder, w, x, scales):
-    """sum_j scales[j // 16] * w[j] * x[j] over <32 x i8> w (unsigned, < 128) and x, as i32 vector lanes to
-    add up (`scales` a pair of i32): exact, as every partial sum stays far inside int32."""
-    if _AVX2:
-        pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", _vec(_I16, 16), [w, x])
-        sc16 = builder.shuffle_vector(builder.trunc(scales, _vec(_I16, 2)), ir.Constant(_vec(_I16, 2), None),
-                                      _const(_I32, [0] * 8 + [1] * 8))
-        return _call(builder, "llvm.x86.avx2.pmadd.wd", _vec(_I32, 8), [pairs, sc16])
-    sc32 = builder.shuffle_vector(scales, ir.Constant(scales.type, None), _const(_I32, [0] * 16 + [1] * 16))
-    return builder.mul(_madd(builder, w, x), sc32)
-
-
-def _q6_k_dots(builder, row, nbytes, inputs):
-    """Q6_K (what quant_dot.dot_q6_k computed per row, chain p in lane p): per run p of 32 weights in half
-    h, d * xd[g] * (sc0 * s0 + sc1 * s1), s0 and s1 the dots of its two 16-weight groups. That sum is
-    taken in int32 here: |s| <= 16 * 32 * 127 and |sc| <= 128 keep each product and their sum below 2**24,
-    so the float arithmetic of one-row code is exact on these integers and gives the same value."""
-
-    def add(b, sb, accs):
-        d = _splat4(builder, _f16(builder, _at(builder, sb, 208)))
-        e = builder.mul(b, ir.Constant(b.type, 256))
-        for h in range(2):
-            qh = builder.load(builder.bitcast(_at(builder, sb, 128 + 32 * h), _vec(_I8, 32).as_pointer()), align=1)
-            runs = []
-            for p in range(4):
-                q = _at(builder, sb, 64 * h + 32 * (p & 1))
-                if p < 2:
-                    _prefetch(builder, q, PREFETCH_BYTES)
-                low = _nibbles(builder, builder.load(builder.bitcast(q, _vec(_I8, 32).as_pointer()), align=1),
-                               _const(_I8, [4 * (p >> 1)] * 32))
-                high = builder.and_(builder.lshr(qh, _const(_I8, [2 * p] * 32)), _const(_I8, [3] * 32))
-                w = builder.sub(builder.or_(low, builder.shl(high, _const(_I8, [4] * 32))), _const(_I8, [32] * 32))
-                scales = builder.sext(builder.load(builder.bitcast(_at(builder, sb, 192 + 8 * h + 2 * p),
-                                                                   _vec(_I8, 2).as_pointer()), align=1), _vec(_I32, 2))
-                runs.append((*_magnitude(builder, w), scales))
-            eo = builder.add(e, ir.Constant(e.type, 128 * h))
-            g = builder.lshr(eo, ir.Constant(e.type, 5))
-            for t, (xq, xd, _) in enumerate(inputs):
-                dots = []
-                for p, (magnitude, negative, scales) in enumerate(runs):
-                    x = _x32(builder, xq, builder.add(eo, ir.Constant(e.type, 32 * p)))
-                    x = builder.select(negative, builder.sub(ir.Constant(x.type, None), x), x)
-                    dots.append(_madd_scaled(builder, magnitude, x, scales))
-                scale = builder.fmul(d, _load_vec(builder, builder.gep(xd, [g]), 4))
-                _accumulate(builder, accs[t], builder.fmul(scale, builder.sitofp(_sums4(builder, dots), _F4)))
-
-    return _super_blocks(builder, row, nbytes, 210, len(inputs), add)
-
-
-rows_dot_q4_k = _tiled(_q4_k_dots)
-rows_dot_q6_k = _tiled(_q6_k_dots)
 
 
 def _magnitude(builder, w):

@@ -1,8 +1,9 @@
 """Fused block-reading dot products: out[n, r] = sum_c W[r, c] * X[n, c] for every row r of w and n of X.
 
 `activations(X)` derives what the kernels read besides the weights from the input rows once per product.
-Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q6_K multiply their quants with x quantized to int8 blocks of 32 (as
-llama.cpp does), one integer dot per block (int8_dot); the other formats widen
+Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 multiply their quants with x quantized to int8 blocks of 32, Q4_K/Q6_K with x in
+int8 blocks of 256 (as llama.cpp does: its Q8_0 and Q8_K), one integer dot per block (int8_dot,
+k_quant_dot); the other formats widen
 each block's quants to float and multiply with x in registers. Either way the
 block sum is scaled once and offsets (the mins, Q3_K's -4, ...) are folded in
 through block sums of x (Q4_0's, Q5_0's and Q6_K's come off the weights in int8),
@@ -22,6 +23,8 @@ defines a function (after editing quant_blocks' helpers, int8_dot or f16.py,
 delete the `__pycache__/*.nb*` files).
 """
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit, prange
 
@@ -31,10 +34,9 @@ from kernels.common.quant_blocks import (
     BF16, F16, F32, KERNEL, KERNEL_ONCE, N16, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
     bits, idx, join, k_scale_min, load_f16, q3_k_scale, span,
 )
-from kernels.cpu import int8_dot, row_lanes
-from kernels.cpu.int8_dot import (
-    rows_dot_q4_0, rows_dot_q4_1, rows_dot_q4_k, rows_dot_q5_0, rows_dot_q5_1, rows_dot_q6_k, rows_dot_q8_0,
-)
+from kernels.cpu import int8_dot, k_quant_dot, row_lanes
+from kernels.cpu.int8_dot import rows_dot_q4_0, rows_dot_q4_1, rows_dot_q5_0, rows_dot_q5_1, rows_dot_q8_0
+from kernels.cpu.k_quant_dot import rows_dot_q4_k, rows_dot_q6_k
 
 # smaller weights run on the calling thread: a parallel launch costs more than it saves
 PARALLEL_MIN_BYTES = 1 << 17
@@ -185,9 +187,9 @@ def dot_q3_k(w, x, xs, out, n16):
 
 
 @njit(**KERNEL_ONCE)
-def dot_q4_k(w, xq, xd, xsum, out):
+def dot_q4_k(w, xq, xd, bsums, out):  # activations in blocks of 256 (k_quant_dot)
     for r in range(w.shape[0]):
-        rows_dot_q4_k(w, r, xq, xd, xsum, out)
+        rows_dot_q4_k(w, r, xq, xd, bsums, out)
 
 
 @njit(**KERNEL_ONCE)
@@ -212,48 +214,52 @@ def dot_q5_k(w, x, xs, out, n16):
 
 
 @njit(**KERNEL_ONCE)
-def dot_q6_k(w, xq, xd, xsum, out):
+def dot_q6_k(w, xq, xd, bsums, out):
     for r in range(w.shape[0]):
-        rows_dot_q6_k(w, r, xq, xd, xsum, out)
+        rows_dot_q6_k(w, r, xq, xd, bsums, out)
 
 
 # --- entry points -----------------------------------------------------------
 
 
 def _all_rows(dot, qtype):
-    """An int8 format's product: every input row at once (each weight block unpacked once for several); for
-    format sets with the lanes, from row_lanes.MIN_INPUT_ROWS rows in groups of 16 in vector lanes where the
-    host and the format have them (the same bits)."""
+    """A 32-weight int8 format's product: every input row at once (each weight block unpacked once for
+    several); for format sets with the lanes, from row_lanes.MIN_INPUT_ROWS rows in groups of 16 in vector
+    lanes where the host and the format have them (the same bits)."""
     def product(w, X, act, Y, n16):
-        _, xq, xd, xsum, _ = act
-        dot(w, xq, xd, xsum, Y)
+        dot(w, act.xq, act.xd, act.xsum, Y)
     plain = njit(inline="always")(product)
     if not (row_lanes.AVAILABLE and qtype in row_lanes.FORMATS):
         return plain
     lanes = row_lanes.products_of(qtype)
 
     def product_lanes(w, X, act, Y, n16):
-        _, xq, xd, xsum, xs4 = act
         if X.shape[0] < row_lanes.MIN_INPUT_ROWS:
-            dot(w, xq, xd, xsum, Y)
+            dot(w, act.xq, act.xd, act.xsum, Y)
         else:
-            lanes(w, xq, xd, xsum, xs4, Y)
+            lanes(w, act.xq, act.xd, act.xsum, act.xs4, Y)
     return ByLanes(plain, njit(inline="always")(product_lanes))
+
+
+def _super_block_rows(dot):
+    """A K-quant's product against activations in blocks of 256: every input row at once."""
+    def product(w, X, act, Y, n16):
+        dot(w, act.kq, act.kd, act.kbsums, Y)
+    return njit(inline="always")(product)
 
 
 def _each_row(dot):
     """A float format's product: its kernel takes one input row."""
     def product(w, X, act, Y, n16):
-        xs = act[0]
         for n in range(X.shape[0]):
-            dot(w, X[n], xs[n], Y[n], n16)
+            dot(w, X[n], act.xs[n], Y[n], n16)
     return njit(inline="always")(product)
 
 
 # product(formats, qtype, w, X, act, Y, n16): Y[n] = w times X[n] for every input row n, given
-# act = activations(X)
+# act = activations(X, needs(qtypes))
 _product = switch({
-    Q4_K: _all_rows(dot_q4_k, Q4_K), Q6_K: _all_rows(dot_q6_k, Q6_K), Q8_0: _all_rows(dot_q8_0, Q8_0),
+    Q4_K: _super_block_rows(dot_q4_k), Q6_K: _super_block_rows(dot_q6_k), Q8_0: _all_rows(dot_q8_0, Q8_0),
     Q5_0: _all_rows(dot_q5_0, Q5_0), Q4_0: _all_rows(dot_q4_0, Q4_0), Q4_1: _all_rows(dot_q4_1, Q4_1),
     Q5_1: _all_rows(dot_q5_1, Q5_1), Q5_K: _each_row(dot_q5_k),
     Q3_K: _each_row(dot_q3_k), Q2_K: _each_row(dot_q2_k), F32: _each_row(dot_f32), F16: _each_row(dot_f16),
@@ -261,26 +267,67 @@ _product = switch({
 }, ("w", "X", "act", "Y", "n16"))
 
 
+class Activations(NamedTuple):
+    """What the kernels read besides the weights, per input row n (the kinds a product's formats do not read
+    are empty)."""
+
+    xs: np.ndarray      # float32 [m, cols / 16]: sums of X[n] over runs of 16 (the float kernels' offsets)
+    xq: np.ndarray      # int8 [m, cols]: X[n] in blocks of 32 (int8_dot.quantize: values, scales, value sums)
+    xd: np.ndarray
+    xsum: np.ndarray
+    xs4: np.ndarray     # int32 [m, cols / 4]: the sums of each four of xq (row_lanes, from its row count)
+    kq: np.ndarray      # int8 [m, cols]: X[n] in blocks of 256 (k_quant_dot.quantize_into: values, scales,
+    kd: np.ndarray      # sums of 16)
+    kbsums: np.ndarray
+
+
+# what a product's formats read: bit flags for `activations`
+FLOAT_SUMS, BLOCKS_32, BLOCKS_256 = 1, 2, 4
+
+
 @njit(**KERNEL)
-def activations(X):
-    """What the kernels read besides the weights, per input row n: the sums of X[n] over runs of 16 (the
-    offset terms of the float kernels and the mins), X[n] quantized to int8 blocks of 32 as (values, scales,
-    value sums) for the integer kernels, and with several rows the sums of each four values (row_lanes)."""
+def needs(qtypes):
+    """The activation kinds the formats in qtypes read (FLOAT_SUMS | BLOCKS_32 | BLOCKS_256)."""
+    need = 0
+    for t in qtypes:
+        if t == Q4_K or t == Q6_K:
+            need |= BLOCKS_256
+        elif t == Q4_0 or t == Q4_1 or t == Q5_0 or t == Q5_1 or t == Q8_0:
+            need |= BLOCKS_32
+        else:
+            need |= FLOAT_SUMS
+    return need
+
+
+@njit(inline="always")
+def _sized(need, flag, n):
+    return n if need & flag else 0
+
+
+@njit(**KERNEL)
+def activations(X, need):
+    """The Activations of the rows of X that formats with needs `need` read."""
     m, cols = X.shape
-    xs = np.zeros((m, cols // 16), np.float32)
-    xq = np.empty((m, cols // 32 * 32), np.int8)
-    xd = np.empty((m, cols // 32), np.float32)
-    xsum = np.empty((m, cols // 32), np.int32)
-    quads = cols // 32 * 8 if m >= row_lanes.MIN_INPUT_ROWS else 0
-    xs4 = np.empty((m, quads), np.int32)
+    xs = np.zeros((m, _sized(need, FLOAT_SUMS, cols // 16)), np.float32)
+    xq = np.empty((m, _sized(need, BLOCKS_32, cols // 32 * 32)), np.int8)
+    xd = np.empty((m, _sized(need, BLOCKS_32, cols // 32)), np.float32)
+    xsum = np.empty((m, _sized(need, BLOCKS_32, cols // 32)), np.int32)
+    lanes = row_lanes.AVAILABLE and m >= row_lanes.MIN_INPUT_ROWS
+    xs4 = np.empty((m, _sized(need, BLOCKS_32, cols // 32 * 8) if lanes else 0), np.int32)
+    kq = np.empty((m, _sized(need, BLOCKS_256, cols // 256 * 256)), np.int8)
+    kd = np.empty((m, _sized(need, BLOCKS_256, cols // 256)), np.float32)
+    kbsums = np.empty((m, _sized(need, BLOCKS_256, cols // 16)), np.int16)
     for n in range(m):
         for c in range(xs.shape[1] * 16):
             xs[n, c >> 4] += X[n, c]
-        int8_dot.quantize_into(X[n], xq[n], xd[n], xsum[n])
-        for g in range(quads):
+        if xq.shape[1]:
+            int8_dot.quantize_into(X[n], xq[n], xd[n], xsum[n])
+        for g in range(xs4.shape[1]):
             xs4[n, g] = np.int32(xq[n, 4 * g]) + np.int32(xq[n, 4 * g + 1]) + np.int32(xq[n, 4 * g + 2]) \
                 + np.int32(xq[n, 4 * g + 3])
-    return xs, xq, xd, xsum, xs4
+        if kq.shape[1]:
+            k_quant_dot.quantize_into(X[n], kq[n], kd[n], kbsums[n])
+    return Activations(xs, xq, xd, xsum, xs4, kq, kd, kbsums)
 
 
 # rows of a weight multiplied by every input row in turn: small enough to stay in L2 meanwhile
@@ -355,7 +402,7 @@ def products(formats, qtypes, ws, X, Y, chunks):
     starts = np.zeros(len(ws) + 1, np.int64)
     for i in range(len(ws)):
         starts[i + 1] = starts[i] + ws[i].shape[0]
-    act = activations(X)
+    act = activations(X, needs(qtypes))
     if chunks > 1:
         _products_parallel(formats, qtypes, ws, starts, X, act, Y, chunks)
     else:  # all the rows, bounds as int64 (a literal 0 would compile another _products_range)

@@ -13,10 +13,9 @@ on hosts with them (AVAILABLE), for the FORMATS here, from MIN_INPUT_ROWS input 
 
 The formats that unpack: Q4_0 and Q5_0 (their values enter unsigned, q = w + C, and C times the sum of the
 four inputs comes off each integer sum, which is then exactly the row kernel's), Q4_1 and Q5_1 (unsigned
-values, the mins through each block's input sum as the row kernel adds them), Q4_K (a sub-block's integer
-dot is one whole sum, then its scale and min in float, four chains) and Q6_K (the two 16-weight groups'
-dots, centred, times their int8 scales in int32, as exact as the row kernel's). Q8_0's row kernel unpacks
-nothing and was as fast as the lanes at 8 and 16 rows, so it keeps it.
+values, the mins through each block's input sum as the row kernel adds them). Q8_0's row kernel unpacks
+nothing and was as fast as the lanes at 8 and 16 rows, so it keeps it; Q4_K's and Q6_K's (k_quant_dot) keep
+their sub-block sums in integers, a float multiply-add per super-block, so they have no lanes yet.
 """
 
 import llvmlite.binding as llvm
@@ -27,7 +26,6 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from kernels.common import quant_blocks as qb
-from kernels.common.quant_blocks import k_scale_min
 from kernels.cpu import int_gemm
 from kernels.cpu.int8_dot import _call, multiply_add
 from kernels.cpu.int_gemm import _splat
@@ -39,11 +37,9 @@ _QUADS = 8       # groups of four values per block of 32
 MIN_INPUT_ROWS = 5
 
 # format -> (bytes per block, blocks of 32 weights in it)
-FORMATS = {qb.Q4_0: (18, 1), qb.Q5_0: (22, 1), qb.Q4_1: (20, 1), qb.Q5_1: (24, 1), qb.Q4_K: (144, 8),
-           qb.Q6_K: (210, 8)}
-# where the f16 scale d and the second f16 (a min, Q4_K's dmin; None: no such) sit in a format block
-_SCALE_FIELDS = {qb.Q4_0: (0, None), qb.Q5_0: (0, None), qb.Q4_1: (0, 2), qb.Q5_1: (0, 2), qb.Q4_K: (0, 2),
-                 qb.Q6_K: (208, None)}
+FORMATS = {qb.Q4_0: (18, 1), qb.Q5_0: (22, 1), qb.Q4_1: (20, 1), qb.Q5_1: (24, 1)}
+# where the f16 scale d and the second f16 (a min; None: no such) sit in a format block
+_SCALE_FIELDS = {qb.Q4_0: (0, None), qb.Q5_0: (0, None), qb.Q4_1: (0, 2), qb.Q5_1: (0, 2)}
 # the 32-weight formats' C, the offset taken off their unsigned values (None: a mins format)
 _CENTER = {qb.Q4_0: 8, qb.Q5_0: 16, qb.Q4_1: None, qb.Q5_1: None}
 
@@ -136,109 +132,6 @@ def _make_kernel(center):
     return rows
 
 
-@intrinsic
-def _q4_k_rows(typingctx, packed, d, dmin, sc, mn, xq, xd, xsum, n, out, col0):
-    """out[n, col0 : col0 + 16] for a Q4_K tile (d, dmin, sc, mn per block of 32, as floats): the row
-    kernel's arithmetic (int8_dot._q4_k_dots), its chain c (sub-blocks 2c, 2c + 1 of each super-block) in
-    a vector of its own: per pair, d * (sc1 * xd1 * (w1 . x) + sc2 * xd2 * (w2 . x)) - dmin * (m1 * xd1 *
-    xsum1 + m2 * xd2 * xsum2), the integer dots whole sums over the sub-block."""
-
-    def codegen(context, builder, sig, args):
-        a = {i: context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 1, 2, 3, 4, 5, 6, 7, 9)}
-        n_v, col0_v = args[8], args[10]
-        c = lambda v: ir.Constant(n_v.type, v)  # noqa: E731
-        blocks = cgutils.unpack_tuple(builder, a[0].shape, 4)[0]
-        cols = cgutils.unpack_tuple(builder, a[5].shape, 2)[1]
-        tile = builder.bitcast(a[0].data, _IVEC.as_pointer())
-        xq_row, xd_row, xsum_row = _row_of(builder, a[5], n_v, cols), _row_of(builder, a[6], n_v, blocks), \
-            _row_of(builder, a[7], n_v, blocks)
-        chains = [cgutils.alloca_once_value(builder, ir.Constant(_FVEC, None)) for _ in range(4)]
-
-        def rows_at(array, b):
-            return builder.load(builder.bitcast(builder.gep(array.data, [builder.mul(b, c(ROWS))]), _FVEC.as_pointer()),
-                                align=4)
-
-        def block_dot(b):
-            dots = ir.Constant(_IVEC, None)
-            for k in range(_QUADS):
-                dots = _quad_dot(builder, tile, xq_row, b, k, dots)
-            return builder.sitofp(dots, _FVEC)
-
-        with cgutils.for_range(builder, builder.udiv(blocks, c(8))) as loop:
-            first = builder.mul(loop.index, c(8))
-            dv, dminv = rows_at(a[1], first), rows_at(a[2], first)
-            for chain in range(4):
-                b1 = builder.add(first, c(2 * chain))
-                b2 = builder.add(b1, c(1))
-                xd1 = _splat(builder, builder.load(builder.gep(xd_row, [b1])), ROWS)
-                xd2 = _splat(builder, builder.load(builder.gep(xd_row, [b2])), ROWS)
-                xs1 = _splat(builder, builder.sitofp(builder.load(builder.gep(xsum_row, [b1])), _F32), ROWS)
-                xs2 = _splat(builder, builder.sitofp(builder.load(builder.gep(xsum_row, [b2])), _F32), ROWS)
-                lo = builder.fmul(xd1, block_dot(b1))
-                hi = builder.fmul(xd2, block_dot(b2))
-                mins = builder.fadd(builder.fmul(builder.fmul(rows_at(a[4], b1), xd1), xs1),
-                                    builder.fmul(builder.fmul(rows_at(a[4], b2), xd2), xs2))
-                scaled = builder.fmul(dv, builder.fadd(builder.fmul(rows_at(a[3], b1), lo),
-                                                       builder.fmul(rows_at(a[3], b2), hi)))
-                acc = chains[chain]
-                builder.store(builder.fadd(builder.load(acc), builder.fsub(scaled, builder.fmul(dminv, mins))), acc)
-        v = [builder.load(acc) for acc in chains]
-        total = builder.fadd(builder.fadd(v[0], v[1]), builder.fadd(v[2], v[3]))
-        _store_rows(context, builder, a[9], sig.args[9], n_v, col0_v, total)
-        return context.get_dummy_value()
-
-    return types.none(packed, d, dmin, sc, mn, xq, xd, xsum, n, out, col0), codegen
-
-
-@intrinsic
-def _q6_k_rows(typingctx, packed, d, sc, xq, xd, xs4, n, out, col0):
-    """out[n, col0 : col0 + 16] for a Q6_K tile (d per block of 32 as float, sc [blocks, 2, 16] the int8
-    scales of each block's two 16-weight groups): the row kernel's arithmetic (int8_dot._q6_k_dots), block p
-    of each half super-block in chain p: d * xd * (sc1 * (q1 - 32) . x1 + sc2 * (q2 - 32) . x2), the integer
-    sum exact as there."""
-
-    def codegen(context, builder, sig, args):
-        a = {i: context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 1, 2, 3, 4, 5, 7)}
-        n_v, col0_v = args[6], args[8]
-        c = lambda v: ir.Constant(n_v.type, v)  # noqa: E731
-        blocks = cgutils.unpack_tuple(builder, a[0].shape, 4)[0]
-        cols = cgutils.unpack_tuple(builder, a[3].shape, 2)[1]
-        tile = builder.bitcast(a[0].data, _IVEC.as_pointer())
-        scales = builder.bitcast(a[2].data, _IVEC.as_pointer())
-        xq_row, xd_row = _row_of(builder, a[3], n_v, cols), _row_of(builder, a[4], n_v, blocks)
-        xs4_row = _row_of(builder, a[5], n_v, builder.mul(blocks, c(_QUADS)))
-        chains = [cgutils.alloca_once_value(builder, ir.Constant(_FVEC, None)) for _ in range(4)]
-
-        def group_dot(b, first):
-            """(q - 32) . x over the 16-weight group of block b starting at quad `first`, for the 16 rows."""
-            dots = ir.Constant(_IVEC, None)
-            x_sum = ir.Constant(_I32, 0)
-            for k in range(first, first + 4):
-                dots = _quad_dot(builder, tile, xq_row, b, k, dots)
-                x_sum = builder.add(x_sum, builder.load(builder.gep(xs4_row, [builder.add(builder.mul(b, c(_QUADS)),
-                                                                                          c(k))])))
-            return builder.sub(dots, _splat(builder, builder.mul(x_sum, ir.Constant(_I32, 32)), ROWS))
-
-        with cgutils.for_range(builder, builder.udiv(blocks, c(4))) as loop:
-            for p, acc in enumerate(chains):  # block b's chain is b % 4 (its place in a half super-block)
-                b = builder.add(builder.mul(loop.index, c(4)), c(p))
-                pair = builder.mul(b, c(2))
-                sums = builder.add(builder.mul(builder.load(builder.gep(scales, [pair]), align=4), group_dot(b, 0)),
-                                   builder.mul(builder.load(builder.gep(scales, [builder.add(pair, c(1))]), align=4),
-                                               group_dot(b, 4)))
-                xd_b = _splat(builder, builder.load(builder.gep(xd_row, [b])), ROWS)
-                dv = builder.load(builder.bitcast(builder.gep(a[1].data, [builder.mul(b, c(ROWS))]),
-                                                  _FVEC.as_pointer()), align=4)
-                term = builder.fmul(builder.fmul(dv, xd_b), builder.sitofp(sums, _FVEC))
-                builder.store(builder.fadd(builder.load(acc), term), acc)
-        v = [builder.load(acc) for acc in chains]
-        total = builder.fadd(builder.fadd(v[0], v[1]), builder.fadd(v[2], v[3]))
-        _store_rows(context, builder, a[7], sig.args[7], n_v, col0_v, total)
-        return context.get_dummy_value()
-
-    return types.none(packed, d, sc, xq, xd, xs4, n, out, col0), codegen
-
-
 def _store_rows(context, builder, out_a, out_type, n, col0, values):
     """out[n, col0 : col0 + 16] = values (a <16 x float>), out a 2-d float32 array of any strides; past its
     last column (a weight's last rows, fewer than 16) the lanes are not stored."""
@@ -261,7 +154,7 @@ def _make_unpack(qtype):
     """unpack(w, r0, packed, d, dmin): weight rows r0 .. r0 + 15 of w [rows, row bytes] into the tile: their
     unsigned values, block b's group k of four of every row side by side in packed[b, k] ([blocks of 32, 8,
     16, 4] uint8), and per block of 32 the f16 scales of the 16 rows' format block: d[b] and (the mins
-    formats, Q4_K) dmin[b] (Q6_K's d is at byte 208). A block of the 16 rows is unpacked as int_gemm's unpackers do one, then
+    formats) dmin[b]. A block of the 16 rows is unpacked as int_gemm's unpackers do one, then
     transposed in registers."""
     block_bytes, per_block = FORMATS[qtype]
     values = _VALUES[qtype]
@@ -317,29 +210,8 @@ def _make_unpack(qtype):
 
 
 _VALUES = {qb.Q4_0: int_gemm._block_values(2), qb.Q5_0: int_gemm._block_values(6, 2),
-           qb.Q4_1: int_gemm._block_values(4), qb.Q5_1: int_gemm._block_values(8, 4),
-           qb.Q4_K: int_gemm._k_quant_values(16), qb.Q6_K: int_gemm.q6_k_quants}
+           qb.Q4_1: int_gemm._block_values(4), qb.Q5_1: int_gemm._block_values(8, 4)}
 _KERNELS = {center: _make_kernel(center) for center in _CENTER.values()}
-
-
-@njit(inline="always")
-def _q4_k_sub_scales(w, r0, sc, mn):
-    """sc, mn [blocks of 32, 16]: the 6-bit scale and min of each sub-block of rows r0 .. r0 + 15."""
-    for lane in range(ROWS):
-        row = w[r0 + lane]
-        for b in range(sc.shape[0]):
-            sc[b, lane], mn[b, lane] = k_scale_min(row, (b // 8) * 144 + 4, b % 8)
-
-
-@njit(inline="always")
-def _q6_k_group_scales(w, r0, sc):
-    """sc [blocks of 32, 2, 16]: the int8 scales of the two 16-weight groups of each block of rows r0 .. r0 + 15."""
-    for lane in range(ROWS):
-        row = w[r0 + lane]
-        for b in range(sc.shape[0]):
-            o = (b // 8) * 210 + 192 + 2 * (b % 8)
-            sc[b, 0, lane] = np.int8(row[o])
-            sc[b, 1, lane] = np.int8(row[o + 1])
 
 
 def products_of(qtype):
@@ -347,36 +219,6 @@ def products_of(qtype):
     with every input row (xq, xd, xsum as int8_dot.quantize gives them, per row, and xs4 [m, blocks * 8] the
     sums of each group of four values), 16 weight rows at a time (the last group may be short)."""
     unpack = _make_unpack(qtype)
-    if qtype == qb.Q4_K:
-        kernel = _q4_k_rows
-
-        def products(w, xq, xd, xsum, xs4, Y):
-            m, blocks = xd.shape
-            packed = np.empty((blocks, _QUADS, ROWS, 4), np.uint8)
-            d = np.empty((blocks, ROWS), np.float32)
-            dmin = np.empty((blocks, ROWS), np.float32)
-            sc = np.empty((blocks, ROWS), np.float32)
-            mn = np.empty((blocks, ROWS), np.float32)
-            for r0 in range(0, w.shape[0], ROWS):
-                unpack(w, r0, packed, d, dmin)
-                _q4_k_sub_scales(w, r0, sc, mn)
-                for n in range(m):
-                    kernel(packed, d, dmin, sc, mn, xq, xd, xsum, n, Y, r0)
-        return njit(inline="always")(products)
-
-    if qtype == qb.Q6_K:
-        def products(w, xq, xd, xsum, xs4, Y):
-            m, blocks = xd.shape
-            packed = np.empty((blocks, _QUADS, ROWS, 4), np.uint8)
-            d = np.empty((blocks, ROWS), np.float32)
-            sc = np.empty((blocks, 2, ROWS), np.int32)
-            for r0 in range(0, w.shape[0], ROWS):
-                unpack(w, r0, packed, d, d)
-                _q6_k_group_scales(w, r0, sc)
-                for n in range(m):
-                    _q6_k_rows(packed, d, sc, xq, xd, xs4, n, Y, r0)
-        return njit(inline="always")(products)
-
     kernel = _KERNELS[_CENTER[qtype]]
 
     def products(w, xq, xd, xsum, xs4, Y):

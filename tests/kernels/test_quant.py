@@ -8,7 +8,7 @@ from gguf.constants import GGMLQuantizationType as T
 
 from kernels.common import gguf_weights
 from kernels.cpu import int8_dot, quant
-from tests.quant_weights import matvec_input, random_weight
+from tests.quant_weights import matvec_input, random_weight, super_block_input
 
 NATIVE = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
 GENERIC = [T.IQ4_NL, T.TQ2_0, T.MXFP4]
@@ -140,6 +140,38 @@ def test_int8_inputs_are_quantized_as_llama_cpp_does():
     np.testing.assert_array_equal(xd, np.where(np.isfinite(half) & ((half > 0) | (d == 0)), half, d))
     np.testing.assert_array_equal(xsum, xq.reshape(-1, 32).sum(axis=1))
     assert xd[0] == 0 and not xq[:32].any()
+
+
+def test_super_block_inputs_are_quantized_as_llama_cpp_does():
+    """quantize_row_q8_K's semantics for the K-quants' inputs: per 256 values iscale = -127 / the value of
+    largest magnitude (its sign kept), values round-half-even(iscale * x) in float32, d = 1 / iscale, the sums
+    of each 16 values; an all-zero block gives zeros with scale 0."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(256 * 5, dtype=np.float32) * np.repeat(np.logspace(-20, 20, 5), 256).astype(np.float32)
+    x[:256] = 0
+    x[256] = -1e3  # a negative extreme: iscale positive
+    q, d, bsums = super_block_input(x)
+    blocks = x.reshape(-1, 256)
+    extreme = blocks[np.arange(5), np.abs(blocks).argmax(axis=1)]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        iscale = np.where(extreme != 0, np.float32(-127) / extreme, 0).astype(np.float32)
+    np.testing.assert_array_equal(q.reshape(-1, 256), np.minimum(127, np.rint(iscale[:, None] * blocks)))
+    np.testing.assert_array_equal(d[1:], (np.float32(1) / iscale[1:]).astype(np.float32))
+    assert d[0] == 0 and not q[:256].any()
+    np.testing.assert_array_equal(bsums, q.reshape(-1, 16).astype(np.int32).sum(axis=1))
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K])
+def test_k_quant_dots_are_exact_integer_sums_scaled_once_per_super_block(qtype):
+    """Each super-block's dot is an integer (the sub-block scales and the mins or offsets applied in int32),
+    scaled by d_w * d_x: against float64 arithmetic on the same values, only the float accumulation of a few
+    terms per row rounds."""
+    rng = np.random.default_rng(6)
+    w = random_weight(qtype, 8, 256 * 4, rng)
+    x = rng.standard_normal(256 * 4, dtype=np.float32)
+    W = quants.dequantize(w, qtype).reshape(8, -1).astype(np.float64)
+    exact = W @ matvec_input(qtype, x[None])[0].astype(np.float64)
+    np.testing.assert_allclose(quant.matvec(qtype, w, x), exact, rtol=2e-6, atol=1e-6 * np.abs(exact).max())
 
 
 def test_f16_scales_decode_every_bit_pattern():
