@@ -55,6 +55,12 @@ def run_bench(args) -> int:
             line += (f" | {args.peer} {p['median']:8.2f} | ratio {q['median']:.2f}x "
                      f"(min {q['min']:.2f}, max {q['max']:.2f})")
         print(line)
+    mb, bandwidth = r["weight_bytes_per_token"] / 1e6, r["read_bandwidth_gbs"]
+    line = (f"{'weights read':>20}: {mb:8.1f} MB a token; decode reads {r['decode_gbs']:.1f} GB/s "
+            f"({r['decode_gbs'] / bandwidth:.0%} of this machine's {bandwidth:.1f} GB/s with {threads} threads)")
+    if args.peer:
+        line += f" | {args.peer} {r['llama_cpp_decode_gbs']:.1f} GB/s"
+    print(line)
     return 0
 
 

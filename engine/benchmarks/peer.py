@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from engine.benchmarks.bandwidth import read_bandwidth_gbs, weight_bytes_per_token
 from engine.errors import FucinaError
 from engine.models import load_model
 from engine.models.model import Model
@@ -55,11 +56,13 @@ def _timed_generation(prefill: Callable[[list[int]], np.ndarray], step: Callable
 
 def run_fucina(model: Model, prompt: list[int], gen_tokens: int, warm_up: bool = False) -> Run:
     """One timed prefill of `prompt` and decode of `gen_tokens`; with `warm_up`, after an untimed prefill of
-    the same prompt, as llama-bench warms up before each of its runs (the peer's run in between leaves our
-    threads and caches cold)."""
+    the same prompt and a decode step, as llama-bench warms up before each of its runs (the peer's run in
+    between leaves our threads and caches cold, and the first run would otherwise count the decode kernels'
+    compilation)."""
     cache = model.new_cache(len(prompt) + gen_tokens)
     if warm_up:
         model.forward(prompt, cache)
+        model.forward(prompt[:1], cache)
         cache.truncate(0)
     return _timed_generation(lambda ids: model.forward(ids, cache), lambda t: model.forward([t], cache),
                              prompt, gen_tokens)
@@ -156,6 +159,10 @@ def benchmark(path: str, threads: int, prompt_tokens: int, gen_tokens: int, runs
             result["llama_cpp_" + key] = summary([getattr(r, key) for r in theirs])
             ratios = [getattr(a, key) / getattr(b, key) for a, b in zip(ours, theirs)]
             result["ratio_" + key] = summary(ratios)
+    result["weight_bytes_per_token"] = weight_bytes_per_token(path)
+    result["read_bandwidth_gbs"] = read_bandwidth_gbs(threads)
+    for side in ("", "llama_cpp_") if peer else ("",):
+        result[side + "decode_gbs"] = result[side + "decode_tps"]["median"] * result["weight_bytes_per_token"] / 1e9
     return result
 
 

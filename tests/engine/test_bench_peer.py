@@ -37,3 +37,19 @@ def test_a_missing_or_failing_llama_bench_is_a_clear_error(tmp_path, monkeypatch
     exe, _ = _fake_llama_bench(tmp_path, "sys.stderr.write('failed to load model'); sys.exit(1)")
     with pytest.raises(FucinaError, match="llama-bench failed .*failed to load model"):
         LlamaBenchPeer("m.gguf", 2, str(exe)).run([1, 2, 3], 4)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_weight_bytes_per_token_counts_one_embedding_row_unless_the_output_reuses_the_table(tmp_path, tied):
+    import gguf
+
+    from engine.benchmarks.bandwidth import weight_bytes_per_token
+    from tests.synthetic import write_tiny_model
+
+    path = tmp_path / "m.gguf"
+    write_tiny_model(path, tied=tied, vocab=128)
+    sizes = {t.name: int(t.n_bytes) for t in gguf.GGUFReader(str(path)).tensors}
+    embedding = sizes.pop("token_embd.weight")
+    assert ("output.weight" in sizes) != tied
+    expected = sum(sizes.values()) + (embedding if tied else embedding // 128)
+    assert weight_bytes_per_token(path) == expected

@@ -1,0 +1,132 @@
+"""GGUFs of the shapes people run, with random but valid weights, for speed measurements.
+
+Timing does not depend on the weights' values, only on their shapes and block formats, so a file of a real
+model's shape with random blocks (small finite f16 scales, tests/quant_weights.py) measures what the real
+model would: the same tensor names, shapes and a Q4_K_M-like mix of formats (llama.cpp's choice for that
+preset: Q4_K everywhere, Q6_K for the output matrix and for `attn_v` and `ffn_down` on the layers its
+`use_more_bits` picks), and the Qwen2.5 starter's tokenizer, so `fucina bench FILE --peer` and llama-bench
+read the same file.
+
+    python -m benchmarks.synthetic_models qwen2.5-1.5b OUT.gguf
+    fucina bench OUT.gguf --threads 2 --runs 5 --peer
+
+Tensors are drawn and written one at a time, so a 5 GB file needs no more than its largest tensor in memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
+
+from engine.models import FAMILIES
+from engine.models.layout import MATRIX
+from engine.models.tiny import standard_metadata, write_metadata
+from engine.platform.catalog import resolve_model
+from tests.quant_weights import random_weight
+
+TOKENIZER_MODEL = "qwen2.5-coder-0.5b-instruct"  # the starter whose tokenizer the files carry
+
+
+@dataclass(frozen=True)
+class Shape:
+    arch: str
+    n_layers: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    n_ff: int
+    tied: bool  # the output product reads token_embd (Qwen2.5 up to 3B)
+    context: int = 32768
+
+
+SHAPES = {
+    "qwen2.5-1.5b": Shape("qwen2", 28, 1536, 12, 2, 8960, tied=True),
+    "qwen2.5-7b": Shape("qwen2", 28, 3584, 28, 4, 18944, tied=False),
+}
+
+
+def use_more_bits(layer: int, n_layers: int) -> bool:
+    """llama.cpp's choice of the layers whose attn_v and ffn_down get more bits in its _M presets."""
+    return layer < n_layers // 8 or layer >= 7 * n_layers // 8 or (layer - n_layers // 8) % 3 == 2
+
+
+def q4_k_m_type(name: str, n_layers: int, tied: bool) -> T:
+    """The block format llama.cpp's Q4_K_M gives a matrix (output: Q6_K; token_embd too when it is the output)."""
+    if name == "output.weight" or (tied and name == "token_embd.weight"):
+        return T.Q6_K
+    if name.endswith(("attn_v.weight", "ffn_down.weight")) and use_more_bits(int(name.split(".")[1]), n_layers):
+        return T.Q6_K
+    return T.Q4_K
+
+
+def _tokenizer_fields(writer: gguf.GGUFWriter) -> int:
+    """Copy the tokenizer (and chat template) of the starter into writer; returns its vocabulary size."""
+    reader = gguf.GGUFReader(str(resolve_model(TOKENIZER_MODEL, pull_missing=True)))
+    vocab = 0
+    for field in reader.fields.values():
+        if not field.name.startswith("tokenizer."):
+            continue
+        kind = field.types[0]
+        if kind == gguf.GGUFValueType.ARRAY:
+            value, sub = field.contents(), field.types[-1]
+            writer.add_array(field.name, value) if sub == gguf.GGUFValueType.STRING else \
+                writer.add_key_value(field.name, value, kind, sub_type=sub)
+            if field.name == "tokenizer.ggml.tokens":
+                vocab = len(value)
+        else:
+            writer.add_key_value(field.name, field.contents(), kind)
+    return vocab
+
+
+def write_synthetic(shape_name: str, path: Path, seed: int = 0) -> Path:
+    shape = SHAPES[shape_name]
+    writer = gguf.GGUFWriter(str(path), shape.arch)
+    writer.add_name(f"synthetic {shape_name}")
+    vocab = _tokenizer_fields(writer)
+    meta = standard_metadata(shape.arch, n_layers=shape.n_layers, n_embd=shape.n_embd, n_head=shape.n_head,
+                             n_head_kv=shape.n_head_kv, n_ff=shape.n_ff, vocab=vocab, context=shape.context)
+    meta = {k: v for k, v in meta.items() if not k.endswith(".sliding_window")} | {
+        f"{shape.arch}.rope.freq_base": 1000000.0}
+    write_metadata(writer, meta)
+    specs = [s for s in FAMILIES[shape.arch](meta).tensors() if s.required or not shape.tied]
+    formats = {}
+    for spec in specs:
+        if spec.role == MATRIX:
+            qtype = q4_k_m_type(spec.name, shape.n_layers, shape.tied)
+            block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
+            rows, cols = spec.shape
+            writer.add_tensor_info(spec.name, (rows, cols * block_bytes // block_elems), np.dtype(np.uint8),
+                                   rows * cols * block_bytes // block_elems, raw_dtype=qtype)
+            formats[spec.name] = qtype
+        else:
+            writer.add_tensor_info(spec.name, spec.shape, np.dtype(np.float32), 4 * int(np.prod(spec.shape)))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    rng = np.random.default_rng(seed)
+    for spec in specs:
+        if spec.name in formats:
+            writer.write_tensor_data(random_weight(formats[spec.name], *spec.shape, rng))
+        else:  # norms near 1, biases near 0
+            base = 0.0 if spec.name.endswith(".bias") else 1.0
+            writer.write_tensor_data((base + rng.normal(0, 0.05, spec.shape)).astype(np.float32))
+    writer.close()
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("shape", choices=sorted(SHAPES))
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    print(write_synthetic(args.shape, args.out, args.seed))
+
+
+if __name__ == "__main__":
+    main()
