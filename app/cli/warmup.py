@@ -1,5 +1,6 @@
 """`fucina warmup MODEL [--stage prefill|decode|verify]`: compile a starter model's kernels ahead of its first
-reply (the app runs it in the background on the first start, while the model downloads)."""
+reply (the app runs it in the background when a starter model first downloads or opens), printing a line
+as each kernel starts compiling (the app shows them as the warm-up's progress)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from engine.platform import warmup
 
 def run_warmup(args) -> int:
     for stage in [args.stage] if args.stage else warmup.STAGES + warmup.LATER_STAGES:
-        warmup.warm(args.model, stage)
+        warmup.warm(args.model, stage, lambda n, stage=stage: print(warmup.report_line(stage, n), flush=True))
     return 0
 
 

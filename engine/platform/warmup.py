@@ -11,6 +11,11 @@ until its kernels are in the cache).
 
 A stage that finished leaves a mark in the kernel cache directory, which is named after the kernel
 sources (kernels.common), so an edited kernel is compiled again.
+
+A stage reports each kernel it compiles (`fucina warmup` prints a line per kernel, which the app reads
+back); how far it is comes from the number its model's plan says it compiles on an empty cache
+("compiles" in the catalog: what `fucina warmup NAME` printed last for each stage, on an empty
+NUMBA_CACHE_DIR; a count that drifts with the kernels only makes the estimate coarser).
 """
 
 from __future__ import annotations
@@ -19,12 +24,15 @@ import os
 import subprocess
 import sys
 import tempfile
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Callable, Iterable
 
 import gguf
 import numba
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
+from numba.core import event
 
 import kernels.common  # noqa: F401 (names the kernel cache directory, which holds the marks)
 from engine.platform.catalog import StarterModel, catalog
@@ -132,12 +140,52 @@ def is_warm(model: StarterModel, stages: tuple[str, ...] = STAGES) -> bool:
     return all(_mark(model.name, stage).exists() for stage in stages)
 
 
-def warm(name: str, stage: str) -> None:
-    """`fucina warmup NAME --stage STAGE`: compile one stage for a starter model and leave its mark."""
+class _Compiles(event.Listener):
+    def __init__(self, on_compiled: Callable[[int], None]):
+        self.count, self.on_compiled = 0, on_compiled
+
+    def on_start(self, ev) -> None:
+        self.count += 1
+        self.on_compiled(self.count)
+
+    def on_end(self, ev) -> None:
+        pass
+
+
+def counting_compiles(on_compiled: Callable[[int], None]) -> AbstractContextManager:
+    """While inside: on_compiled(n) as the n-th kernel of this process starts compiling, on the thread that
+    compiles it (a kernel loaded from the cache is not compiled)."""
+    return event.install_listener("numba:compile", _Compiles(on_compiled))
+
+
+def report_line(stage: str, kernel: int) -> str:
+    """What `fucina warmup` prints as a stage's kernels compile (compiled_count reads it back)."""
+    return f"{stage}: compiling kernel {kernel}"
+
+
+def compiled_count(line: str) -> int | None:
+    """The kernel's number in a report_line (the ones before it are compiled), else None."""
+    stage, _, rest = line.strip().partition(": compiling kernel ")
+    return int(rest) if stage in STAGES + LATER_STAGES and rest.isdigit() else None
+
+
+def progress(model: StarterModel, compiled: dict[str, int], ended: Iterable[str]) -> float:
+    """How far the stages the first reply waits for are, 0 to 1: the kernels each compiled of those its
+    plan expects, a stage held short of its share until it ends."""
+    expected = {stage: max(model.kernels.get("compiles", {}).get(stage, 1), 1) for stage in STAGES}
+    ended = set(ended)
+    done = sum(expected[s] if s in ended else min(compiled.get(s, 0), expected[s] - 1) for s in STAGES)
+    return done / sum(expected.values())
+
+
+def warm(name: str, stage: str, on_compiled: Callable[[int], None] | None = None) -> None:
+    """`fucina warmup NAME --stage STAGE`: compile one stage for a starter model and leave its mark;
+    `on_compiled` hears the count as each kernel compiles."""
     model = catalog().get(name)
     if model is None or not model.kernels:
         raise FucinaError(f"no kernel plan for {name!r}; starter models: {', '.join(catalog())}")
-    run_stage(model.kernels, stage)
+    with counting_compiles(on_compiled or (lambda _: None)):
+        run_stage(model.kernels, stage)
     mark = _mark(name, stage)
     mark.parent.mkdir(parents=True, exist_ok=True)
     mark.touch()

@@ -75,3 +75,20 @@ def test_after_the_stages_a_first_reply_compiles_nothing(tmp_path, monkeypatch, 
         model.forward_rows([1, 2, 3, 4, 5, 6], cache)
     model.file.close()
     assert compiled == []
+
+
+def test_a_stage_reports_each_kernel_it_compiles_and_its_progress_follows_the_plan():
+    counts = []
+    with warmup.counting_compiles(counts.append):
+        numba.njit(lambda x: x + 1)(1)  # compiled: not in any cache
+    assert counts == [1]
+    line = warmup.report_line("prefill", 12)
+    assert warmup.compiled_count(line) == 12 and warmup.compiled_count("some other output") is None
+    model = catalog()["smollm2-135m-instruct"]
+    expected = model.kernels["compiles"]
+    total = expected["prefill"] + expected["decode"]
+    assert warmup.progress(model, {}, ()) == 0
+    assert warmup.progress(model, {"prefill": 12, "decode": 3}, ()) == 15 / total
+    # a stage held short of its share until it ends (its count is an estimate), then all of it
+    assert warmup.progress(model, {"prefill": 500}, ()) == (expected["prefill"] - 1) / total
+    assert warmup.progress(model, {"prefill": 5}, ["prefill", "decode"]) == 1
