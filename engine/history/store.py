@@ -9,6 +9,7 @@ import json
 import os
 import re
 import sqlite3
+import statistics
 import uuid
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -120,6 +121,16 @@ class HistoryStore:
         return [_conversation(r) for r in self.db.query(
             "SELECT * FROM conversations ORDER BY pinned DESC, updated_at DESC, rowid DESC LIMIT ? OFFSET ?",
             [-1 if limit is None else limit, offset])]
+
+    def decode_speeds(self) -> dict[str, float]:
+        """How fast each model has written replies here: the median decode rate (tokens/s) of its stored
+        replies, by the name of its model file."""
+        rates: dict[str, list[float]] = {}
+        for row in self.db.query(
+                "SELECT json_extract(meta, '$.model') AS model, json_extract(meta, '$.decode_tps') AS tps"
+                " FROM messages WHERE role = 'assistant' AND tps > 0 AND model IS NOT NULL"):
+            rates.setdefault(Path(row["model"]).name, []).append(row["tps"])
+        return {name: statistics.median(values) for name, values in rates.items()}
 
     def rename(self, conversation_id: str, title: str) -> None:
         title = check_text(title, "title")

@@ -107,10 +107,16 @@ def catalog() -> dict[str, StarterModel]:
     }
 
 
+def starter_of_file(path: str | os.PathLike) -> StarterModel | None:
+    """The starter model whose file this is (by its name, wherever it lies), else None."""
+    name = Path(path).name
+    return next((m for m in catalog().values() if m.file == name), None)
+
+
 def model_display_name(path: str | os.PathLike) -> str:
     """A starter model's display name for its file, else the file's name."""
-    name = Path(path).name
-    return next((m.display_name for m in catalog().values() if m.file == name), name)
+    starter = starter_of_file(path)
+    return starter.display_name if starter else Path(path).name
 
 
 def default_model_name() -> str:

@@ -259,3 +259,13 @@ def test_the_markdown_export_names_the_model_not_its_path(store, tmp_path):
     assert f"Model: {starter.display_name}\n" in store.export_markdown(cid)
     assert "Model: tiny.gguf\n" in store.export_markdown(other)
     assert str(tmp_path) not in store.export_markdown(cid) + store.export_markdown(other)
+
+
+def test_decode_speeds_are_the_median_of_each_models_stored_replies(store, tmp_path):
+    cid = store.create_conversation(str(tmp_path / "models" / "a.gguf"))
+    for model, tps in (("a.gguf", 10.0), ("a.gguf", 30.0), ("a.gguf", 12.0), ("b.gguf", 50.0), ("b.gguf", 0.0)):
+        store.add_message(cid, "user", "hi")
+        store.add_message(cid, "assistant", "hello", meta={"model": str(tmp_path / "models" / model),
+                                                            "decode_tps": tps})
+    store.add_message(cid, "assistant", "from before the meta had a model", meta={"decode_tps": 99.0})
+    assert store.decode_speeds() == {"a.gguf": 12.0, "b.gguf": 50.0}  # a reply that stopped at once counts for nothing
