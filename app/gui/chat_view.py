@@ -58,6 +58,7 @@ class ChatView(QScrollArea):
         self.widgets: list[MessageWidget] = []   # the cards of rows [self._first, self._last)
         self._first = 0  # the row of widgets[0]
         self.thinking: ThinkingIndicator | None = None  # shown in an empty reply being written
+        self._wait: str | None = None  # what that reply waits for, which its thinking mark says
         self._follow = True
         # A card to hold at its place in the view (and that place) while cards are built or dropped around it
         self._anchor: tuple[MessageWidget, int] | None = None
@@ -197,22 +198,32 @@ class ChatView(QScrollArea):
             widget.set_branch_actions_enabled(not streaming)
         if streaming:
             self.scroll_to_bottom()
+        else:
+            self._wait = None
         self._sync_thinking()
+
+    def show_wait(self, text: str | None) -> None:
+        """Say in the reply being written what it waits for (None: it is thinking)."""
+        self._wait = text
+        if self.thinking is not None and isValid(self.thinking):
+            self.thinking.set_wait(text)
 
     def _sync_thinking(self) -> None:
         """The thinking mark sits in the card of the reply being written until its first text."""
-        row, card = self.model.reply_row, None
+        row, widget = self.model.reply_row, None
         if row is not None and self._first <= row < self._last and not self.model.index(row).data(CONTENT_ROLE):
-            card = self.widgets[row - self._first]
+            widget = self.widgets[row - self._first]
+        card = widget and widget.card
         if self.thinking is not None and isValid(self.thinking) and self.thinking.parent() is card:
             return
         if self.thinking is not None and isValid(self.thinking):  # not gone with a card dropped
             self.thinking.hide()
             self.thinking.deleteLater()
         self.thinking = None
-        if card is not None:
+        if widget is not None:  # under the card's heading, where its text will be
             self.thinking = ThinkingIndicator(card)
-            card.layout().addWidget(self.thinking)
+            self.thinking.set_wait(self._wait)
+            widget.column.addWidget(self.thinking)
 
     # -- scrolling ---------------------------------------------------------------------------------
     def scroll_to_bottom(self) -> None:

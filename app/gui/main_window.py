@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 from PySide6.QtCore import QCoreApplication, QEvent, Qt
 from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QGuiApplication, QKeySequence
@@ -26,12 +27,12 @@ from app.gui.preferences import Preferences
 from app.gui.server_switch import ServerSwitch
 from app.gui.settings_dialog import SettingsDialog
 from app.gui.sidebar import UNTITLED, Sidebar
-from app.gui.status_line import StatusLine
+from app.gui.status_line import StatusLine, describe_kernel_wait
 from app.gui.storage_banner import StorageBanner
 from app.gui.theme import SPACE_L, SPACE_M, THEMES, apply_theme
 from app.gui.welcome import WelcomeScreen
 from app.gui.worker import EngineClient
-from engine.platform.catalog import catalog, default_model_name
+from engine.platform.catalog import catalog, default_model_name, starter_of_file
 from engine.errors import FucinaError, StoreError
 from engine.history.store import HistoryStore
 from engine.history.validate import read_export
@@ -40,6 +41,13 @@ from engine.runtime import configure_backend
 
 PREFERENCES_FILE = "gui.ini"
 THEME_NAMES = {"system": "Follow the system", "light": "Light", "dark": "Dark"}
+
+
+class HeldTurn(NamedTuple):
+    """A turn held until the kernels its model needs are compiled: how it is sent, and the message it sends
+    (None: a regeneration or an edit)."""
+    send: Callable[[], None]
+    text: str | None
 
 
 class MainWindow(QMainWindow):
@@ -66,6 +74,7 @@ class MainWindow(QMainWindow):
         self.model_requested = False              # a model load was asked for (it may still fail)
         self._new_chat_settings: dict = {}        # settings chosen for a chat not saved yet
         self._pending_jump: str | None = None     # a search hit to show once its branch is
+        self._held_turn: HeldTurn | None = None   # a turn waiting for the kernel warm-up
 
         self.sidebar = Sidebar(self.store)
         self.chat_model = MessageModel(self._siblings)  # the active branch, and whether a reply streams
@@ -170,7 +179,7 @@ class MainWindow(QMainWindow):
         chat = bar.addMenu("&Chat")
         self._action(chat, "Settings…", self.edit_settings, "Ctrl+,")
         self._action(chat, "Choose model…", self.choose_model)
-        self._action(chat, "Stop reply", self.client.stop, "Esc")
+        self._action(chat, "Stop reply", self.stop_reply, "Esc")
         view = bar.addMenu("&View")
         self._action(view, "Sidebar", self.toggle_sidebar, "Ctrl+B")
         themes = view.addMenu("Theme")
@@ -188,7 +197,7 @@ class MainWindow(QMainWindow):
         self.sidebar.delete_requested.connect(self.delete_conversation)
         self.sidebar.export_requested.connect(self.export_conversation)
         self.composer.send_requested.connect(self.send)
-        self.composer.stop_requested.connect(self.client.stop)
+        self.composer.stop_requested.connect(self.stop_reply)
         self.chat_view.regenerate_requested.connect(self.regenerate)
         self.chat_view.edit_requested.connect(self.edit)
         self.chat_view.delete_requested.connect(self.client.delete_message)
@@ -207,7 +216,8 @@ class MainWindow(QMainWindow):
         self.file_drops.dropped.connect(self.attach_files)
         self.attachment_bar.remove_requested.connect(self.documents.remove)
         self.client.worker.documents.chips_changed.connect(self.attachment_bar.show_chips)
-        self.kernel_warmup.finished.connect(lambda: self.composer.set_ready(self.model_path is not None))
+        self.kernel_warmup.progress_changed.connect(self._kernel_progress)
+        self.kernel_warmup.finished.connect(self._send_held_turn)
         worker = self.client.worker
         worker.model_loading.connect(self._model_loading)
         worker.model_loaded.connect(self._model_loaded)
@@ -297,7 +307,7 @@ class MainWindow(QMainWindow):
     # -- turns -------------------------------------------------------------------------------------
     def send(self, text: str) -> None:
         self._begin_turn(self.chat_model.rowCount(), text)
-        self.client.send(text)
+        self._when_kernels_ready(lambda: self.client.send(text), text)
 
     def regenerate(self) -> None:
         """A new reply in place of the last one (or to a last user message that has none)."""
@@ -305,13 +315,13 @@ class MainWindow(QMainWindow):
         if self.streaming or not messages:
             return
         self._begin_turn(len(messages) - (messages[-1]["role"] == "assistant"))
-        self.client.regenerate()
+        self._when_kernels_ready(self.client.regenerate)
 
     def edit(self, message_id: str, text: str) -> None:
         if self.streaming or not text.strip():
             return
         self._begin_turn(self.chat_model.row_of(message_id), text)
-        self.client.edit(message_id, text)
+        self._when_kernels_ready(lambda: self.client.edit(message_id, text))
 
     def send_example(self, text: str) -> None:
         """An example prompt from the welcome screen: sent, or put in the message box while no model can
@@ -337,8 +347,43 @@ class MainWindow(QMainWindow):
         self.composer.set_busy(True)
 
     def _end_turn(self) -> None:
+        held, self._held_turn = self._held_turn, None
         self.chat_model.end_reply()
         self.composer.set_busy(False)
+        if held is None:
+            return
+        # a held turn never reached the engine: the chat shows what is stored, and its message is not lost
+        if self.current_id is None:
+            self.chat_model.clear()
+        self._refresh_if_current(self.current_id)
+        self.status_line.show_status(self.status_line.status)
+        if held.text and not self.composer.input.toPlainText().strip():
+            self.composer.input.setPlainText(held.text)
+
+    def stop_reply(self) -> None:
+        if self._held_turn is not None:
+            self._end_turn()
+        self.client.stop()
+
+    def _when_kernels_ready(self, send: Callable[[], None], text: str | None = None) -> None:
+        """Send a turn, or hold it while the warm-up compiles the kernels its model needs (the reply would
+        compile them itself, racing the warm-up); meanwhile its reply and the status line say so."""
+        if not self.kernel_warmup.warms(self.model_path):
+            send()
+            return
+        self._held_turn = HeldTurn(send, text)
+        self._kernel_progress(self.kernel_warmup.progress)
+
+    def _kernel_progress(self, progress: float) -> None:
+        if self._held_turn is not None:
+            self.chat_view.show_wait(describe_kernel_wait(progress))
+            self.status_line.show_kernel_wait(progress)
+
+    def _send_held_turn(self) -> None:
+        held, self._held_turn = self._held_turn, None
+        if held is not None:
+            self.chat_view.show_wait(None)
+            held.send()
 
     def _reply_text(self, text: str, turn) -> None:
         if self.streaming and turn is self.client.current_turn:
@@ -346,6 +391,8 @@ class MainWindow(QMainWindow):
 
     def _prefill_progress(self, progress, turn) -> None:
         if self.streaming and turn is self.client.current_turn:
+            kernel = progress.compiling_kernel
+            self.chat_view.show_wait(describe_kernel_wait(kernel=kernel) if kernel else None)
             self.status_line.show_prefill(progress)
 
     def _reply_progress(self, progress, turn) -> None:
@@ -403,6 +450,9 @@ class MainWindow(QMainWindow):
         if self.streaming:  # the engine stops the reply; what was written is in the store
             self._end_turn()
         self.model_requested = True
+        starter = starter_of_file(path)
+        if starter is not None:  # its kernels compile while it loads (on the first run; nothing once done)
+            self.kernel_warmup.start(starter.name)
         self.client.load_model(path)
 
     def use_remote(self, endpoint: dict) -> None:
@@ -420,7 +470,7 @@ class MainWindow(QMainWindow):
         self.load_progress.hide()
         self.statusBar().clearMessage()
         self.model_button.setText(name)
-        self.composer.set_ready(not self.kernel_warmup.running)
+        self.composer.set_ready(True)
 
     def _remote_failed(self, message: str) -> None:
         self._model_failed("", message, title="Cannot use the remote endpoint",
@@ -438,7 +488,7 @@ class MainWindow(QMainWindow):
         self.load_progress.hide()
         self.statusBar().clearMessage()
         self.model_button.setText(model_label(path))
-        self.composer.set_ready(not self.kernel_warmup.running)  # the first run's kernels first
+        self.composer.set_ready(True)  # a reply asked for while the first run's kernels compile waits for them
 
     def _model_failed(self, path: str, message: str, *, title: str = "Cannot open model",
                       what: str | None = None) -> None:

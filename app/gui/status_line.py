@@ -2,7 +2,9 @@
 first token, decode speed, whether the reply continued a warm KV cache (reused positions) or had to
 prefill the history again, for a speculative reply its tokens per step and draft acceptance, and the
 backend the model runs on. While a turn runs it shows that turn's progress instead: how far the prompt is
-read (and the time left, estimated from the rate so far), then the reply's tokens and live decode speed."""
+read (and the time left, estimated from the rate so far), then the reply's tokens and live decode speed.
+While a reply waits for kernels to compile (the first run's warm-up, or a kernel the reading compiles
+itself), it says so, with how far they are."""
 
 from __future__ import annotations
 
@@ -59,8 +61,17 @@ def _duration(seconds: float) -> str:
     return f"~{seconds:.0f} s" if seconds < 90 else f"~{seconds / 60:.0f} min"
 
 
+def describe_kernel_wait(progress: float | None = None, kernel: int = 0) -> str:
+    """A reply waiting for kernels: the warm-up's `progress` (0 to 1), else the count of the `kernel` its
+    own reading compiles now (how many it needs is not known)."""
+    done = f"{progress:.0%}" if progress is not None else f"kernel {kernel:,}"
+    return f"preparing this model's kernels for your CPU — first run only, {done}"
+
+
 def describe_prefill(progress: PrefillProgress) -> str:
-    if progress.done < progress.total:
+    if progress.compiling_kernel:
+        reading = [describe_kernel_wait(kernel=progress.compiling_kernel)]
+    elif progress.done < progress.total:
         reading = [f"reading prompt {progress.done:,} / {progress.total:,} tokens"]
         left = seconds_left(progress)
         reading += [] if left is None else [f"{_duration(left)} left"]
@@ -90,3 +101,6 @@ class StatusLine(QLabel):
 
     def show_reply(self, progress: ReplyProgress) -> None:
         self.setText(describe_reply(progress))
+
+    def show_kernel_wait(self, progress: float) -> None:
+        self.setText(describe_kernel_wait(progress))

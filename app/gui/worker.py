@@ -7,7 +7,8 @@ it takes turns with the local server's requests.
 The UI talks to it only through queued signals (EngineClient below), so no model work ever runs on the UI
 thread. Reply text comes back coalesced to about 30 updates a second, each batch with the tokens written so
 far and the decode rate, and a long prompt's prefill reports its progress slice by slice (with the time
-spent, for an estimate of the time left). Stopping is the one call that bypasses the queue: the UI sets the
+spent, for an estimate of the time left) and each kernel its reading has to compile first (a model whose
+kernels no warm-up compiled: nothing is read meanwhile). Stopping is the one call that bypasses the queue: the UI sets the
 turn's `threading.Event`, which the engine checks between tokens and between prefill slices, so a stop (or
 a conversation or model switch, which stops first) takes effect within one token or one slice.
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -30,6 +31,7 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from app.gui.document_jobs import DocumentAttacher
 from app.local_server import LocalServer
+from engine.platform import warmup
 from engine.platform.catalog import resolve_model
 from engine.errors import FucinaError, HistoryError, RemoteConnectionLost, StoreError
 from engine.history.store import HistoryStore
@@ -72,6 +74,7 @@ class PrefillProgress:
     total: int
     left_out_turns: int = 0
     elapsed_s: float = 0.0           # since reading began
+    compiling_kernel: int = 0        # the kernel the reading compiles first (its count in this reply; 0: none)
 
 
 @dataclass(frozen=True)
@@ -304,17 +307,29 @@ class EngineWorker(QObject):
         session = None
         rate = DecodeRate()
         reading_since: float | None = None
+        reading: tuple[PrefillProgress, int] | None = None  # the last slice reported, and the reading thread
 
         def reply_batch(text: str) -> None:
             self.reply_text.emit(text, cancel)
             self.reply_progress.emit(rate.progress(session.reply_tokens, time.monotonic()), cancel)
 
         def progress(done: int, total: int) -> None:
-            nonlocal reading_since
+            nonlocal reading_since, reading
             now = time.monotonic()
             reading_since = now if reading_since is None else reading_since
             left_out = session.last_window.left_out_turns if session.last_window else 0
-            self.prefill_progress.emit(PrefillProgress(done, total, left_out, now - reading_since), cancel)
+            reading = PrefillProgress(done, total, left_out, now - reading_since), threading.get_ident()
+            self.prefill_progress.emit(reading[0], cancel)
+
+        kernels = 0  # compiled while the prompt was read (a first run's, or a weight format's first)
+
+        def compiling(_count: int) -> None:
+            """Nothing is read while a kernel compiles: the status says so instead of "reading 0 / N"."""
+            nonlocal kernels
+            if reading is None or reading[1] != threading.get_ident() or reading[0].done >= reading[0].total:
+                return  # another thread's kernel (speculation's, compiling in the background), or after the reading
+            kernels += 1
+            self.prefill_progress.emit(replace(reading[0], compiling_kernel=kernels), cancel)
 
         batcher = TextBatcher(reply_batch)
 
@@ -325,8 +340,9 @@ class EngineWorker(QObject):
             except StoreError as e:
                 self._report(e, unsent=text)
                 return
-            for piece in stream:
-                batcher.add(piece)
+            with warmup.counting_compiles(compiling):
+                for piece in stream:
+                    batcher.add(piece)
             self._save_unsaved()
             self._stored()
             self._tell_sidecar_failure(session)

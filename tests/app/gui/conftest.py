@@ -6,10 +6,29 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # before Qt loads: no dis
 
 import gc
 
+import numba
 import pytest
+
+from engine.platform import warmup
 
 MODEL = "smollm2-135m-instruct"
 TURN_TIMEOUT_MS = 120_000
+IS_WARM = warmup.is_warm
+
+
+@pytest.fixture(autouse=True)
+def kernels_warm(monkeypatch):
+    """The kernel warm-up finds every model warm: the tests' kernels compile in the test process (and stay
+    in Numba's cache), where its child processes would only compete with them."""
+    monkeypatch.setattr(warmup, "is_warm", lambda model, stages=warmup.STAGES: True)
+
+
+@pytest.fixture
+def cold_kernels(monkeypatch, tmp_path):
+    """The kernel warm-up sees a fresh machine's cache: no stage has run (the kernels this process compiled
+    stay compiled)."""
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path / "kernels"))
+    monkeypatch.setattr(warmup, "is_warm", IS_WARM)
 
 
 @pytest.fixture(scope="package", autouse=True)

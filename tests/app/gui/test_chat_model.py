@@ -102,7 +102,7 @@ def test_the_view_updates_the_streaming_card_in_place(qtbot, model):
     model.begin_reply(2, "Question")
     assert [w.content for w in view.widgets] == ["message 0", "message 1", "Question", ""]
     card = view.widgets[-1]
-    assert view.thinking is not None and view.thinking.parent() is card
+    assert view.thinking is not None and view.thinking.parent() is card.card  # in the card, under its heading
     assert not view.widgets[0].actions_["delete"].isEnabled()  # the tree waits for the reply
     model.append_reply("Hello")
     model.append_reply(" there")

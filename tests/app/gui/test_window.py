@@ -162,15 +162,11 @@ def test_the_picker_highlights_the_model_in_use_and_names_the_one_downloading(qt
     assert ModelPicker([]).starters.currentRow() == list(catalog()).index(default_model_name())
 
 
-def test_the_first_run_compiles_kernels_during_the_download_and_holds_the_first_message(qtbot, tmp_path,
-                                                                                      monkeypatch):
-    import numba
-
+def test_the_first_run_compiles_kernels_during_the_download(qtbot, tmp_path, monkeypatch, cold_kernels):
     from engine.platform import warmup
 
     monkeypatch.setenv("FUCINA_HOME", str(tmp_path))
     monkeypatch.setattr("app.gui.model_picker.Download", FakeDownload)
-    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path / "kernels"))  # no stage has run here
     stages = []
     monkeypatch.setattr(warmup, "command", lambda name, stage: stages.append((name, stage)) or
                         [sys.executable, "-c", "import time; time.sleep(1)"])
@@ -180,10 +176,10 @@ def test_the_first_run_compiles_kernels_during_the_download_and_holds_the_first_
     qtbot.waitUntil(lambda: bool(stages))
     assert stages == [("smollm2-135m-instruct", stage) for stage in warmup.STAGES]
     bar = window.kernel_warmup.bar
-    assert bar.isVisible() and bar.text().startswith("Preparing SmolLM2")
+    assert bar.isVisible() and bar.text() == "Preparing kernels for your CPU: 0%"
     window._model_loaded(str(tmp_path / "model.gguf"))  # the download and the load ended first
-    assert not window.composer.send_button.isEnabled()
+    assert window.composer.send_button.isEnabled()  # a message sent now waits for the kernels (test_first_reply)
     qtbot.waitUntil(lambda: not window.kernel_warmup.running, timeout=10_000)
-    assert window.composer.send_button.isEnabled() and not bar.isVisible()
+    assert not bar.isVisible() and bar.value() == 100
     # then the verify stage, which nothing waits for
     assert stages[len(warmup.STAGES):] == [("smollm2-135m-instruct", stage) for stage in warmup.LATER_STAGES]
