@@ -44,7 +44,7 @@ def run(screenshot: str | None = None, conversation_id: str | None = None, theme
     lock = None
     try:  # one app per data dir: two would stream into one conversation and race on its sidecar
         lock = app_lock(data_dir())
-        window = MainWindow(conversation_id, first_run_download=screenshot is None, theme=theme)
+        window = MainWindow(conversation_id, first_run_picker=screenshot is None, theme=theme)
     except FucinaError as e:  # DataDirInUse; a data dir that cannot be written to or a history.db not readable
         if lock is not None:
             lock.release()

@@ -32,7 +32,7 @@ from app.gui.storage_banner import StorageBanner
 from app.gui.theme import SPACE_L, SPACE_M, THEMES, apply_theme
 from app.gui.welcome import WelcomeScreen
 from app.gui.worker import EngineClient
-from engine.platform.catalog import catalog, default_model_name, starter_of_file
+from engine.platform.catalog import catalog, starter_of_file
 from engine.errors import FucinaError, StoreError
 from engine.history.store import HistoryStore
 from engine.history.validate import read_export
@@ -51,10 +51,10 @@ class HeldTurn(NamedTuple):
 
 
 class MainWindow(QMainWindow):
-    def __init__(self, conversation_id: str | None = None, *, first_run_download: bool = True,
+    def __init__(self, conversation_id: str | None = None, *, first_run_picker: bool = True,
                  theme: str | None = None):
         """Opens `conversation_id`, else the conversation open when the app last closed. With no model on
-        disk the model picker opens and (with `first_run_download`) downloads the default model. `theme`
+        disk the model picker opens (unless not `first_run_picker`) to offer the starter models. `theme`
         overrides the remembered theme for this run only (a screenshot's)."""
         preferences = Preferences(data_dir() / PREFERENCES_FILE)
         theme = theme or preferences.theme
@@ -107,7 +107,7 @@ class MainWindow(QMainWindow):
         self.client.set_speculation(self.preferences.speculation)
         self.documents.set_disk_budget(self.preferences.disk_budget)
         self.open_conversation(conversation_id or self.preferences.last_conversation)
-        self._load_initial_model(first_run_download)
+        self._load_initial_model(first_run_picker)
 
     # -- construction ------------------------------------------------------------------------------
     def _build_layout(self) -> None:
@@ -423,22 +423,22 @@ class MainWindow(QMainWindow):
         self.show_error("Fucina", message)
 
     # -- models ------------------------------------------------------------------------------------
-    def _load_initial_model(self, first_run_download: bool) -> None:
+    def _load_initial_model(self, first_run_picker: bool) -> None:
         if self.preferences.remote_in_use and self.preferences.remote_endpoint["url"]:
             self.use_remote(self.preferences.remote_endpoint)
             return
         recent = [p for p in self.preferences.recent_models if Path(p).is_file()]
-        default = catalog()[default_model_name()]
+        downloaded = next((m for m in catalog().values() if m.is_downloaded()), None)  # the first offered
         if recent:
             self.load_model(recent[0])
-        elif default.is_downloaded():
-            self.load_model(str(default.path()))
-        elif first_run_download:
+        elif downloaded is not None:
+            self.load_model(str(downloaded.path()))
+        elif first_run_picker:
             self.choose_model(first_run=True)
 
     def choose_model(self, first_run: bool = False) -> ModelPicker:
         picker = ModelPicker(self.preferences.recent_models, self, first_run=first_run, in_use=self.model_path,
-                             remote=self.preferences.remote_endpoint)
+                             remote=self.preferences.remote_endpoint, speeds=self.store.decode_speeds())
         picker.model_chosen.connect(self.load_model)
         picker.remote_chosen.connect(self.use_remote)
         picker.download_started.connect(self.kernel_warmup.start)  # compiles while the model downloads

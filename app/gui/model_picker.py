@@ -1,5 +1,5 @@
-"""Choosing a model: the starter models (size, one-line description, downloaded or not), recently used
-files, any .gguf file on disk, or a remote OpenAI-compatible endpoint (app.gui.remote_endpoint). A starter
+"""Choosing a model: the starter models, the one with the best replies first (size, one-line description,
+downloaded or not, and the speed it wrote replies at on this machine once it has), recently used files, any .gguf file on disk, or a remote OpenAI-compatible endpoint (app.gui.remote_endpoint). A starter
 model not downloaded yet downloads here with a progress bar and a Cancel button. The dialog only picks a
 model: loading it (and reporting a bad one) is the engine's."""
 
@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QDialog, QFileDialog, QHBoxLayout, QLabel, QListWidget, QListWidgetItem,
                                QMessageBox, QProgressBar, QPushButton, QVBoxLayout, QWidget)
 
 from app.gui.downloader import Download
 from app.gui.remote_endpoint import RemoteEndpointBox
-from engine.platform.catalog import StarterModel, TransferRate, catalog, default_model_name, model_display_name
+from engine.platform.catalog import StarterModel, TransferRate, catalog, model_display_name
 
 PATH_ROLE = Qt.ItemDataRole.UserRole
 
@@ -24,10 +24,9 @@ def model_label(path: str | None) -> str:
 
 
 def starter_row(path: str | None) -> int:
-    """The starter list's row of the model at `path` (the one in use), else the default model's."""
-    names = list(catalog())
-    in_use = next((m.name for m in catalog().values() if path and Path(path).name == m.file), None)
-    return names.index(in_use or default_model_name())
+    """The starter list's row of the model at `path` (the one in use), else the first's (the best replies)."""
+    files = [m.file for m in catalog().values()]
+    return files.index(Path(path).name) if path and Path(path).name in files else 0
 
 
 class ModelPicker(QDialog):
@@ -36,22 +35,22 @@ class ModelPicker(QDialog):
     remote_chosen = Signal(dict)    # the remote endpoint to use: {"url", "api_key", "model"}
 
     def __init__(self, recent: list[str], parent: QWidget | None = None, *, first_run: bool = False,
-                 in_use: str | None = None, remote: dict | None = None):
+                 in_use: str | None = None, remote: dict | None = None, speeds: dict[str, float] | None = None):
         """`in_use`: the model file loaded now, highlighted among the starters; `remote`: the endpoint last
-        used, filled in."""
+        used, filled in; `speeds`: the decode rate models wrote replies at here, by file name."""
         super().__init__(parent)
         self.setWindowTitle("Choose a model")
         self.setMinimumWidth(560)
         self.download: Download | None = None
         self._rate = TransferRate()
-        intro = QLabel("Welcome! Fucina is downloading the default starter model. Cancel to pick another one, "
-                       "or open a GGUF model file you already have."
+        intro = QLabel("Welcome! Choose a starter model to download: the first gives the best replies, the "
+                       "smaller ones suit a slow machine. Or open a GGUF model file you already have."
                        if first_run else "Starter models, recent files, or any GGUF model file.")
         intro.setWordWrap(True)
         self.starters = QListWidget()
         self.starters.setAccessibleName("Starter models")
         for model in catalog().values():
-            self.starters.addItem(self._starter_item(model))
+            self.starters.addItem(self._starter_item(model, (speeds or {}).get(model.file)))
         self.starters.setCurrentRow(starter_row(in_use))
         self.starters.itemActivated.connect(lambda _: self.use_starter())
         self.recent = QListWidget()
@@ -94,13 +93,12 @@ class ModelPicker(QDialog):
         layout.addWidget(self.cancel_button)
         layout.addLayout(buttons)
         layout.addWidget(self.remote)
-        if first_run:  # the first start needs no decision: the default model comes unless cancelled
-            QTimer.singleShot(0, self.use_starter)
 
     @staticmethod
-    def _starter_item(model: StarterModel) -> QListWidgetItem:
+    def _starter_item(model: StarterModel, speed: float | None) -> QListWidgetItem:
         status = "downloaded" if model.is_downloaded() else "not downloaded"
-        item = QListWidgetItem(f"{model.display_name}   ({model.size / 1e6:,.0f} MB, {status})\n"
+        here = "" if speed is None else f", {speed:,.0f} tok/s here"
+        item = QListWidgetItem(f"{model.display_name}   ({model.size / 1e6:,.0f} MB, {status}{here})\n"
                                f"{model.description}")
         item.setData(PATH_ROLE, model.name)
         return item

@@ -36,8 +36,8 @@ def test_list(home, capsys):
     fake_download(SMOL)
     assert main(["models", "list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith(SMOL + " *") and "downloaded" in lines[0] and "98 MB" in lines[0]
-    assert lines[1].startswith("qwen2.5-coder-0.5b-instruct") and "downloaded" not in lines[1]
+    assert lines[0].startswith("qwen2.5-coder-0.5b-instruct") and "downloaded" not in lines[0]  # the best replies first
+    assert lines[1].startswith(SMOL + " *") and "downloaded" in lines[1] and "98 MB" in lines[1]
     assert str(home / "models") in lines[-1]
 
 

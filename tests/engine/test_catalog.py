@@ -26,7 +26,7 @@ except ImportError:
     fcntl = None
 
 MiB = 1 << 20
-STARTERS = ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "gemma-3-270m"]
+STARTERS = ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m"]  # the best replies first
 
 
 # --- the catalog -------------------------------------------------------------------------------
@@ -40,7 +40,7 @@ def test_catalog_lists_the_three_starters():
         assert m.file.endswith(".gguf") and m.display_name and m.description
         assert len(m.sha256) == 64 and int(m.sha256, 16) >= 0
         assert sum(p.size for p in m.parts) == m.size
-    assert [len(models[n].parts) for n in STARTERS] == [1, 6, 4]
+    assert [len(models[n].parts) for n in STARTERS] == [6, 1, 4]
     assert models["smollm2-135m-instruct"].size == 98362432
     assert models["gemma-3-270m"].parts[3].member.endswith("gemma-3-270m-q4_k_m.gguf.part03")
 

@@ -171,7 +171,7 @@ def window(qtbot, tmp_path, monkeypatch):
         long_id = long_conversation(store, LONG)
         short_id = store.create_conversation("model.gguf", title="Short")
         store.add_message(short_id, "user", "Hello")
-    window = MainWindow(short_id, first_run_download=False)
+    window = MainWindow(short_id, first_run_picker=False)
     qtbot.addWidget(window)
     window.show()
     qtbot.waitExposed(window)

@@ -15,7 +15,7 @@ from app.gui.worker import DecodeRate, EngineStatus, PrefillProgress, ReplyProgr
 @pytest.fixture
 def window(qtbot, tmp_path, monkeypatch):
     monkeypatch.setenv("FUCINA_HOME", str(tmp_path))  # no model: nothing loads, nothing downloads
-    window = MainWindow(first_run_download=False)
+    window = MainWindow(first_run_picker=False)
     qtbot.addWidget(window)
     window.show()
     qtbot.waitExposed(window)

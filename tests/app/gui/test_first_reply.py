@@ -1,5 +1,6 @@
 """The first reply on a fresh machine: a reply that waits for kernels to compile says so, in the status line
-and in its card, with a progress that moves until its first token."""
+and in its card, with a progress that moves until its first token; and the starter models offered, the one
+with the best replies first."""
 
 import re
 import sys
@@ -7,8 +8,10 @@ import sys
 import numba
 from PySide6.QtCore import Qt
 
+from app.gui.model_picker import ModelPicker
 from app.gui.status_line import describe_kernel_wait
 from engine.platform import warmup
+from engine.platform.catalog import catalog
 from tests.app.gui.conftest import TURN_TIMEOUT_MS
 from tests.app.gui.test_chat_flow import GREEDY, wait_idle
 
@@ -100,3 +103,13 @@ def test_a_kernel_the_reading_compiles_itself_is_said_instead_of_reading(qtbot, 
     assert all(card == status for status, card in waits)
     assert window.chat_model.last_reply_text()
 
+
+def test_the_starters_are_offered_the_best_replies_first_with_their_speed_here(qtbot):
+    qwen, smol = catalog()["qwen2.5-coder-0.5b-instruct"], catalog()["smollm2-135m-instruct"]
+    picker = ModelPicker([], speeds={qwen.file: 14.2, smol.file: 61.0})
+    qtbot.addWidget(picker)
+    rows = [picker.starters.item(i).text() for i in range(picker.starters.count())]
+    assert rows[0].startswith(f"{qwen.display_name}   (491 MB, ") and rows[0].split("\n")[0].endswith(", 14 tok/s here)")
+    assert rows[1].startswith(f"{smol.display_name}   (98 MB, ") and ", 61 tok/s here)" in rows[1]
+    assert "slow machines" in rows[1] and "Gemma" in rows[2]
+    assert picker.starters.currentRow() == 0

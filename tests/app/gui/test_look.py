@@ -32,7 +32,7 @@ def bare_window(qtbot, tmp_path, monkeypatch):
     monkeypatch.setenv("FUCINA_HOME", str(tmp_path))
 
     def open_(conversation_id=None):
-        window = MainWindow(conversation_id, first_run_download=False)
+        window = MainWindow(conversation_id, first_run_picker=False)
         qtbot.addWidget(window)
         window.show()
         return window

@@ -13,6 +13,7 @@ from PySide6.QtWidgets import QFileDialog, QMessageBox
 from app.gui.conversation_list import GROUP_ROLE
 from app.gui.main_window import MainWindow
 from app.gui.model_picker import ModelPicker
+from engine.platform.catalog import catalog
 from tests.app.gui.conftest import TURN_TIMEOUT_MS
 from tests.app.gui.test_chat_flow import GREEDY, send
 
@@ -96,17 +97,25 @@ class FakeDownload(QObject):
         pass
 
 
-def test_first_start_downloads_the_default_model_with_a_cancellable_progress_bar(qtbot, tmp_path, monkeypatch):
+def test_first_start_offers_the_starter_with_the_best_replies_first_and_downloads_the_one_chosen(
+        qtbot, tmp_path, monkeypatch):
     monkeypatch.setenv("FUCINA_HOME", str(tmp_path))  # no models, no preferences
     monkeypatch.setattr("app.gui.model_picker.Download", FakeDownload)
+    monkeypatch.setattr(FakeDownload, "started", [])
     window = MainWindow()
     qtbot.addWidget(window)
     window.show()
     [picker] = window.findChildren(ModelPicker)
     assert picker.isVisible()
     rows = [picker.starters.item(i).text() for i in range(picker.starters.count())]
-    assert rows[0].startswith("SmolLM2 135M Instruct") and "MB, not downloaded" in rows[0]
-    qtbot.waitUntil(lambda: FakeDownload.started == ["smollm2-135m-instruct"])
+    assert rows[0].startswith("Qwen2.5 Coder 0.5B Instruct (Q4_K_M)   (491 MB, not downloaded)")
+    assert "best replies" in rows[0]
+    assert rows[1].startswith("SmolLM2 135M Instruct (Q4_1)   (98 MB, not downloaded)") and "slow machines" in rows[1]
+    assert picker.starters.currentRow() == 0
+    qtbot.wait(50)
+    assert FakeDownload.started == []  # a download of half a gigabyte waits for the choice
+    qtbot.mouseClick(picker.use_button, Qt.MouseButton.LeftButton)
+    assert FakeDownload.started == ["qwen2.5-coder-0.5b-instruct"]
     assert picker.progress.isVisible() and picker.progress.value() == 250
     qtbot.mouseClick(picker.cancel_button, Qt.MouseButton.LeftButton)
     assert not picker.progress.isVisible() and picker.use_button.isEnabled()
@@ -147,11 +156,9 @@ def test_every_control_has_an_accessible_name(qtbot, open_window):
 
 
 def test_the_picker_highlights_the_model_in_use_and_names_the_one_downloading(qtbot, tmp_path, monkeypatch):
-    from engine.platform.catalog import catalog, default_model_name
-
     monkeypatch.setenv("FUCINA_HOME", str(tmp_path))
     monkeypatch.setattr("app.gui.model_picker.Download", FakeDownload)
-    other = next(m for name, m in catalog().items() if name != default_model_name())
+    other = list(catalog().values())[-1]
     picker = ModelPicker([], in_use=str(tmp_path / "models" / other.file))
     qtbot.addWidget(picker)
     assert picker.starters.currentRow() == list(catalog()).index(other.name)
@@ -159,7 +166,7 @@ def test_the_picker_highlights_the_model_in_use_and_names_the_one_downloading(qt
     picker._progress(50_000_000, 100_000_000, "downloading part 1/2")
     label = picker.progress_label.text()
     assert label.startswith(f"{other.display_name}: downloading part 1/2, 50 of 100 MB (") and "MB/s)" in label
-    assert ModelPicker([]).starters.currentRow() == list(catalog()).index(default_model_name())
+    assert ModelPicker([]).starters.currentRow() == 0  # none in use: the first, the best replies
 
 
 def test_the_first_run_compiles_kernels_during_the_download(qtbot, tmp_path, monkeypatch, cold_kernels):
@@ -173,7 +180,9 @@ def test_the_first_run_compiles_kernels_during_the_download(qtbot, tmp_path, mon
     window = MainWindow()
     qtbot.addWidget(window)
     window.show()
-    qtbot.waitUntil(lambda: bool(stages))
+    [picker] = window.findChildren(ModelPicker)
+    picker.starters.setCurrentRow(list(catalog()).index("smollm2-135m-instruct"))
+    picker.use_starter()
     assert stages == [("smollm2-135m-instruct", stage) for stage in warmup.STAGES]
     bar = window.kernel_warmup.bar
     assert bar.isVisible() and bar.text() == "Preparing kernels for your CPU: 0%"
