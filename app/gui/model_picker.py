@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (QDialog, QFileDialog, QHBoxLayout, QLabel, QListWidget, QListWidgetItem,
                                QMessageBox, QProgressBar, QPushButton, QVBoxLayout, QWidget)
 
@@ -43,8 +43,8 @@ class ModelPicker(QDialog):
         self.setMinimumWidth(560)
         self.download: Download | None = None
         self._rate = TransferRate()
-        intro = QLabel("Welcome! Choose a starter model to download: the first gives the best replies, the "
-                       "smaller ones suit a slow machine. Or open a GGUF model file you already have."
+        intro = QLabel("Welcome! The starter model with the best replies is downloading. Cancel it to choose a "
+                       "smaller one for a slow machine, or to open a GGUF model file you already have."
                        if first_run else "Starter models, recent files, or any GGUF model file.")
         intro.setWordWrap(True)
         self.starters = QListWidget()
@@ -93,6 +93,8 @@ class ModelPicker(QDialog):
         layout.addWidget(self.cancel_button)
         layout.addLayout(buttons)
         layout.addWidget(self.remote)
+        if first_run:  # the first command of the README starts the app on a model: the first offered downloads
+            QTimer.singleShot(0, self.use_starter)
 
     @staticmethod
     def _starter_item(model: StarterModel, speed: float | None) -> QListWidgetItem:
