@@ -45,10 +45,12 @@ STAGES = ("prefill", "decode")
 # After those, not holding up the first reply: until it ends, speculation waits (replies decode plainly)
 LATER_STAGES = ("verify",)
 N_EMBD, N_HEAD, N_HEAD_KV, N_FF, N_LAYERS = 256, 4, 2, 256, 2  # 256: a K-quant block fits a row
-# A prompt longer than the block kernels take (16 rows: it goes through the integer GEMM or BLAS), then
-# one short enough for them. The long one first: the short one's products are the decode stage's too, which
-# by then has compiled and cached them (the stages run side by side, and Numba looks in its cache first).
-PROMPT_ROWS = (32, 3)
+# A prompt longer than the block kernels take (16 rows: it goes through the integer GEMM or BLAS), and long
+# enough that norms, RoPE and the gated activation take their parallel paths (ops._PARALLEL_ELEMENTS: 128 rows
+# of 256 values, and of the K heads' 128), as a real model's first prompt does; then one short enough for the
+# block kernels. The long one first: the short one's products are the decode stage's too, which by then has
+# compiled and cached them (the stages run side by side, and Numba looks in its cache first).
+PROMPT_ROWS = (128, 3)
 # the BPE merge kernels (SentencePiece runs the same ones) see a short and a long word
 TEXT = "hi there, " + "x" * 80
 
@@ -118,7 +120,7 @@ def run_stage(plan: dict, stage: str) -> None:
         write_model(path, plan)
         model = load_model(path)
         try:
-            cache = model.new_cache(64)
+            cache = model.new_cache(sum(PROMPT_ROWS) + 8)
             if stage == "prefill":
                 for rows in PROMPT_ROWS:
                     model.forward(list(range(rows)), cache)

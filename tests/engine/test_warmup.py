@@ -47,9 +47,10 @@ def test_warmup_of_an_unknown_model_is_a_clear_error(capsys):
 
 
 def test_after_the_stages_a_first_reply_compiles_nothing(tmp_path, monkeypatch, separate_decode_kernels):
-    """A prompt longer than the block kernels take (the integer GEMM's path), then decode steps, then a
-    verify of several rows: all compiled by the stages already, on a model of the plan (the warm-up used to
-    miss the long prompt's)."""
+    """A prompt longer than the block kernels take (the integer GEMM's path) and long enough for the parallel
+    norms, RoPE and activation (a real model's first prompt takes them), then decode steps, then a verify of
+    several rows: all compiled by the stages already, on a model of the plan (the warm-up used to miss the
+    long prompt's, and then the parallel elementwise kernels)."""
     from numba.core import event
 
     monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))
@@ -68,8 +69,8 @@ def test_after_the_stages_a_first_reply_compiles_nothing(tmp_path, monkeypatch, 
             pass
 
     with event.install_listener("numba:compile", Compiles()):
-        cache = model.new_cache(64)
-        model.forward(list(range(40)), cache)
+        cache = model.new_cache(200)
+        model.forward(list(range(150)), cache)
         model.forward([7], cache)
         assert model.rows_ready(cache, wait=True)
         model.forward_rows([1, 2, 3, 4, 5, 6], cache)
