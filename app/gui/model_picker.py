@@ -1,5 +1,6 @@
 """Choosing a model: the starter models, the one with the best replies first (size, one-line description,
-downloaded or not, and the speed it wrote replies at on this machine once it has), recently used files, any .gguf file on disk, or a remote OpenAI-compatible endpoint (app.gui.remote_endpoint). A starter
+downloaded or not, and the speed it wrote replies at on this machine once it has), recently used files, any
+.gguf file on disk, or a remote OpenAI-compatible endpoint (app.gui.remote_endpoint). A starter
 model not downloaded yet downloads here with a progress bar and a Cancel button. The dialog only picks a
 model: loading it (and reporting a bad one) is the engine's."""
 
@@ -13,7 +14,7 @@ from PySide6.QtWidgets import (QDialog, QFileDialog, QHBoxLayout, QLabel, QListW
 
 from app.gui.downloader import Download
 from app.gui.remote_endpoint import RemoteEndpointBox
-from engine.platform.catalog import StarterModel, TransferRate, catalog, model_display_name
+from engine.platform.catalog import StarterModel, TransferRate, catalog, model_display_name, starter_of_file
 
 PATH_ROLE = Qt.ItemDataRole.UserRole
 
@@ -25,8 +26,8 @@ def model_label(path: str | None) -> str:
 
 def starter_row(path: str | None) -> int:
     """The starter list's row of the model at `path` (the one in use), else the first's (the best replies)."""
-    files = [m.file for m in catalog().values()]
-    return files.index(Path(path).name) if path and Path(path).name in files else 0
+    starter = starter_of_file(path) if path else None
+    return list(catalog().values()).index(starter) if starter else 0
 
 
 class ModelPicker(QDialog):

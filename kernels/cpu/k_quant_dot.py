@@ -21,6 +21,7 @@ from llvmlite import ir
 from numba import njit
 from numba.core import cgutils
 
+from kernels.cpu.int_gemm import _splat
 from kernels.cpu.int8_dot import (
     _AVX2, _AVX512, _I8, _I16, _I32, PREFETCH_BYTES, TILE, _at, _call, _const, _f16, _prefetch, _tiled, _vec, _x32,
     multiply_add,
@@ -133,17 +134,6 @@ def _q4_k_scales_mins(builder, sb):
     return builder.zext(builder.bitcast(words, _vec(_I8, 16)), _vec(_I16, 16))
 
 
-def _splat_words(builder, v16, lanes):
-    """<16 x i16> whose lane i is v16[lanes[i]] (lanes < 8), as one byte shuffle of a copy of v16's low half
-    in each 128-bit half (llama.cpp's get_scale_shuffle_k4 tables) where the host has AVX2."""
-    if not _AVX2:
-        return builder.shuffle_vector(v16, v16, _const(_I32, lanes))
-    both = builder.bitcast(builder.shuffle_vector(v16, v16, _const(_I32, list(range(8)) * 2)), _vec(_I8, 32))
-    index = [2 * lanes[i // 2] + i % 2 for i in range(32)]  # within each 128-bit half, as pshufb reads
-    picked = _call(builder, "llvm.x86.avx2.pshuf.b", _vec(_I8, 32), [both, _const(_I8, index)])
-    return builder.bitcast(picked, _vec(_I16, 16))
-
-
 def _q4_k_dots(builder, row, nbytes, inputs):
     """Per super-block: d = xd * d_w, dmin = -xd * dmin_w; sumi (8 int32 lanes) = sum over the four runs of
     64 weights of scale_lo * (low nibbles . x) + scale_hi * (high nibbles . x) (pmaddubsw, pmaddwd);
@@ -156,7 +146,7 @@ def _q4_k_dots(builder, row, nbytes, inputs):
         d_w, dmin_w = _f16(builder, sb), _f16(builder, _at(builder, sb, 2))
         scales_mins = _q4_k_scales_mins(builder, sb)
         mins = _lanes(builder, scales_mins, 8, 8)
-        scale = [_splat_words(builder, scales_mins, [j] * 16) for j in range(8)]
+        scale = [builder.shuffle_vector(scales_mins, scales_mins, _const(_I32, [j] * 16)) for j in range(8)]
         low, high = [], []
         for j in range(4):
             q = _at(builder, sb, 16 + 32 * j)
@@ -237,11 +227,6 @@ def _q6_k_dots(builder, row, nbytes, inputs):
 
     _super_blocks(builder, row, nbytes, 210, add)
     return [_hsum8(builder, builder.load(acc)) for acc in accs]
-
-
-def _splat(builder, x, n):
-    v = builder.insert_element(ir.Constant(_vec(x.type, n), None), x, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(v, v, _const(_I32, [0] * n))
 
 
 # input rows per pass over a super-block's unpacked weights: with AVX-512's 32 vector registers a tile of eight
