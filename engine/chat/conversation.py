@@ -37,6 +37,7 @@ from engine.chat.options import ChatOptions
 from engine.chat.sidecar import Sidecar
 from engine.chat.speculation import run_speculative
 from engine.chat.templates import Message, Template
+from engine.chat.thinking_budget import ThinkingBudget
 from engine.chat.turn import Prefilled, Turn, TurnRequest, TurnResult
 from engine.errors import ContextFull, InvalidPrefix
 from engine.kv.cache import KvCache
@@ -110,6 +111,8 @@ class Conversation:
         processor = options.processor
         if options.grammar is not None:  # built here, where the stop marker is known
             processor = grammar_processor(options.grammar, tokenizer, stop_token_id(tokenizer, template))
+        if options.thinking_budget is not None and template.reasoning is not None:
+            processor = ThinkingBudget(template.reasoning, tokenizer, options.thinking_budget, processor)
         self.sampler = Sampler(options.sampler, processor)
         self._stop_ids = frozenset(tokenizer.eog_ids) | stop | set(options.extra_stop_ids)
         self._stop_sequences = [s.encode("utf-8") for s in options.stop_sequences]
@@ -266,9 +269,13 @@ class Conversation:
             ids = self.tokenizer.encode(text, add_special=first and self.prefix_rows == 0)
             return TurnRequest(ids, reuse=False, user=user)
         system = [Message("system", self.system)] if self.system is not None else []
-        text = self.template.render_messages([*system, *self.messages, Message("user", user)],
-                                             think_off=self.options.think_off)
+        text = self.render([*system, *self.messages, Message("user", user)])
         return TurnRequest(self.tokenizer.encode(text, add_special=self.prefix_rows == 0), reuse=True, user=user)
+
+    def render(self, messages: Sequence[Message]) -> str:
+        """A full history rendered for a reply, with this chat's thinking settings."""
+        return self.template.render_messages(messages, think_off=self.options.think_off,
+                                             reasoning_effort=self.options.reasoning_effort)
 
     def _stream(self, request: TurnRequest, cancel: threading.Event | None,
                 batched: bool = False) -> Generator[str | DecodeStep, np.ndarray | None, None]:
@@ -287,9 +294,7 @@ class Conversation:
                 yield from run_speculative(turn, self._speculation, logits)
                 return
             while True:
-                text = turn.accept(logits)
-                if text:
-                    yield text
+                yield from turn.accept(logits)
                 if turn.done:
                     return
                 if batched:

@@ -51,6 +51,7 @@ from jinja2.compiler import CodeGenerator
 from jinja2.runtime import LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from engine.chat.reasoning import reasoning_format
 from engine.chat.render_process import LimitedProcess, ProcessUnavailable
 from engine.chat.templates import Message, check_history
 from engine.errors import ChatTemplateError
@@ -331,6 +332,16 @@ def _render_in_child(source: str, max_output: int, time_limit_s: float, context:
     return None if context is None else template.render(context)
 
 
+def _message_dict(message: Message) -> dict:
+    """A message as templates read it. A reply's reasoning goes apart from its content, under both names
+    templates read it by (Qwen3 and the R1 distills: reasoning_content; gpt-oss: thinking); the template
+    decides whether a past reply's reasoning is rendered."""
+    out = {"role": message.role, "content": message.content}
+    if message.reasoning:
+        out["reasoning_content"] = out["thinking"] = message.reasoning
+    return out
+
+
 RENDERER = LimitedProcess(_render_in_child, MEMORY_LIMIT)  # shared by every template; started on first use
 
 
@@ -346,6 +357,7 @@ class JinjaTemplate:
     def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "", strip_bos: bool = False,
                  max_output: int = MAX_OUTPUT, time_limit_s: float = TIME_LIMIT_S, isolated: bool = True):
         self.source = source
+        self.reasoning = reasoning_format(source)
         self._bos, self._eos, self._strip_bos = bos_token, eos_token, strip_bos
         self._spec = (source, max_output, time_limit_s)
         self._local = None if isolated else _BoundedTemplate(*self._spec)
@@ -357,19 +369,22 @@ class JinjaTemplate:
         return self._local is None
 
     def render(self, messages: Sequence[Message], *, add_generation_prompt: bool = True,
-               think_off: bool = False) -> str:
-        context = dict(messages=[{"role": m.role, "content": m.content} for m in messages],
+               think_off: bool = False, reasoning_effort: str | None = None) -> str:
+        context = dict(messages=[_message_dict(m) for m in messages],
                        add_generation_prompt=add_generation_prompt, bos_token=self._bos, eos_token=self._eos)
         if think_off:
             context["enable_thinking"] = False
+        if reasoning_effort is not None:
+            context["reasoning_effort"] = reasoning_effort
         text = self._run(context)
         if self._strip_bos and self._bos and text.startswith(self._bos):
             text = text[len(self._bos):]
         return text
 
-    def render_messages(self, messages: Sequence[Message], *, think_off: bool = False) -> str:
+    def render_messages(self, messages: Sequence[Message], *, think_off: bool = False,
+                        reasoning_effort: str | None = None) -> str:
         check_history(messages)
-        return self.render(messages, think_off=think_off)
+        return self.render(messages, think_off=think_off, reasoning_effort=reasoning_effort)
 
     def render_reference(self, content: str) -> str:
         """Reference material (an attached document) as a system message a chat can follow."""

@@ -43,9 +43,9 @@ def _lockstep(convos: Sequence[Conversation], make_requests: Sequence[Callable],
 
     def advance(i: int, logits: np.ndarray) -> None:
         try:
-            text = turns[i].accept(logits)
-            if text and sinks is not None:
-                sinks[i](text)
+            for piece in turns[i].accept(logits):
+                if sinks is not None:
+                    sinks[i](piece)
         except Exception as e:  # isolated: a sampler or sink failure ends only this stream
             if not turns[i].done:
                 turns[i].end("error", e)

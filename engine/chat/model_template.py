@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from engine.chat.jinja_template import JinjaTemplate
@@ -44,7 +45,7 @@ def template_for_model(metadata: dict, tokenizer: Tokenizer, *,
     if not default_system:
         return builtin
     own = _working_own_template(source, tokenizer, builtin.format)
-    return Template(builtin.format, default_system=own and own_default_system(builtin, own))
+    return dataclasses.replace(builtin, default_system=own and own_default_system(builtin, own))
 
 
 def _working_own_template(source: str, tokenizer: Tokenizer, instead: Format) -> JinjaTemplate | None:

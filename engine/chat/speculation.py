@@ -24,14 +24,13 @@ from engine.speculative.stream import SpeculativeStream
 
 
 def run_speculative(turn: Turn, stream: SpeculativeStream, logits: np.ndarray) -> Iterator[str]:
-    """Decode the turn after its prefill (`logits`: the prefill's last row); yield its text per step."""
+    """Decode the turn after its prefill (`logits`: the prefill's last row); yield its pieces per step."""
     c = turn.convo
     stream.index.sync(c._history)
     # a grammar's processor drafts its forced spans and cuts drafts at its first invalid token (13.9.6)
     source = grammar_aware(stream.index, c.sampler.processor)
     decoder = stream.decoder(c.cache, _TurnSampler(turn), _TurnBoundary(source, turn))
     turn.stats.spec = decoder.stats
-    pieces: list[str] = []
     stop = None
 
     def is_stop(token: int) -> bool:
@@ -40,23 +39,20 @@ def run_speculative(turn: Turn, stream: SpeculativeStream, logits: np.ndarray) -
         return stop is not None
 
     def sink(token: int) -> None:
-        pieces.append(turn.commit(token))
+        turn.commit(token)
 
     if turn.cancelled():
         turn.end("cancelled")
         return
     decoder.bootstrap(logits, c._history, is_stop=is_stop, sink=sink)
     while True:
-        text = "".join(pieces)
-        pieces.clear()
         if stop is not None:
             turn.end(stop[0], fired=stop[1])
         elif spent := turn.budget_spent():
             turn.end(spent)
         elif turn.cancelled():
             turn.end("cancelled")
-        if text:
-            yield text
+        yield from turn.take_pieces()
         if turn.done:
             return
         decoder.step(c._history, limit=c.options.max_tokens - len(turn.ids), is_stop=is_stop, sink=sink)

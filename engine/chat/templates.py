@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Literal, Sequence
 
+from engine.chat.reasoning import ReasoningFormat, reasoning_format
 from engine.errors import ChatTemplateError, EmptyMessages, SystemMidConversation, TrailingAssistantMessage
 
 Role = Literal["system", "user", "assistant"]
@@ -23,6 +24,7 @@ Role = Literal["system", "user", "assistant"]
 class Message:
     role: Role
     content: str
+    reasoning: str = ""  # an assistant reply's reasoning, apart from its answer (engine.chat.reasoning)
 
 
 class Format(str, Enum):
@@ -78,13 +80,16 @@ class Template:
     format: Format
     # What the model's own template puts in when a chat has no system prompt (SmolLM2, Qwen2.5 do).
     default_system: str | None = None
+    # How its replies write their reasoning (Qwen3's ChatML template: <think>); built-in formats drop a
+    # past reply's reasoning from renders, as Qwen3's template does before the last user message.
+    reasoning: ReasoningFormat | None = None
 
     @staticmethod
     def detect(chat_template: str | None) -> Template | None:
         """The built-in format a GGUF `tokenizer.chat_template` uses, or None when it is none of them."""
         for marker, fmt in _MARKERS:
             if chat_template and marker in chat_template:
-                return Template(fmt)
+                return Template(fmt, reasoning=reasoning_format(chat_template))
         return None
 
     @property
@@ -101,8 +106,10 @@ class Template:
             return self._render(style, self._with_system(system, [Message("user", user)]), think_off)
         return style.tail + style.block("user", user) + style.opener(think_off)
 
-    def render_messages(self, messages: Sequence[Message], *, think_off: bool = False) -> str:
-        """A full history for a fresh conversation, ending with the assistant-turn opener."""
+    def render_messages(self, messages: Sequence[Message], *, think_off: bool = False,
+                        reasoning_effort: str | None = None) -> str:
+        """A full history for a fresh conversation, ending with the assistant-turn opener. No built-in
+        format reads a reasoning effort."""
         check_history(messages)
         if messages[0].role != "system":
             messages = self._with_system(None, list(messages))

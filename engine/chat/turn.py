@@ -1,7 +1,9 @@
 """One reply in progress (spec 13.8.2): the request it answers, its steps, and what it reports.
 
 A turn prefills what its conversation's cache lacks of the request, then takes one step per sampled token:
-sample -> stop check -> commit -> budget. The plain decode loop (engine.chat.conversation), the speculative
+sample -> stop check -> commit -> budget. A model whose template writes reasoning (engine.chat.reasoning) has
+its reply's text split as it commits: the turn hands out answer pieces (str) and reasoning pieces (Thought)
+in order, and records both apart. The plain decode loop (engine.chat.conversation), the speculative
 one (engine.chat.speculation) and the lockstep batch (engine.chat.lockstep) all drive these same steps, so
 their replies agree token for token. At its end a turn records its result on the conversation and brings the
 conversation's sidecar up to date.
@@ -17,12 +19,17 @@ from typing import Callable, NamedTuple, Protocol
 import numpy as np
 
 from engine.chat.options import ChatOptions
-from engine.chat.templates import Message
+from engine.chat.reasoning import ReasoningSplitter, Thought
+from engine.chat.templates import Message, Template
+from engine.chat.thinking_budget import ThinkingBudget
 from engine.kv.cache import KvCache
 from engine.models.validate import check_logits
 from engine.sampling import Sampler
 from engine.speculative import Stats as SpecStats
 from engine.tokenize import StreamDecoder, Tokenizer
+
+
+_TAIL_TOKENS = 16  # the prompt's last tokens, which say whether it opened the reply's reasoning
 
 
 @dataclass
@@ -35,11 +42,13 @@ class TurnStats:
     ttft_ms: float = 0.0       # turn start to the first sampled token
     decode_tps: float = 0.0    # sampled tokens per second after the first
     spec: SpecStats | None = None  # the speculative decoder's counts, on a speculative turn
+    reasoning_tokens: int = 0  # committed inside the reasoning (its markers not counted)
+    reasoning_ms: float = 0.0  # from the first reasoning text to the last
 
 
 @dataclass
 class TurnResult:
-    text: str
+    text: str  # the answer (without the reasoning)
     token_ids: list[int]
     finish_reason: str  # stop | stop_sequence | length | length_closed | context | cancelled | error
     fired_stop: int | None = None  # index into stop_sequences when one ended the reply
@@ -47,6 +56,7 @@ class TurnResult:
     error: BaseException | None = None
     # a JSON schema reply's violations of the keywords not enforced while writing (checked after it)
     schema_warnings: tuple[str, ...] = ()
+    reasoning: str = ""  # the reasoning the reply wrote before its answer, when its template has a format
 
 
 @dataclass
@@ -73,6 +83,7 @@ class TurnOwner(Protocol):
     options: ChatOptions
     sampler: Sampler
     tokenizer: Tokenizer
+    template: Template
     cache: KvCache
     prefix_rows: int
     reply_tokens: int
@@ -99,7 +110,11 @@ class Turn:
         self.convo, self.request, self.cancel = convo, request, cancel
         self.ids: list[int] = []
         self.reply = b""
-        self.parts: list[str] = []
+        self.parts: list[str] = []  # the answer's pieces
+        self.reasoning: list[str] = []  # the reasoning's pieces
+        self.splitter: ReasoningSplitter | None = None  # set at the prefill, when the template has a format
+        self._pieces: list[str] = []  # pieces committed since the loop last took them
+        self._reasoning_span: tuple[float, float] | None = None
         self.done = False
         self.stats = TurnStats()
         self._start = time.perf_counter()
@@ -117,6 +132,12 @@ class Turn:
             c.sampler.processor.reset()
             c.sampler.processor.set_budget(c.options.max_tokens)  # a grammar's reply ends whole within it
         c._decoder.reset()
+        fmt = c.template.reasoning
+        if fmt is not None:
+            tail = b"".join(c.tokenizer.token_bytes(t) for t in self.request.ids[-_TAIL_TOKENS:])
+            self.splitter = ReasoningSplitter(fmt, tail.decode("utf-8", "replace"))
+            if isinstance(c.sampler.processor, ThinkingBudget):
+                c.sampler.processor.begin(tail.decode("latin-1"))
         prefilled = c._prefill(self.request, self.cancel)
         self.stats.prefill_ms = (time.perf_counter() - self._start) * 1e3
         self.stats.reused_tokens, self.stats.prefilled_tokens = prefilled.reused, prefilled.fed
@@ -126,21 +147,26 @@ class Turn:
             self.end("cancelled")
         return logits
 
-    def accept(self, logits: np.ndarray) -> str:
-        """Sample the next token; return the text it completes (possibly "")."""
+    def accept(self, logits: np.ndarray) -> list[str]:
+        """Sample the next token; return the pieces it completes (answer: str, reasoning: Thought)."""
         if self.cancelled():
             self.end("cancelled")
-            return ""
+            return self.take_pieces()
         token = self.sample(logits)
         stop = self.stop_check(token)
         if stop is not None:
             self.end(stop[0], fired=stop[1])
-            return ""
+            return self.take_pieces()
         self.convo._history.append(token)
-        text = self.commit(token)
+        self.commit(token)
         if spent := self.budget_spent():
             self.end(spent)
-        return text
+        return self.take_pieces()
+
+    def take_pieces(self) -> list[str]:
+        """The pieces committed (or, at the end, released) since the last call, in order."""
+        pieces, self._pieces = self._pieces, []
+        return pieces
 
     # The steps of `accept`, shared with the speculative loop (engine.chat.speculation), which samples,
     # checks and commits several tokens per forward.
@@ -161,14 +187,31 @@ class Turn:
         committed nor streamed."""
         return self.convo._ending(self.reply, token)
 
-    def commit(self, token: int) -> str:
-        """Add a token the history already holds to the reply; the text it completes."""
+    def commit(self, token: int) -> None:
+        """Add a token the history already holds to the reply; its pieces wait in take_pieces."""
         self.ids.append(token)
         self.convo.reply_tokens = len(self.ids)
         self.reply += self.convo.tokenizer.token_bytes(token)
         text = self.convo._decoder.push(token)
-        self.parts.append(text)
-        return text
+        if self.splitter is None:
+            self._add(text)
+            return
+        was = self.splitter.in_reasoning
+        for piece in self.splitter.push(text):
+            self._add(piece)
+        if was and self.splitter.in_reasoning:
+            self.stats.reasoning_tokens += 1
+
+    def _add(self, piece: str) -> None:
+        if not piece:
+            return
+        if isinstance(piece, Thought):
+            now = time.perf_counter()
+            self._reasoning_span = (self._reasoning_span or (now, now))[0], now
+            self.reasoning.append(piece)
+        else:
+            self.parts.append(piece)
+        self._pieces.append(piece)
 
     def budget_spent(self) -> str | None:
         """The finish reason when the reply may not grow: its token budget, or no cache room to forward
@@ -185,17 +228,23 @@ class Turn:
         if reason in ("length", "stop") and c.sampler.processor is not None and c.sampler.processor.closed_early:
             reason = "length_closed"  # the grammar's document was closed to fit the limit
         c._decoder.reset()  # a character the reply ends inside of is no text
+        if self.splitter is not None:  # what it held back waiting for a marker is text after all
+            for piece in self.splitter.finish():
+                self._add(piece)
         self.done = True
         s = self.stats
+        if self._reasoning_span is not None:
+            s.reasoning_ms = (self._reasoning_span[1] - self._reasoning_span[0]) * 1e3
         s.generated_tokens = len(self.ids)
         if self._sampled > 1:
             s.decode_tps = (self._sampled - 1) / max(self._last_at - self._first_at, 1e-9)
         text = "".join(self.parts)
         checked = c.options.grammar is not None and reason in ("stop", "length_closed")
         warnings = tuple(map(str, c.options.grammar.check_reply(text))) if checked else ()
-        c.last_turn = TurnResult(text, self.ids, reason, fired, s, error, warnings)
+        reasoning = "".join(self.reasoning)
+        c.last_turn = TurnResult(text, self.ids, reason, fired, s, error, warnings, reasoning)
         if self.request.user is not None:
-            c.messages += [Message("user", self.request.user), Message("assistant", text)]
+            c.messages += [Message("user", self.request.user), Message("assistant", text, reasoning)]
         c._save()
 
     def _count_sample(self) -> None:

@@ -1,0 +1,141 @@
+"""Reasoning through a chat turn, on a tiny random model with Qwen3's reasoning markers as tokens (no
+starter model reasons) and scripted replies: the reply's pieces carry reasoning apart from the answer, the
+next prompt renders it as the template says, thinking off closes it in the prompt, and a thinking budget
+closes it at exactly N tokens, speculative or not."""
+
+import numpy as np
+import pytest
+
+from engine.chat import ChatOptions, Conversation, Format, JinjaTemplate, Message, Template, template_for_model
+from engine.chat.reasoning import THINK, Thought
+from engine.chat.thinking_budget import ThinkingBudget
+from engine.speculative import stream
+from engine.tokenize import load_tokenizer
+from tests.engine.chat.conftest import Script
+from tests.engine.chat.reasoning_model import QWEN3_LIKE_TEMPLATE, reasoning_metadata, write_reasoning_model
+
+QWEN3 = Template(Format.CHATML, reasoning=THINK)
+REPLY = "<think>\nThe user says hi.\nGreet back.\n</think>\n\nHello!"
+
+
+@pytest.fixture(scope="module")
+def thinker(tmp_path_factory):
+    from engine.models import load_model
+
+    model = load_model(write_reasoning_model(tmp_path_factory.mktemp("think") / "thinker.gguf"))
+    return model, load_tokenizer(model.file.metadata)
+
+
+@pytest.fixture(autouse=True)
+def free_verify(monkeypatch):
+    """Verifies priced like plain steps, so speculation drafts whatever it can."""
+    monkeypatch.setattr(stream, "verify_cost_table", lambda model: {m: 1.0 for m in range(1, 18)})
+
+
+def scripted(tok, *texts):
+    end = tok.token_id("<|im_end|>")
+    return Script(*[tok.encode(t, add_special=False) + [end] for t in texts])
+
+
+def split(pieces):
+    pieces = list(pieces)
+    return ("".join(p for p in pieces if isinstance(p, Thought)),
+            "".join(p for p in pieces if not isinstance(p, Thought)))
+
+
+def test_the_template_names_the_format(thinker):
+    model, tok = thinker
+    assert template_for_model(model.file.metadata, tok) == QWEN3  # ChatML, with <think> reasoning
+    assert JinjaTemplate(QWEN3_LIKE_TEMPLATE, isolated=False).reasoning is THINK
+
+
+def test_a_reply_streams_its_reasoning_apart_and_the_turn_records_both(thinker):
+    model, tok = thinker
+    assert len(tok.encode("<think></think>", add_special=False)) == 2  # the markers are single tokens
+    c = Conversation(model, tok, QWEN3, ChatOptions(processor=scripted(tok, REPLY, "Fine.")))
+    pieces = list(c.send("hi"))
+    assert split(pieces) == ("The user says hi.\nGreet back.", "Hello!")
+    assert isinstance(pieces[0], Thought) and not isinstance(pieces[-1], Thought)
+    turn = c.last_turn
+    assert (turn.reasoning, turn.text) == ("The user says hi.\nGreet back.", "Hello!")
+    assert turn.stats.reasoning_tokens == len(tok.encode("\nThe user says hi.\nGreet back.\n", add_special=False))
+    assert c.messages[-1] == Message("assistant", "Hello!", "The user says hi.\nGreet back.")
+    # streamed or not, the same answer: the text of the pieces that are not reasoning is the turn's text
+    assert split(c.send("and?")) == ("", "Fine.") and c.last_turn.text == "Fine."
+
+
+def test_a_template_opening_the_reasoning_in_the_prompt_starts_the_reply_inside_it(thinker):
+    model, tok = thinker
+    opened = JinjaTemplate(QWEN3_LIKE_TEMPLATE.replace("assistant\\n' }}", "assistant\\n<think>\\n' }}"),
+                           isolated=False)
+    assert opened.render([Message("user", "hi")]).endswith("<think>\n")
+    c = Conversation(model, tok, opened, ChatOptions(processor=scripted(tok, "Just greet.\n</think>\n\nHi!")))
+    assert split(c.send("hi")) == ("Just greet.", "Hi!")
+
+
+def test_the_next_prompt_renders_past_reasoning_as_the_template_says(thinker):
+    model, tok = thinker
+    own = JinjaTemplate(QWEN3_LIKE_TEMPLATE, isolated=False)
+    c = Conversation(model, tok, own, ChatOptions(processor=scripted(tok, REPLY, "Fine.")))
+    list(c.send("hi"))
+    history = [Message("user", "hi"), c.messages[-1], Message("user", "and?")]
+    # the template drops reasoning before the last user message; the content never carries it
+    assert "Greet back" not in own.render(history)
+    after_last_user = own.render([Message("user", "hi"), c.messages[-1]], add_generation_prompt=False)
+    assert "<think>\nThe user says hi.\nGreet back.\n</think>\n\nHello!" in after_last_user
+    list(c.send("and?"))
+    assert tok.decode(c.history).count("Greet back") == 0  # the cache holds the template's render
+
+
+def test_thinking_off_closes_the_reasoning_in_the_prompt(thinker):
+    model, tok = thinker
+    own = JinjaTemplate(QWEN3_LIKE_TEMPLATE, isolated=False)
+    c = Conversation(model, tok, own, ChatOptions(think_off=True, processor=scripted(tok, "Hi!")))
+    assert split(c.send("hi")) == ("", "Hi!")
+    assert tok.decode(c.history).endswith("<think>\n\n</think>\n\nHi!")
+
+
+def reasoning_script(tok, words=40):
+    return "<think>\n" + " ".join(f"w{i}" for i in range(words)) + "\n</think>\n\nDone."
+
+
+@pytest.mark.parametrize("budget", [0, 1, 5, 17])
+@pytest.mark.parametrize("speculation", [False, True], ids=["plain", "speculative"])
+def test_a_thinking_budget_closes_the_reasoning_at_exactly_n_tokens(thinker, budget, speculation):
+    model, tok = thinker
+    script = tok.encode(reasoning_script(tok), add_special=False)
+    close = tok.token_id("</think>")
+    c = Conversation(model, tok, QWEN3, ChatOptions(processor=Script(script), thinking_budget=budget,
+                                                    max_tokens=80, speculation=speculation))
+    reasoning, _ = split(c.send("think"))
+    ids = c.last_turn.token_ids
+    opener = tok.encode("<think>", add_special=False)
+    assert ids[:len(opener)] == opener
+    # N tokens of the model's reasoning, then the forced closing marker
+    assert ids[len(opener):len(opener) + budget] == script[len(opener):len(opener) + budget]
+    assert ids[len(opener) + budget] == close
+    assert c.last_turn.stats.reasoning_tokens == budget
+    assert reasoning == tok.decode(script[len(opener):len(opener) + budget]).strip()
+
+
+def test_a_budget_closer_is_a_forced_span_drafts_take(thinker):
+    model, tok = thinker
+    budget = ThinkingBudget(THINK, tok, 2)
+    budget.begin("<|im_start|>assistant\n<think>\n")
+    assert budget.forced_tokens() == [] and budget.valid_prefix_len([1, 2, 3, 4]) == 2
+    for t in tok.encode("ab", add_special=False):
+        budget.commit(t)
+    assert budget.forced_tokens() == [tok.token_id("</think>")]
+    logits = np.zeros(tok.vocab_size, dtype=np.float32)
+    budget.process(logits, [])
+    assert np.isfinite(logits).sum() == 1 and budget.vet(5) == tok.token_id("</think>")
+
+
+def test_speculative_turns_equal_plain_ones_with_reasoning(thinker):
+    model, tok = thinker
+    out = []
+    for speculation in (False, True):
+        c = Conversation(model, tok, QWEN3, ChatOptions(processor=scripted(tok, REPLY, REPLY), max_tokens=60,
+                                                        speculation=speculation))
+        out.append([split(c.send("hi")), split(c.send("again")), c.history])
+    assert out[0] == out[1]
