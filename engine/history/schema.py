@@ -56,5 +56,15 @@ def _schema_v2(db: sqlite_utils.Database) -> None:
             db.execute(f"ALTER TABLE attachments ADD COLUMN {column} {kind}")
 
 
+def _schema_v3(db: sqlite_utils.Database) -> None:
+    # A reply's reasoning (a reasoning model's, before its answer) is kept apart from its content, so the
+    # answer alone is shown, exported and rendered as the reply; older rows have none. The full-text index
+    # is rebuilt over both columns (sqlite-utils' replace drops the old index and its triggers, then
+    # indexes every row again), so a search finds words of the reasoning too.
+    if "reasoning" not in {c.name for c in db["messages"].columns}:
+        db.execute("ALTER TABLE messages ADD COLUMN reasoning TEXT NOT NULL DEFAULT ''")
+    db["messages"].enable_fts(["content", "reasoning"], create_triggers=True, replace=True)
+
+
 # Applied in order on open; the list index + 1 is the schema version. Append, never edit.
-MIGRATIONS = [_schema_v1, _schema_v2]
+MIGRATIONS = [_schema_v1, _schema_v2, _schema_v3]

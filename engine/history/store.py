@@ -166,12 +166,14 @@ class HistoryStore:
     # -- messages --
 
     def add_message(self, conversation_id: str, role: str, content: str, parent_id=_KEEP,
-                    meta: dict | None = None) -> str:
+                    meta: dict | None = None, reasoning: str = "") -> str:
         """Append a message under `parent_id` (default: the active leaf; None: a new root) and make it
-        the active leaf. The first user message titles an untitled conversation."""
+        the active leaf. The first user message titles an untitled conversation. `reasoning`: what a reply
+        reasoned before its answer (`content`)."""
         if role not in ROLES:
             raise HistoryError(f"message role {role!r} is not one of {', '.join(ROLES)}")
         check_text(content, "message content")
+        check_text(reasoning, "message reasoning")
         mid = _new_id()
         with self._tx() as conn:
             row = conn.execute("SELECT title, active_leaf FROM conversations WHERE id = ?",
@@ -183,9 +185,9 @@ class HistoryStore:
             if parent is not None:
                 self._message_in(conversation_id, parent)
             conn.execute(
-                "INSERT INTO messages (id, conversation_id, parent_id, role, content, created_at, meta)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (mid, conversation_id, parent, role, content, _now(), json.dumps(meta or {})),
+                "INSERT INTO messages (id, conversation_id, parent_id, role, content, created_at, meta, reasoning)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (mid, conversation_id, parent, role, content, _now(), json.dumps(meta or {}), reasoning),
             )
             changes = {"active_leaf": mid}
             if title is None and role == "user" and _NON_SPACE.search(content):
@@ -304,7 +306,7 @@ class HistoryStore:
         match = " ".join('"' + w + '"' for w in words)
         rows = self.db.query(
             """SELECT m.conversation_id, m.id AS message_id,
-                      snippet(messages_fts, 0, ?, ?, '…', 12) AS snippet
+                      snippet(messages_fts, -1, ?, ?, '…', 12) AS snippet
                FROM messages_fts JOIN messages m ON m.rowid = messages_fts.rowid
                WHERE messages_fts MATCH ? ORDER BY rank LIMIT ?""",
             [*marks, match, limit])
@@ -320,7 +322,10 @@ class HistoryStore:
         if conv["system_prompt"]:
             lines += ["## System", "", conv["system_prompt"], ""]
         for msg in self.active_branch(conversation_id):
-            lines += [f"## {msg['role'].capitalize()}", "", msg["content"], ""]
+            lines += [f"## {msg['role'].capitalize()}", ""]
+            if msg["reasoning"]:  # a collapsed block, as chat apps show it
+                lines += ["<details><summary>Thinking</summary>", "", msg["reasoning"], "", "</details>", ""]
+            lines += [msg["content"], ""]
         return "\n".join(lines)
 
     def export_json(self, conversation_id: str) -> dict:
@@ -334,7 +339,7 @@ class HistoryStore:
             "conversation": {k: conv[k] for k in ("title", "model", "system_prompt", "sampler", "pinned",
                                                   "created_at", "updated_at", "active_leaf")},
             "messages": [{k: m[k] for k in ("id", "parent_id", "role", "content", "created_at", "meta")}
-                         for m in messages],
+                         | ({"reasoning": m["reasoning"]} if m["reasoning"] else {}) for m in messages],
         }
 
     def import_json(self, data: dict) -> str:
@@ -355,9 +360,10 @@ class HistoryStore:
             )
             for m in ordered:
                 conn.execute(
-                    "INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO messages (id, conversation_id, parent_id, role, content, created_at, meta, reasoning)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     (new_ids[m["id"]], cid, new_ids.get(m["parent_id"]), m["role"], m["content"],
-                     m["created_at"] or now, json.dumps(m["meta"])),
+                     m["created_at"] or now, json.dumps(m["meta"]), m["reasoning"] or ""),
                 )
         return cid
 

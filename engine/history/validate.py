@@ -13,6 +13,7 @@ import re
 import os
 from pathlib import Path
 
+from engine.chat.options import THINK_CHOICES
 from engine.context_policy import POLICIES
 from engine.errors import HistoryError, InvalidGrammar
 from engine.sampling.grammar import Grammar
@@ -31,9 +32,10 @@ SAMPLER_RANGES: dict[str, tuple[type, float, float]] = {
     "seed": (int, 0, 2**63 - 1),
     "max_tokens": (int, 1, 131_072),
     "ctx": (int, 16, 131_072),
+    "thinking_budget": (int, 0, 131_072),  # reasoning tokens before the reasoning is closed
 }
 # key -> the values it may take
-SAMPLER_CHOICES: dict[str, tuple[str, ...]] = {"context_policy": POLICIES}
+SAMPLER_CHOICES: dict[str, tuple[str, ...]] = {"context_policy": POLICIES, "think": THINK_CHOICES}
 # response_format: {"type": "free" | a grammar kind, "grammar": TEXT} (Grammar.as_setting), compiled to check it
 SAMPLER_KEYS = (*SAMPLER_RANGES, *SAMPLER_CHOICES, "response_format")
 
@@ -175,6 +177,7 @@ def check_export(data) -> tuple[dict, list[dict]]:
         _check_json_value(meta, f"{where}.meta")
         checked.append({"id": mid, "parent_id": _field(m, "parent_id", where, str), "role": m["role"],
                         "content": _field(m, "content", where, str, required=True),
+                        "reasoning": _field(m, "reasoning", where, str),
                         "created_at": _field(m, "created_at", where, str), "meta": meta or {}})
     for i, m in enumerate(checked):
         if m["parent_id"] is not None and m["parent_id"] not in ids:

@@ -26,6 +26,7 @@ from typing import Callable, Iterator, Sequence
 
 from engine.cartridge.cartridge import Cartridge
 from engine.chat import ChatOptions, Conversation, Message, TurnResult
+from engine.chat.options import think_options
 from engine.chat.window import DEFAULT_POLICY, ContextWindow, check_policy, fit_context, longest_token
 from engine.errors import FucinaError
 from engine.history.store import HistoryStore
@@ -73,9 +74,11 @@ class PendingReply:
     parent_id: str
     text: str
     meta: dict
+    reasoning: str = ""
 
     def save(self, store: HistoryStore) -> None:
-        store.add_message(self.conversation_id, "assistant", self.text, parent_id=self.parent_id, meta=self.meta)
+        store.add_message(self.conversation_id, "assistant", self.text, parent_id=self.parent_id, meta=self.meta,
+                          reasoning=self.reasoning)
 
 
 def context_policy(settings: dict) -> str:
@@ -93,7 +96,8 @@ def chat_options(settings: dict) -> ChatOptions:
     return ChatOptions(capacity=settings.get("ctx") or DEFAULT_CONTEXT,
                        max_tokens=settings.get("max_tokens") or DEFAULT_MAX_TOKENS,
                        sampler=dataclasses.replace(CHAT_DEFAULTS, **sampler),
-                       grammar=Grammar.from_setting(settings.get("response_format")))  # the stored format
+                       grammar=Grammar.from_setting(settings.get("response_format")),  # the stored format
+                       thinking_budget=settings.get("thinking_budget"), **think_options(settings.get("think")))
 
 
 class StoredChat:
@@ -205,7 +209,8 @@ class StoredChat:
                     self.last_turn = turn
                     # a failed turn stores nothing (resend it); a cancelled one keeps what was shown
                     if turn.finish_reason != "error" and (turn.text or turn.finish_reason != "cancelled"):
-                        self._save_reply(PendingReply(self.id, parent_id, turn.text, self._meta(turn) | reply_meta))
+                        self._save_reply(PendingReply(self.id, parent_id, turn.text, self._meta(turn) | reply_meta,
+                                                      turn.reasoning))
             finally:
                 self._turn_lock.release()
 
@@ -337,7 +342,7 @@ class ChatSession(StoredChat):
         keeps that start while it fits, so the prompt the cache holds is reused)."""
         system = self.settings["system_prompt"]
         messages = [Message("system", system)] if system else []
-        messages += [Message(m["role"], m["content"]) for m in branch]
+        messages += [Message(m["role"], m["content"], m["reasoning"]) for m in branch]
         kept_from = next((m["meta"].get("kept_from") for m in reversed(branch) if m["role"] == "assistant"), None)
         ids = [m["id"] for m in branch]
         offset = len(messages) - len(branch)
@@ -349,7 +354,7 @@ class ChatSession(StoredChat):
 
     def _encode(self, messages: list[Message]) -> list[int]:
         # a chat behind attached documents continues their prefix, which carries the BOS
-        return self.convo.tokenizer.encode(self.convo.template.render_messages(messages),
+        return self.convo.tokenizer.encode(self.convo.render(messages),
                                            add_special=self.convo.prefix_rows == 0)
 
     def _start(self, branch: list[dict], cancel: threading.Event | None,
@@ -375,6 +380,8 @@ class ChatSession(StoredChat):
             meta["response_format"] = grammar.kind
         if turn.schema_warnings:  # the keywords it breaks that were checked after it was written
             meta["schema_warnings"] = list(turn.schema_warnings)
+        if turn.reasoning:  # how long the model thought: "Thought for 3.2 s"
+            meta["reasoning_ms"], meta["reasoning_tokens"] = round(s.reasoning_ms, 1), s.reasoning_tokens
         return meta
 
     # -- settings --
