@@ -32,6 +32,7 @@ import importlib
 import sys
 import warnings
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
@@ -51,7 +52,9 @@ OP_GATED = "gated"
 OP_ADD = "add"
 OP_ATTENTION = "attention"
 OP_TAKE_ROWS = "take_rows"
-OPS = frozenset((OP_EMBED, OP_LINEAR, OP_RMSNORM, OP_ROPE, OP_GATED, OP_ADD, OP_ATTENTION, OP_TAKE_ROWS))
+OP_MOE_FFN = "moe_ffn"
+OPS = frozenset((OP_EMBED, OP_LINEAR, OP_RMSNORM, OP_ROPE, OP_GATED, OP_ADD, OP_ATTENTION, OP_TAKE_ROWS,
+                 OP_MOE_FFN))
 
 
 class BackendUnavailable(RuntimeError):
@@ -138,6 +141,26 @@ class GatedMlpSpec:
     activation: str  # "silu" or "gelu" (tanh), gating the up projection
 
 
+class Gating(str, Enum):
+    """How a Mixture-of-Experts router's logits become the selected experts' weights."""
+
+    SOFTMAX = "softmax"  # softmax over every expert, then the top k of it (qwen3moe, mixtral)
+
+
+@dataclass(frozen=True)
+class MoeSpec:
+    """A Mixture-of-Experts feed-forward as `moe_ffn` reads it: each expert's SwiGLU weights (gate and up
+    [n_ff_exp, n_embd], down [n_embd, n_ff_exp]: views of the stacked GGUF tensors), and the routing."""
+
+    gate: tuple[Weight, ...]  # one per expert
+    up: tuple[Weight, ...]
+    down: tuple[Weight, ...]
+    n_used: int  # experts each row is routed to (top k)
+    gating: Gating
+    normalize: bool  # the selected weights are divided by their sum
+    scale: float  # then multiplied by this
+
+
 @dataclass(frozen=True)
 class LayerSpec:
     """One decoder layer as a backend's fused row-wise stack reads it (weights and vectors uploaded; None
@@ -212,6 +235,13 @@ class Backend(Protocol):
 
     def take_rows(self, x: Act, rows: Sequence[int]) -> Act:
         """x[rows] (each segment's last row before the output head)."""
+
+    def moe_ffn(self, spec: MoeSpec, x: Act, router_logits: Act, row_wise: bool) -> Act:
+        """The experts' feed-forward of x [rows, n_embd]: each row's top-`n_used` experts by its gated
+        router logits [rows, n_expert] (ties: the lower expert index first, as llama.cpp's stable sort of
+        few experts gives), their SwiGLU outputs times their weights, summed in f32 in the order selected
+        (the best first). row_wise: each row bitwise what it gives alone; else the rows routed to an expert
+        run as one prefill product (its weights read once per call)."""
 
     def to_host(self, x: Act) -> np.ndarray:
         """The activation as a float32 NumPy array (logits, hidden states)."""

@@ -14,10 +14,10 @@ import numpy as np
 from numba import typed
 
 from kernels.backend import (
-    OPS, Q8_0_BLOCK, Q8_0_BLOCK_BYTES, AttentionShape, AttentionSpec, GatedMlpSpec, LayerSpec, Segment,
+    OPS, Q8_0_BLOCK, Q8_0_BLOCK_BYTES, AttentionShape, AttentionSpec, GatedMlpSpec, LayerSpec, MoeSpec, Segment,
 )
 from kernels.common import gguf_weights, kv_rows, q8_0
-from kernels.cpu import ops, quant, quant_dot
+from kernels.cpu import moe, ops, quant, quant_dot
 from kernels.cpu.attention import attention_prefill
 from kernels.cpu.row_stack import Layer as KernelLayer, RowArgs, forward_rows
 from kernels.cpu.row_variants import RowVariants
@@ -144,8 +144,7 @@ class CpuBackend:
         return x
 
     def linear(self, ws: Sequence[CpuWeight], x: np.ndarray, row_wise: bool) -> list[np.ndarray]:
-        product = quant.rows if row_wise else quant.matmul
-        ys = [product(w.qtype, w.raw, x) for w in ws]
+        ys = [_product(row_wise)(w.qtype, w.raw, x) for w in ws]
         for w, y in zip(ws, ys):
             if w.bias is not None:
                 y += w.bias
@@ -186,6 +185,9 @@ class CpuBackend:
     def take_rows(self, x: np.ndarray, rows: Sequence[int]) -> np.ndarray:
         return x[list(rows)]
 
+    def moe_ffn(self, spec: MoeSpec, x: np.ndarray, router_logits: np.ndarray, row_wise: bool) -> np.ndarray:
+        return moe.moe_ffn(spec, x, router_logits, _product(row_wise))
+
     def to_host(self, x: np.ndarray) -> np.ndarray:
         return x
 
@@ -194,6 +196,11 @@ class CpuBackend:
         if not kernel_layers or any(k is None for k in kernel_layers):
             return None
         return CpuRowStack(kernel_layers, first_layer)
+
+
+def _product(row_wise: bool):
+    """The weight product of each path: row-wise (every row its one-row bits) or prefill."""
+    return quant.rows if row_wise else quant.matmul
 
 
 def _kernel_layer(spec: LayerSpec) -> KernelLayer | None:

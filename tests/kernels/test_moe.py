@@ -1,0 +1,75 @@
+"""The CPU's Mixture-of-Experts op (kernels.cpu.moe): llama.cpp's routing (softmax, top k with ties to the
+lower index, normalized weights) and the experts' weighted SwiGLU sum against a NumPy reference."""
+
+import numpy as np
+import pytest
+from gguf.constants import GGMLQuantizationType as T
+
+from kernels.backend import Gating, MoeSpec
+from kernels.cpu import moe, quant
+from kernels.cpu.backend import CpuBackend
+from tests.quant_weights import random_weight
+
+N_EXPERT, K, N_EMBD, N_FF = 6, 3, 64, 32
+
+
+def test_routing_picks_the_largest_best_first_and_ties_to_the_lower_index():
+    logits = np.array([[0.5, 2.0, 1.0, 2.0, -1.0, 1.0]], np.float32)
+    selected, weights = moe.route(logits, K, Gating.SOFTMAX, normalize=False, scale=1.0)
+    assert selected.tolist() == [[1, 3, 2]]
+    probs = np.exp(logits[0] - logits.max()) / np.exp(logits[0] - logits.max()).sum()
+    np.testing.assert_allclose(weights[0], probs[[1, 3, 2]], rtol=1e-6)
+
+
+def test_normalized_weights_sum_to_one_then_scale():
+    logits = np.random.default_rng(0).normal(0, 3, (5, N_EXPERT)).astype(np.float32)
+    _, weights = moe.route(logits, K, Gating.SOFTMAX, normalize=True, scale=2.5)
+    np.testing.assert_allclose(weights.sum(axis=1), 2.5, rtol=1e-6)
+
+
+def _experts(rng, backend, qtype=T.F32):
+    def stacked(rows, cols):
+        raw = random_weight(qtype, N_EXPERT * rows, cols, rng)
+        if qtype == T.F32:
+            raw = (raw.view(np.float32) * np.float32(0.1)).view(np.uint8)
+        return tuple(backend.upload_weight(qtype, raw[e * rows : (e + 1) * rows], rows, cols)
+                     for e in range(N_EXPERT))
+
+    return MoeSpec(gate=stacked(N_FF, N_EMBD), up=stacked(N_FF, N_EMBD), down=stacked(N_EMBD, N_FF), n_used=K,
+                   gating=Gating.SOFTMAX, normalize=True, scale=1.0)
+
+
+def _reference(spec: MoeSpec, x, logits):
+    """Each row alone, in float64, with dequantized experts."""
+    def dense(w):
+        return quant.gather_rows(w.qtype, w.raw, np.arange(w.out_dim)).astype(np.float64)
+
+    selected, weights = moe.route(logits, spec.n_used, spec.gating, spec.normalize, spec.scale)
+    out = np.zeros((x.shape[0], N_EMBD))
+    for r, row in enumerate(x.astype(np.float64)):
+        for e, w in zip(selected[r], weights[r]):
+            g, u = dense(spec.gate[e]) @ row, dense(spec.up[e]) @ row
+            out[r] += w * (dense(spec.down[e]) @ (g / (1 + np.exp(-g)) * u))
+    return out
+
+
+@pytest.mark.parametrize("row_wise", [True, False], ids=["rows", "prefill"])
+def test_the_weighted_sum_of_the_selected_experts(row_wise):
+    rng = np.random.default_rng(1)
+    backend = CpuBackend()
+    spec = _experts(rng, backend)
+    x = rng.standard_normal((40, N_EMBD)).astype(np.float32)  # past 16 rows an expert: the prefill GEMM
+    logits = rng.normal(0, 3, (40, N_EXPERT)).astype(np.float32)
+    out = backend.moe_ffn(spec, x, logits, row_wise)
+    np.testing.assert_allclose(out, _reference(spec, x, logits), rtol=1e-4, atol=1e-5)
+
+
+def test_rows_are_their_one_row_bits_on_quantized_experts():
+    rng = np.random.default_rng(2)
+    backend = CpuBackend()
+    spec = _experts(rng, backend, T.Q8_0)
+    x = rng.standard_normal((9, N_EMBD)).astype(np.float32)
+    logits = rng.normal(0, 3, (9, N_EXPERT)).astype(np.float32)
+    together = backend.moe_ffn(spec, x, logits, row_wise=True)
+    alone = np.concatenate([backend.moe_ffn(spec, x[r : r + 1], logits[r : r + 1], row_wise=True) for r in range(9)])
+    np.testing.assert_array_equal(together, alone)
