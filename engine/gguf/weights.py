@@ -4,7 +4,8 @@ A `LinearWeight` is the tensor's raw GGUF bytes (a zero-copy view of the file's
 mmap) plus its GGML type, uploaded once to the model's backend (kernels.backend),
 whose kernels read the blocks directly. Nothing is widened to f32 at load. A
 `LinearGroup` holds several weights that share an input (q/k/v, gate/up); the
-backend runs them as one pass.
+backend runs them as one pass. `load_experts` binds a stacked experts tensor as one weight per expert, each a
+zero-copy view of its rows.
 """
 
 from __future__ import annotations
@@ -35,15 +36,7 @@ class LinearWeight:
     def load(cls, file: GGUFFile, name: str, out_dim: int, in_dim: int, backend: Backend,
              bias: str | None = None) -> "LinearWeight":
         """The tensor `name` (with the 1-D tensor `bias` added to its products, when named)."""
-        info = file.tensor(name)
-        if info.shape != (out_dim, in_dim):
-            raise WeightShapeError(
-                f"{file.path}: tensor {name!r} has shape {list(info.shape)}, expected [{out_dim}, {in_dim}] (out, in)"
-            )
-        if not backend.supports(info.ggml_type):
-            raise UnsupportedWeightType(
-                f"{file.path}: tensor {name!r} has GGML type {info.type_name}, which has no kernel"
-            )
+        info = _checked_tensor(file, name, (out_dim, in_dim), "(out, in)", backend)
         bias_values = None if bias is None else load_vector(file, bias, out_dim)
         return cls(name, info.ggml_type, file.raw(info), out_dim, in_dim, backend, bias_values)
 
@@ -70,6 +63,27 @@ class LinearGroup:
 
     def __call__(self, x, row_wise: bool = False) -> list:
         return self.backend.linear([p.handle for p in self.parts], x, row_wise)
+
+
+def load_experts(file: GGUFFile, name: str, n_expert: int, out_dim: int, in_dim: int,
+                 backend: Backend) -> tuple[Weight, ...]:
+    """The stacked experts tensor `name` [n_expert, out_dim, in_dim] as one weight [out_dim, in_dim] per
+    expert: expert e is rows [e * out_dim, (e + 1) * out_dim) of the file's bytes, a view in its own format."""
+    info = _checked_tensor(file, name, (n_expert, out_dim, in_dim), "(expert, out, in)", backend)
+    raw = file.raw(info)
+    return tuple(backend.upload_weight(info.ggml_type, raw[e * out_dim : (e + 1) * out_dim], out_dim, in_dim)
+                 for e in range(n_expert))
+
+
+def _checked_tensor(file: GGUFFile, name: str, shape: tuple[int, ...], axes: str, backend: Backend):
+    """The tensor `name`, of this shape and a type the backend multiplies by."""
+    info = file.tensor(name)
+    if info.shape != shape:
+        raise WeightShapeError(f"{file.path}: tensor {name!r} has shape {list(info.shape)}, expected "
+                               f"{list(shape)} {axes}")
+    if not backend.supports(info.ggml_type):
+        raise UnsupportedWeightType(f"{file.path}: tensor {name!r} has GGML type {info.type_name}, which has no kernel")
+    return info
 
 
 def load_vector(file: GGUFFile, name: str, length: int) -> np.ndarray:

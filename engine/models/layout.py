@@ -10,19 +10,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MATRIX, NORM, BIAS = "matrix", "norm", "bias"
+MATRIX, EXPERTS, NORM, BIAS = "matrix", "experts", "norm", "bias"
 
 
 @dataclass(frozen=True)
 class TensorSpec:
     name: str
-    shape: tuple[int, ...]  # (out, in) for a matrix, as the loader checks it; (n,) for a vector
-    role: str               # MATRIX, NORM (values near 1) or BIAS (values near 0): what a writer fills it with
+    shape: tuple[int, ...]  # (out, in) for a matrix, as the loader checks it; (n_expert, out, in) for stacked
+                            # experts' matrices; (n,) for a vector
+    role: str               # MATRIX, EXPERTS, NORM (values near 1) or BIAS (values near 0): what a writer
+                            # fills it with
     required: bool = True   # False: the model does without it (an untied output matrix)
 
 
 def matrix(name: str, rows: int, cols: int, required: bool = True) -> TensorSpec:
     return TensorSpec(name, (rows, cols), MATRIX, required)
+
+
+def experts(name: str, n_expert: int, rows: int, cols: int) -> TensorSpec:
+    """One matrix [rows, cols] per expert, stacked in one tensor (llama.cpp's *_exps)."""
+    return TensorSpec(name, (n_expert, rows, cols), EXPERTS)
 
 
 def norm(name: str, n: int) -> TensorSpec:

@@ -33,7 +33,7 @@ from engine.gguf.finite import first_non_finite
 from engine.gguf.meta import meta_int, meta_value
 from engine.gguf.reader import GGUFFile
 from engine.models.args import ModelArgs
-from engine.models.layout import MATRIX
+from engine.models.layout import EXPERTS, MATRIX
 from engine.models.parts import first_problem, positive
 
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.")
@@ -85,7 +85,8 @@ def check_tensors(file: GGUFFile, args: ModelArgs) -> None:
     for spec in specs:
         info = file.tensors.get(spec.name)
         if info is not None and info.shape != spec.shape:
-            expected = f"{list(spec.shape)} (out, in)" if spec.role == MATRIX else str(list(spec.shape))
+            axes = {MATRIX: " (out, in)", EXPERTS: " (expert, out, in)"}.get(spec.role, "")
+            expected = f"{list(spec.shape)}{axes}"
             raise WeightShapeError(f"{file.path}: tensor {spec.name!r} has shape {list(info.shape)}, "
                                    f"expected {expected}")
 

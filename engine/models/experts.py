@@ -1,0 +1,68 @@
+"""The Mixture-of-Experts feed-forward part (llama.cpp's build_moe_ffn, mlx-lm's SwitchGLU): a router
+product gives each row's logits over the experts; the gating picks each row's top-k experts and their
+weights; the selected experts' SwiGLU outputs, weighted, are summed (the backend's `moe_ffn` op).
+
+The experts' matrices stay in the stacked GGUF tensors ffn_{gate,up,down}_exps, in their own block format:
+each expert is a zero-copy view of its rows (engine.gguf.weights.load_experts). Shared experts, when a
+family has them, are a dense part added beside this one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from engine.gguf.reader import GGUFFile
+from engine.gguf.weights import LinearWeight, load_experts
+from engine.models.layout import TensorSpec, experts, matrix
+from engine.models.parts import first_problem, shown
+from kernels.backend import OP_LINEAR, OP_MOE_FFN, Backend, Gating, MoeSpec
+
+
+@dataclass(frozen=True)
+class MoeArgs:
+    OPS = (OP_LINEAR, OP_MOE_FFN)  # the backend ops the part runs on
+    n_expert: int
+    n_used: int  # experts per row (top k)
+    n_ff: int  # each expert's feed-forward width
+    gating: Gating = Gating.SOFTMAX
+    normalize: bool = True  # the selected weights divided by their sum
+    scale: float = 1.0  # then multiplied by this
+
+    def tensors(self, p: str, n_embd: int) -> list[TensorSpec]:
+        e, f = self.n_expert, self.n_ff
+        return [matrix(p + "ffn_gate_inp.weight", e, n_embd), experts(p + "ffn_gate_exps.weight", e, f, n_embd),
+                experts(p + "ffn_up_exps.weight", e, f, n_embd), experts(p + "ffn_down_exps.weight", e, n_embd, f)]
+
+    def build(self, file: GGUFFile, p: str, layer: int, n_embd: int, backend: Backend) -> "MoeFfn":
+        return MoeFfn(self, file, p, n_embd, backend)
+
+    @staticmethod
+    def check_layers(arch: str, layers: Sequence["MoeArgs"]) -> str | None:
+        counts, used = [f.n_expert for f in layers], [f.n_used for f in layers]
+        return first_problem([
+            (all(f.n_expert >= 1 for f in layers), f"{arch}.expert_count is {shown(counts)}; it must be positive"),
+            (all(1 <= f.n_used <= f.n_expert for f in layers),
+             f"{arch}.expert_used_count is {shown(used)}; it must be between 1 and expert_count ({shown(counts)})"),
+            (all(f.n_ff >= 1 for f in layers), f"{arch}.expert_feed_forward_length must be positive"),
+            (all(math.isfinite(f.scale) and f.scale > 0 for f in layers),
+             f"{arch}: the experts' weights scale must be positive"),
+        ])
+
+
+class MoeFfn:
+    def __init__(self, args: MoeArgs, file: GGUFFile, p: str, n_embd: int, backend: Backend):
+        self.backend = backend
+        self.router = LinearWeight.load(file, p + "ffn_gate_inp.weight", args.n_expert, n_embd, backend)
+        e, f = args.n_expert, args.n_ff
+        self.experts = MoeSpec(gate=load_experts(file, p + "ffn_gate_exps.weight", e, f, n_embd, backend),
+                               up=load_experts(file, p + "ffn_up_exps.weight", e, f, n_embd, backend),
+                               down=load_experts(file, p + "ffn_down_exps.weight", e, n_embd, f, backend),
+                               n_used=args.n_used, gating=args.gating, normalize=args.normalize, scale=args.scale)
+
+    def __call__(self, h, row_wise: bool):
+        return self.backend.moe_ffn(self.experts, h, self.router(h, row_wise), row_wise)
+
+    def spec(self) -> None:
+        return None  # no fused form: the backend's row stack leaves this layer to the composed ops
