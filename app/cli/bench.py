@@ -71,7 +71,8 @@ def _run_cold_start(args) -> int:
     if args.json:
         return _print_json(r)
     print(f"{args.model}: fresh kernel cache, {'warm-up from the start' if r['warmup'] else 'no warm-up'}, "
-          f"download simulated as {args.download_s:g} s")
+          f"download simulated as {args.download_s:g} s; kernels for {r['kernel_target']}"
+          + ("" if r["warmup_stages_run"] or not r["warmup"] else ", shipped compiled (no warm-up to run)"))
     print(f"first token {r['first_token_after_download_s']:.1f} s after the download (warm-up {r['warmup_s']:.1f} s, "
           f"of which {r['wait_after_download_s']:.1f} s after the download; model load {r['load_s']:.1f} s)")
     return 0

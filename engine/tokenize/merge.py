@@ -18,6 +18,8 @@ import heapq
 import numba as nb
 import numpy as np
 
+import kernels.common  # noqa: F401 (the kernel cache, its CPU target and locator, set before these compile)
+
 _FNV_OFFSET = np.uint64(14695981039346656037)
 _FNV_PRIME = np.uint64(1099511628211)
 _SHORT = 64  # symbols; longer words take the heap

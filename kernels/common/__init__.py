@@ -10,7 +10,9 @@ other files, so an edited or upgraded helper could run stale machine code. The c
 directory named after a hash of the sources of every kernel compiled into it (unless NUMBA_CACHE_DIR says
 otherwise); it must be set before any kernel is decorated, hence here, in the package whose kernels every
 backend imports first, as must the lock that keeps the cache whole when processes compile into it side by
-side (cache_lock).
+side (cache_lock), the CPU the kernels compile for (cpu_target) and the locator that lets a cache compiled
+elsewhere be found (shipped). Kernels compiled for a named target keep a cache of their own, in a folder
+named after it, which starts as the shipped one where there is one.
 """
 
 import hashlib
@@ -20,7 +22,7 @@ from pathlib import Path
 import numba
 import platformdirs
 
-from kernels.common import cache_lock
+from kernels.common import cache_lock, cpu_target, shipped
 
 # The packages whose Numba kernels compile into the cache: these, and the CPU backend's, which inline them.
 _CACHED_PACKAGES = ("common", "cpu")
@@ -38,7 +40,18 @@ def _sources_hash() -> str:
 # Names this build of the kernels: what was measured of them (speculation's verify costs) is kept under it.
 BUILD_ID = _sources_hash()
 
-if "NUMBA_CACHE_DIR" not in os.environ:
-    numba.config.CACHE_DIR = str(Path(platformdirs.user_cache_dir("fucina", appauthor=False)) / "numba"
-                                 / BUILD_ID)
+
+def _cache_dir(target: cpu_target.Target | None) -> Path:
+    base = (Path(os.environ["NUMBA_CACHE_DIR"]) if os.environ.get("NUMBA_CACHE_DIR")
+            else Path(platformdirs.user_cache_dir("fucina", appauthor=False)) / "numba" / BUILD_ID)
+    if target is None:
+        return base
+    shipped.seed(target.name, base / target.name)
+    return base / target.name
+
+
+TARGET = cpu_target.choose(shipped.shipped_targets(BUILD_ID))
+cpu_target.compile_for(TARGET)
+numba.config.CACHE_DIR = str(_cache_dir(TARGET))
+shipped.install_locator()
 cache_lock.install()

@@ -20,21 +20,21 @@ of rows, so the row-wise forward's bits do not depend on m (and an AVX-512 host
 gets an AVX2 host's bits: it only packs the same lanes differently).
 """
 
-import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from kernels.common.cpu_target import has
 from kernels.common.f16 import f16_bits_to_f32, f32_to_f16_bits
 
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
-_AVX2 = bool(llvm.get_host_cpu_features().get("avx2"))
-_FMA = bool(llvm.get_host_cpu_features().get("fma"))
+_AVX2 = has("avx2")
+_FMA = has("fma")
 # 512-bit integer dots: two 32-weight blocks per instruction, and with VNNI one instruction for the dot
-_AVX512 = _AVX2 and bool(llvm.get_host_cpu_features().get("avx512bw"))
-_VNNI = _AVX512 and bool(llvm.get_host_cpu_features().get("avx512vnni"))
+_AVX512 = _AVX2 and has("avx512bw")
+_VNNI = _AVX512 and has("avx512vnni")
 
 
 def multiply_add(builder, a, b, acc):

@@ -24,7 +24,6 @@ TILE_ROWS keep the dequantized tiles and sgemm (kernels/cpu/quant.py decides).
 
 from __future__ import annotations
 
-import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
@@ -33,14 +32,14 @@ from numba.extending import intrinsic
 
 from kernels.common import formats
 from kernels.common import quant_blocks as qb
+from kernels.common.cpu_target import has
 from kernels.common.formats import switch
 from kernels.common.quant_blocks import KERNEL, k_scale_min, load_f16
 from kernels.cpu.int8_dot import _fifth_bits, _low_high
 
-_FEATURES = llvm.get_host_cpu_features()
-_AVX512 = bool(_FEATURES.get("avx512bw"))
-_VNNI = _AVX512 and bool(_FEATURES.get("avx512vnni"))
-_AVX2 = bool(_FEATURES.get("avx2"))
+_AVX512 = has("avx512bw")
+_VNNI = _AVX512 and has("avx512vnni")
+_AVX2 = has("avx2")
 
 # int32 lanes of one vector: 16 with AVX-512, 8 with AVX2
 LANES = 16 if _AVX512 else 8

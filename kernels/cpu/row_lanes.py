@@ -18,7 +18,6 @@ nothing and was as fast as the lanes at 8 and 16 rows, so it keeps it; Q4_K's an
 their sub-block sums in integers, a float multiply-add per super-block, so they have no lanes yet.
 """
 
-import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
@@ -26,6 +25,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from kernels.common import quant_blocks as qb
+from kernels.common.cpu_target import has
 from kernels.cpu import int_gemm
 from kernels.cpu.int8_dot import _call, multiply_add
 from kernels.cpu.int_gemm import _splat
@@ -49,7 +49,7 @@ _IVEC, _FVEC = ir.VectorType(_I32, ROWS), ir.VectorType(_F32, ROWS)
 
 
 # this host has the lanes, AVX-512 VNNI (else int8_dot's kernels do all the products)
-AVAILABLE = all(llvm.get_host_cpu_features().get(f) for f in ("avx512bw", "avx512vnni"))
+AVAILABLE = has("avx512bw") and has("avx512vnni")
 
 
 def _row_of(builder, array, n, width):
