@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-from numba import typed
 
 from kernels.backend import (
     OPS, Q8_0_BLOCK, Q8_0_BLOCK_BYTES, AttentionShape, AttentionSpec, GatedMlpSpec, LayerSpec, MoeSpec, Segment,
@@ -21,6 +20,7 @@ from kernels.cpu import moe, ops, quant, quant_dot
 from kernels.cpu.attention import attention_prefill
 from kernels.cpu.row_stack import Layer as KernelLayer, RowArgs, forward_rows
 from kernels.cpu.row_variants import RowVariants
+from kernels.cpu.typed_lists import typed_list
 
 _ACTIVATIONS = {"silu": ops.SILU, "gelu": ops.GELU}
 
@@ -77,7 +77,7 @@ class CpuKvStore:
         """Layers [first, end)'s K and V arrays as typed lists (what the row-wise kernel takes)."""
         views = self._views.get((first, end))
         if views is None:
-            views = self._views[first, end] = (typed.List(self.k[first:end]), typed.List(self.v[first:end]))
+            views = self._views[first, end] = (typed_list(self.k[first:end]), typed_list(self.v[first:end]))
         return views
 
 
@@ -86,7 +86,8 @@ class CpuRowStack:
     one row and for many rows after (kernels.cpu.row_variants)."""
 
     def __init__(self, layers: list, first_layer: int):
-        self.layers = typed.List(layers)
+        self.layers = typed_list(layers)
+        self.n_embd = layers[0].attn_norm.shape[0]
         self.cache_layers = (first_layer, first_layer + len(layers))  # the KV rows of these layers
         groups = [(k.qkv_types, k.out_types, k.gate_up_types, k.down_types) for k in layers]
         # the kernel compiles for these formats only
@@ -98,11 +99,9 @@ class CpuRowStack:
         if len(segments) == 1:
             kcs, vcs = segments[0].store.kernel_views(*self.cache_layers)
         else:
-            kcs, vcs = typed.List(), typed.List()
-            for s in segments:
-                k, v = s.store.kernel_views(*self.cache_layers)
-                kcs.extend(k)
-                vcs.extend(v)
+            first, end = self.cache_layers
+            kcs = typed_list(a for s in segments for a in s.store.k[first:end])
+            vcs = typed_list(a for s in segments for a in s.store.v[first:end])
         for slot, s in enumerate(segments):
             slots[s.row_start : s.row_end] = slot
             positions[s.row_start : s.row_end] = np.arange(s.pos0, s.pos0 + (s.row_end - s.row_start))
@@ -111,7 +110,7 @@ class CpuRowStack:
 
     def rows_ready(self, store: CpuKvStore, wait: bool = False) -> bool:
         rows = np.empty(2, np.int64)  # stand-ins of the types a call of two rows over `store` passes
-        x = np.empty((2, self.layers[0].attn_norm.shape[0]), np.float32)
+        x = np.empty((2, self.n_embd), np.float32)
         return self.variants.ready(self._args(x, *store.kernel_views(*self.cache_layers), rows, rows), wait)
 
     def _args(self, x, kcs, vcs, slots, positions) -> RowArgs:
