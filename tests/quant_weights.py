@@ -22,14 +22,15 @@ SCALE_FIELDS = {
 }
 
 
-def random_weight(qtype: T, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
-    """Random blocks with f16 scales in ±[1e-3, 1e-1]; float and other types from N(0, 1) values."""
+def random_weight(qtype: T, rows: int, cols: int, rng: np.random.Generator,
+                  scale_range: tuple[float, float] = (1e-3, 1e-1)) -> np.ndarray:
+    """Random blocks with f16 scales in ±scale_range; float and other types from N(0, 1) values."""
     if qtype in SCALE_FIELDS:
         block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
         n_blocks = rows * cols // block_elems
         blocks = rng.integers(0, 256, (n_blocks, block_bytes), dtype=np.uint8)
         for offset in SCALE_FIELDS[qtype]:
-            scales = rng.uniform(1e-3, 1e-1, n_blocks) * rng.choice([-1.0, 1.0], n_blocks)
+            scales = rng.uniform(*scale_range, n_blocks) * rng.choice([-1.0, 1.0], n_blocks)
             blocks[:, offset : offset + 2] = scales.astype(np.float16).view(np.uint8).reshape(n_blocks, 2)
         return blocks.reshape(rows, -1)
     values = rng.standard_normal((rows, cols), dtype=np.float32)

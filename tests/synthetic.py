@@ -2,25 +2,28 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import gguf
 from gguf.constants import GGMLQuantizationType as T
 
 from engine.models import tiny
-from engine.models.layout import MATRIX, NORM
+from engine.models.layout import EXPERTS, MATRIX, NORM
 from tests.quant_weights import random_weight
 
 # gguf.quants cannot quantize these: their weights are random blocks (tests.quant_weights)
 _RANDOM_BLOCK_TYPES = {T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL}
 
 
-def _quantized(arr: np.ndarray, qtype: T, rng: np.random.Generator):
-    """(data, raw_dtype) for add_tensor: F32 as is, K-quants random blocks of the same shape, others
-    pre-quantized by gguf.quants."""
+def _quantized(arr: np.ndarray, qtype: T, rng: np.random.Generator, block_scales: tuple[float, float]):
+    """(data, raw_dtype) for add_tensor: F32 as is, K-quants random blocks of the same shape (f16 scales in
+    ±block_scales), others pre-quantized by gguf.quants."""
     if qtype == T.F32:
         return arr.astype(np.float32), None
     if qtype in _RANDOM_BLOCK_TYPES:
-        return random_weight(qtype, *arr.shape, rng), qtype
+        rows = int(np.prod(arr.shape[:-1]))
+        return random_weight(qtype, rows, arr.shape[-1], rng, block_scales).reshape(*arr.shape[:-1], -1), qtype
     return gguf.quants.quantize(arr.astype(np.float32), qtype), qtype
 
 
@@ -28,12 +31,18 @@ def write_tiny_model(path, arch: str = "llama", *, n_layers: int = 2, n_embd: in
                      n_head_kv: int = 2, head_dim: int | None = None, n_ff: int = 96, vocab: int = 128,
                      qtype: T = T.Q8_0, tied: bool = True, window: int = 8, seed: int = 0,
                      metadata: dict | None = None, skip_tensors: tuple = (), tokenizer: bool = False,
-                     fill: dict | None = None, family_metadata: dict | None = None) -> None:
-    """`family_metadata`: keys beyond the standard ones that the family reads (values as Python ints,
-    floats, strings or lists); `metadata` maps keys to (value, GGUFValueType), added last so they override
-    the standard ones (hostile values: the tensors written are those of the standard ones);
-    `tokenizer` adds CHATML_TOKENIZER (and sizes the vocabulary for it); `fill` sets tensors to a constant after
-    their values are drawn (a NaN norm, an overflow, a zero matrix of a type gguf.quants makes)."""
+                     fill: dict | None = None, family_metadata: dict | None = None,
+                     expert_qtype: T | None = None, block_scales: tuple[float, float] = (1e-3, 1e-1),
+                     std: dict | None = None, tokenizer_pre: str = "gpt2") -> None:
+    """`qtype`: the matrices' format, `expert_qtype` the stacked experts' (default: qtype); `block_scales`:
+    the range of random K-quant blocks' scales; `std`: the spread of the matrices named by their name
+    after "blk.N." (the others: 0.5 for the embedding, 0.08); `family_metadata`: keys beyond the standard
+    ones that the family reads (values as Python ints, floats, strings or lists); `metadata` maps keys to
+    (value, GGUFValueType), added last so they override the standard ones (hostile values: the tensors
+    written are those of the standard ones); `tokenizer` adds CHATML_TOKENIZER (and sizes the vocabulary for
+    it) with the pre-tokenizer `tokenizer_pre` (llama.cpp refuses "gpt2": a model it loads says "qwen2");
+    `fill` sets tensors to a constant after their values are drawn (a NaN norm, an overflow, a zero matrix
+    of a type gguf.quants makes)."""
     rng = np.random.default_rng(seed)
     if tokenizer:
         vocab = len(CHATML_TOKENS)
@@ -44,7 +53,7 @@ def write_tiny_model(path, arch: str = "llama", *, n_layers: int = 2, n_embd: in
     tiny.write_metadata(w, meta)
     if tokenizer:
         w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("gpt2")
+        w.add_tokenizer_pre(tokenizer_pre)
         w.add_token_list(CHATML_TOKENIZER["tokenizer.ggml.tokens"])
         w.add_token_types(CHATML_TOKENIZER["tokenizer.ggml.token_type"])
         w.add_token_merges(CHATML_TOKENIZER["tokenizer.ggml.merges"])
@@ -56,14 +65,16 @@ def write_tiny_model(path, arch: str = "llama", *, n_layers: int = 2, n_embd: in
     for spec in tiny.tensors(arch, meta):  # the family's own table, in its order (the draws follow it)
         if spec.name in skip_tensors or (not spec.required and tied):
             continue
-        if spec.role == MATRIX:
-            values = rng.normal(0, 0.5 if spec.name == "token_embd.weight" else 0.08, spec.shape)
+        if spec.role in (MATRIX, EXPERTS):
+            default = 0.5 if spec.name == "token_embd.weight" else 0.08
+            values = rng.normal(0, (std or {}).get(re.sub(r"^blk\.\d+\.", "", spec.name), default), spec.shape)
         else:
             values = ((1.0 if spec.role == NORM else 0.0) + rng.normal(0, 0.05, spec.shape)).astype(np.float32)
         if spec.name in (fill or {}):
             values[:] = fill[spec.name]
-        if spec.role == MATRIX:
-            data, raw = _quantized(values, qtype, rng)
+        if spec.role in (MATRIX, EXPERTS):
+            matrix_qtype = qtype if spec.role == MATRIX or expert_qtype is None else expert_qtype
+            data, raw = _quantized(values, matrix_qtype, rng, block_scales)
             w.add_tensor(spec.name, data, raw_dtype=raw)
         else:
             w.add_tensor(spec.name, values)

@@ -10,7 +10,7 @@ from typing import Callable, Mapping
 
 from engine.errors import UnsupportedArchitecture, UnsupportedOnBackend
 from engine.gguf.reader import GGUFFile, open_gguf
-from engine.models import gemma3, llama, qwen2, qwen3
+from engine.models import gemma3, llama, qwen2, qwen3, qwen3moe
 from engine.models.args import ModelArgs
 from engine.models.model import Model
 from engine.models.transformer import Transformer
@@ -18,7 +18,8 @@ from engine.models.validate import check_args, check_layer_count, check_tensors,
 from engine.runtime import model_backend
 from kernels.backend import Backend
 
-FAMILIES: dict[str, Callable[[Mapping], ModelArgs]] = {m.ARCH: m.model_args for m in (llama, qwen2, qwen3, gemma3)}
+FAMILIES: dict[str, Callable[[Mapping], ModelArgs]] = {
+    m.ARCH: m.model_args for m in (llama, qwen2, qwen3, qwen3moe, gemma3)}
 
 
 def register_family(arch: str, model_args: Callable[[Mapping], ModelArgs]) -> None:

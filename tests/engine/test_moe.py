@@ -1,0 +1,96 @@
+"""qwen3moe on the tiny random models of tests/moe_models.py: the row-wise contract (m rows in one call are,
+bit for bit, the tokens fed one at a time), the experts read in place from the file, and malformed files
+refused with errors that name the key or tensor."""
+
+import numpy as np
+import pytest
+from gguf.constants import GGUFValueType as V
+
+from engine.errors import ConfigError, GGUFError, UnsupportedOnBackend, WeightShapeError
+from engine.models import load_model
+from engine.models.experts import MoeFfn
+from kernels.backend import OP_MOE_FFN
+from kernels.cpu.backend import CpuBackend
+from tests.moe_models import ARCH, N_EXPERT, N_FF_EXP, TOKENS, VARIANTS, write_moe_model
+
+ROW_COUNTS = (1, 2, 5, 8, 17)  # one call of each size, in turn, after a short prefilled prompt
+PROMPT = TOKENS[:4]
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def model(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp("moe") / f"{request.param}.gguf"
+    write_moe_model(path, request.param)
+    return load_model(path)
+
+
+def test_rows_equal_one_at_a_time(model):
+    tokens = [int(t) for t in np.random.default_rng(1).integers(0, model.vocab_size, sum(ROW_COUNTS))]
+    capacity = len(PROMPT) + len(tokens)
+    one, rows = model.new_cache(capacity), model.new_cache(capacity)
+    np.testing.assert_array_equal(model.forward(PROMPT, one), model.forward(PROMPT, rows))
+    singles = np.stack([model.forward([t], one) for t in tokens])
+    start = 0
+    for m in ROW_COUNTS:
+        np.testing.assert_array_equal(model.forward_rows(tokens[start : start + m], rows), singles[start : start + m],
+                                      err_msg=f"{m} rows in one call")
+        start += m
+    for a, b in zip(one.k + one.v, rows.k + rows.v):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_batched_decode_step_equals_each_conversation_alone(model):
+    prompts = [TOKENS[:3], TOKENS[5:11], TOKENS[20:22]]
+    alone, batched = [model.new_cache(16) for _ in prompts], [model.new_cache(16) for _ in prompts]
+    for p, a, b in zip(prompts, alone, batched):
+        model.forward(p, a)
+        model.forward(p, b)
+    step = [7, 100, 258]
+    expected = np.stack([model.forward([t], c) for t, c in zip(step, alone)])
+    np.testing.assert_array_equal(model.decode_batch(step, batched), expected)
+
+
+def test_every_layer_is_experts_read_in_place_from_the_file(model):
+    for i, block in enumerate(model.blocks):
+        assert isinstance(block.feed_forward, MoeFfn)
+        stacked = model.file.raw(model.file.tensor(f"blk.{i}.ffn_down_exps.weight"))
+        experts = block.feed_forward.experts
+        assert len(experts.down) == N_EXPERT and experts.n_used == 2
+        for e, w in enumerate(experts.down):  # each expert a view of its own rows, in the file's format
+            assert w.raw.ctypes.data == stacked[e * w.out_dim].ctypes.data and np.shares_memory(w.raw, stacked)
+
+
+def test_more_experts_used_than_there_are_is_refused(tmp_path):
+    path = tmp_path / "m.gguf"
+    write_moe_model(path, metadata={f"{ARCH}.expert_used_count": (N_EXPERT + 1, V.UINT32)})
+    with pytest.raises(ConfigError, match=f"{ARCH}.expert_used_count is 9; it must be between 1 and expert_count"):
+        load_model(path)
+
+
+def test_a_missing_expert_tensor_is_named(tmp_path):
+    path = tmp_path / "m.gguf"
+    write_moe_model(path, skip_tensors=("blk.1.ffn_down_exps.weight",))
+    with pytest.raises(GGUFError, match="missing tensor 'blk.1.ffn_down_exps.weight'"):
+        load_model(path)
+
+
+def test_experts_of_another_width_than_the_metadata_says_are_refused(tmp_path):
+    path = tmp_path / "m.gguf"
+    write_moe_model(path, metadata={f"{ARCH}.expert_feed_forward_length": (N_FF_EXP // 2, V.UINT32)})
+    with pytest.raises(WeightShapeError, match=r"'blk.0.ffn_gate_exps.weight' has shape \[8, 256, 256\], "
+                                               r"expected \[8, 128, 256\] \(expert, out, in\)"):
+        load_model(path)
+
+
+class _BackendWithoutExperts(CpuBackend):
+    name = "no-experts"
+
+    def supports_op(self, op: str) -> bool:
+        return op != OP_MOE_FFN and super().supports_op(op)
+
+
+def test_a_backend_without_the_experts_op_refuses_the_model_by_name(tmp_path):
+    path = tmp_path / "m.gguf"
+    write_moe_model(path)
+    with pytest.raises(UnsupportedOnBackend, match="need the moe_ffn op.*no-experts backend"):
+        load_model(path, _BackendWithoutExperts())

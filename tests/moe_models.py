@@ -1,0 +1,53 @@
+"""Tiny random qwen3moe GGUFs: the tests' models and the llama.cpp oracle's input
+(tests/data/moe/record_llama_logits.py writes the same files through here and records llama.cpp's logits).
+
+Two layers of 8 experts, top-2, over the byte-level ChatML vocabulary (a tokenizer llama.cpp loads).
+Widths are 256 so the experts' rows are whole K-quant super-blocks. The router's spread is large enough
+that each row's k-th and (k+1)-th expert are far apart compared with the rounding of the two forwards
+(otherwise llama.cpp and the engine could pick different experts and the comparison would say nothing);
+the other matrices keep the writer's default spread, but for the embedding (tied to the output: logits of
+a real model's spread). Everything but the experts is F32.
+
+Even so a random router puts some rows near a tie, so the seed is the one of the first 40 with the widest
+margins: every row's k-th router logit beats its (k+1)-th by at least 3% of the row's spread (the
+smallest gap of the other seeds: 0.1%-3%; near 0.1% llama.cpp and the engine route a row differently).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from gguf.constants import GGMLQuantizationType as T
+
+from tests.synthetic import CHATML_TOKENS, write_tiny_model
+
+ARCH = "qwen3moe"
+N_EXPERT, N_USED, N_FF_EXP = 8, 2, 256
+ROUTER_STD = 0.25  # router logits of normed rows spread ~ 0.25 * sqrt(256) = 4
+EMBED_STD = 0.15  # logits (tied output) spread ~ 0.15 * sqrt(256) = 2.4, as a real model's
+# Random Q4_K blocks' scales: weights of about the default spread (larger ones overflow the activations)
+Q4_K_BLOCK_SCALES = (2e-4, 8e-4)
+
+SEED = 10
+# variant name -> the experts' format
+VARIANTS = {"f32": T.F32, "q8_0": T.Q8_0, "q4_k": T.Q4_K}
+
+# The token ids fed to both forwards: a fixed random sequence over the vocabulary.
+TOKENS = [int(t) for t in np.random.default_rng(26).integers(0, len(CHATML_TOKENS), 32)]
+
+
+def moe_metadata(n_expert: int = N_EXPERT, n_used: int = N_USED, n_ff_exp: int = N_FF_EXP) -> dict:
+    return {f"{ARCH}.expert_count": n_expert, f"{ARCH}.expert_used_count": n_used,
+            f"{ARCH}.expert_feed_forward_length": n_ff_exp}
+
+
+def write_moe_model(path: Path | str, variant: str = "f32", *, seed: int = SEED, **overrides) -> None:
+    """The tiny qwen3moe model of `variant` (a key of VARIANTS); `overrides` go to write_tiny_model (a
+    hostile file: other metadata, left-out tensors)."""
+    expert_qtype = VARIANTS[variant]
+    kwargs = {"n_layers": 2, "n_embd": 256, "n_head": 4, "n_head_kv": 2, "n_ff": N_FF_EXP * N_USED,
+              "qtype": T.F32, "expert_qtype": expert_qtype, "block_scales": Q4_K_BLOCK_SCALES,
+              "std": {"ffn_gate_inp.weight": ROUTER_STD, "token_embd.weight": EMBED_STD},
+              "family_metadata": moe_metadata(), "tokenizer": True, "tokenizer_pre": "qwen2", "seed": seed}
+    write_tiny_model(path, ARCH, **(kwargs | overrides))
