@@ -1,0 +1,47 @@
+"""qwen3moe against llama.cpp: the tiny random models of tests/moe_models.py, teacher-forced through the
+prefill path and the row-wise path (what `fucina eval --path prefill|rows` runs), give llama.cpp's logits
+(tests/data/moe, recorded by record_llama_logits.py there) within the bars of DESIGN.md: the same top-1
+wherever llama.cpp's top-1 beats its top-2 by more than 0.1, and mean |logit difference| at most 0.01 on the
+F32 model and 0.1 on the ones with quantized experts."""
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine import generate
+from engine.models import load_model
+from tests.moe_models import VARIANTS, write_moe_model
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "moe"
+MEAN_BAR = {"f32": 0.01, "q8_0": 0.1, "q4_k": 0.1}
+CLEAR_MARGIN = 0.1
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def case(request, tmp_path_factory):
+    """(variant, model, llama.cpp's record) for a model written as the record's was."""
+    variant = request.param
+    record = json.loads((DATA / f"qwen3moe-{variant}.json").read_text())
+    path = tmp_path_factory.mktemp("moe-oracle") / f"{variant}.gguf"
+    write_moe_model(path, variant)
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == record["gguf_sha256"], (
+        "the tests write another model than llama.cpp's logits were recorded on: re-run "
+        "tests/data/moe/record_llama_logits.py")
+    return variant, load_model(path), record
+
+
+@pytest.mark.parametrize("path", ["prefill", "rows"])
+def test_logits_match_llama_cpp(case, path):
+    variant, model, record = case
+    expected = np.asarray(record["logits"], dtype=np.float32)
+    logits = np.concatenate(list(generate.teacher_forced(model, record["ids"], path=path)))
+    assert logits.shape == expected.shape
+    top2 = np.sort(expected, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > CLEAR_MARGIN
+    parted = np.nonzero(clear & (logits.argmax(axis=1) != expected.argmax(axis=1)))[0]
+    assert parted.size == 0, f"top-1 differs from llama.cpp's at positions {parted.tolist()}"
+    diff = np.abs(logits - expected)
+    assert diff.mean() <= MEAN_BAR[variant], f"mean |logit difference| {diff.mean():.4f} (max {diff.max():.3f})"
