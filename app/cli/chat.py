@@ -12,6 +12,7 @@ names one): history, search and export stay local.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import itertools
 import os
@@ -24,9 +25,11 @@ from app.cli.common import add_model_options, open_model, token_count
 from app.cli.sampling import (add_grammar_options, add_sampler_options, grammar_from_args, print_reply_checks,
                               sampler_config)
 from app.cli.conversations import find_conversation, open_store
+from app.cli.reply_printer import ReplyPrinter
 from engine.cartridge.build import Attached
 from engine.cartridge.chat_documents import cartridges, carry_over, record
 from engine.chat import ChatOptions, Conversation, TurnResult
+from engine.chat.options import THINK_CHOICES, think_options
 from engine.chat.window import POLICIES
 from engine.history.store import HistoryStore
 from engine.kv.cache import KvDtype
@@ -75,7 +78,8 @@ class _EphemeralChat(_Chat):
     def __init__(self, model, args, grammar, attachments):
         self.convo = self.target = Conversation.for_model(model, ChatOptions(
             system=args.system, capacity=args.ctx, kv_dtype=args.kv, max_tokens=args.max_tokens,
-            think_off=args.no_think, sampler=sampler_config(args), speculation=args.spec, grammar=grammar),
+            sampler=sampler_config(args), speculation=args.spec, grammar=grammar,
+            thinking_budget=args.thinking_budget, **think_options(args.think)),
             tokenizer=tokenizer_for(model))
         if attachments:
             self.convo.attach(attachments)
@@ -104,7 +108,8 @@ class _StoredChat(_Chat):
             self.settings = {"temperature": args.temp, "top_k": args.top_k, "top_p": args.top_p,
                              "min_p": args.min_p, "repeat_penalty": args.repeat_penalty, "seed": args.seed,
                              "max_tokens": args.max_tokens, "ctx": args.ctx,
-                             "context_policy": args.context_policy,
+                             "context_policy": args.context_policy, "think": args.think,
+                             "thinking_budget": args.thinking_budget,
                              "response_format": grammar and grammar.as_setting()}
             self.system = args.system
             self.session = self._new()
@@ -284,11 +289,13 @@ def _lines(interactive: bool) -> Iterator[str]:
 
 def _reply(chat, text: str) -> None:
     shown = False
+    show = ReplyPrinter()
     try:
         for piece in chat.send(text):
-            print(piece, end="", flush=True)
+            show(piece)
             shown = True
     except KeyboardInterrupt:  # Ctrl-C stops this reply, not the chat
+        show.end_reasoning()
         print(" [stopped]", end="")
     except ContextFull as e:
         print(f"error: {e} (/reset starts over)", file=sys.stderr)
@@ -308,6 +315,7 @@ def _reply(chat, text: str) -> None:
     except FucinaError as e:
         print(f"error: {e}", file=sys.stderr)
         return
+    show.end_reasoning()
     print(flush=True)
     if chat.last_turn is not None:
         print_reply_checks(chat.last_turn.finish_reason, chat.last_turn.schema_warnings)
@@ -350,6 +358,13 @@ def format_stats(turn: TurnResult) -> str:
     return line if s.spec is None else f"{line}\nspeculation: {s.spec.summary()}"
 
 
+def _reasoning_tokens(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("chat", help="chat with a model in the terminal (or answer lines from a pipe)")
     add_model_options(p, optional=True)
@@ -361,7 +376,12 @@ def register(subparsers) -> None:
                    help=f"longest reply in tokens (default {DEFAULT_MAX_TOKENS}, as in the app)")
     p.add_argument("--ctx", type=token_count, default=DEFAULT_CONTEXT,
                    help=f"context size in tokens (default {DEFAULT_CONTEXT})")
-    p.add_argument("--no-think", action="store_true", help="render with the reasoning channel closed")
+    p.add_argument("--think", choices=THINK_CHOICES, default=None,
+                   help="a reasoning model's thinking: on or off (where its template can turn it off), or an "
+                        "effort, low, medium or high (gpt-oss); default: the model's own")
+    p.add_argument("--no-think", dest="think", action="store_const", const="off", help="the same as --think off")
+    p.add_argument("--thinking-budget", type=_reasoning_tokens, metavar="N", default=None,
+                   help="close a reasoning model's reasoning after N tokens of it (forces its closing marker)")
     p.add_argument("--context-policy", choices=POLICIES, default=None,
                    help="a new stored chat that outgrows the context: drop_oldest (the default) leaves the "
                         "oldest turns out of the prompt, stop refuses")

@@ -9,6 +9,7 @@ import time
 
 from app.cli.attach import add_attach_option, attach_documents
 from app.cli.common import add_model_options, open_model
+from app.cli.reply_printer import ReplyPrinter
 from app.cli.sampling import (add_grammar_options, add_sampler_options, grammar_from_args, print_reply_checks,
                               sampler_config)
 from engine import generate
@@ -151,15 +152,17 @@ def generate_attached(args, model, grammar) -> int:
         capacity=capacity, kv_dtype=args.kv, max_tokens=args.max_tokens, sampler=sampler_config(args),
         speculation=args.spec, grammar=grammar), tokenizer=tokenizer)
     convo.attach([a.cartridge for a in attached])
+    show = ReplyPrinter()
     for piece in convo.send(args.prompt):
         if not args.json:
-            print(piece, end="", flush=True)
+            show(piece)
+    show.end_reasoning()
     turn = convo.last_turn
     if turn.finish_reason == "error":
         raise turn.error
     if args.json:
         json.dump({"prompt_ids": convo.history[: len(convo.history) - len(turn.token_ids)], "ids": turn.token_ids,
-                   "text": turn.text, "decode_tps": turn.stats.decode_tps, "ttft_ms": turn.stats.ttft_ms,
+                   "text": turn.text, "reasoning": turn.reasoning, "decode_tps": turn.stats.decode_tps, "ttft_ms": turn.stats.ttft_ms,
                    "finish_reason": turn.finish_reason, "schema_warnings": list(turn.schema_warnings),
                    "spec": None if turn.stats.spec is None else spec_stats(turn.stats.spec),
                    "attachments": [{"name": a.cartridge.name, "id": a.cartridge.id, "tokens": a.cartridge.rows,
