@@ -18,8 +18,8 @@ from PySide6.QtCore import QEvent, QModelIndex, QObject, QPoint, Qt, QTimer, Sig
 from PySide6.QtWidgets import QAbstractSlider, QHBoxLayout, QScrollArea, QVBoxLayout, QWidget
 from shiboken6 import isValid
 
-from app.gui.message_model import (CONTENT_ROLE, MESSAGE_ROLE, SIBLINGS_ROLE, STREAMING_ROLE, TEXT_ROLES,
-                                   MessageModel)
+from app.gui.message_model import (CONTENT_ROLE, MESSAGE_ROLE, REASONING_ROLE, SIBLINGS_ROLE, STREAMING_ROLE,
+                                   TEXT_ROLES, MessageModel)
 from app.gui.message_widget import MessageWidget
 from app.gui.theme import SPACE_L, SPACE_XL, centred
 from app.gui.thinking_indicator import ThinkingIndicator
@@ -189,6 +189,8 @@ class ChatView(QScrollArea):
         for row in range(max(top.row(), self._first), min(bottom.row() + 1, self._last)):
             if roles and set(roles) <= set(TEXT_ROLES):  # streamed text: the card follows it in place
                 self.widgets[row - self._first].set_content(self.model.index(row).data(CONTENT_ROLE))
+            elif roles == [REASONING_ROLE]:  # streamed reasoning, likewise
+                self.widgets[row - self._first].set_reasoning(self.model.index(row).data(REASONING_ROLE))
             elif roles != [STREAMING_ROLE]:  # stored anew (a finished or stopped reply): a card of its new state
                 self._remake(row)
         self._sync_thinking()
@@ -209,9 +211,12 @@ class ChatView(QScrollArea):
             self.thinking.set_wait(text)
 
     def _sync_thinking(self) -> None:
-        """The thinking mark sits in the card of the reply being written until its first text."""
+        """The thinking mark sits in the card of the reply being written until its first text (reasoning,
+        whose own block then says it thinks, or answer)."""
         row, widget = self.model.reply_row, None
-        if row is not None and self._first <= row < self._last and not self.model.index(row).data(CONTENT_ROLE):
+        index = self.model.index(row) if row is not None else None
+        if (index is not None and self._first <= row < self._last and not index.data(CONTENT_ROLE)
+                and not index.data(REASONING_ROLE)):
             widget = self.widgets[row - self._first]
         card = widget and widget.card
         if self.thinking is not None and isValid(self.thinking) and self.thinking.parent() is card:

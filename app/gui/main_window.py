@@ -228,6 +228,7 @@ class MainWindow(QMainWindow):
         worker.conversation_created.connect(self._conversation_created)
         worker.conversation_deleted.connect(self._conversation_deleted)
         worker.reply_text.connect(self._reply_text)
+        worker.reply_reasoning.connect(self._reply_reasoning)
         worker.turn_finished.connect(self._turn_finished)
         worker.prefill_progress.connect(self._prefill_progress)
         worker.reply_progress.connect(self._reply_progress)
@@ -388,6 +389,10 @@ class MainWindow(QMainWindow):
     def _reply_text(self, text: str, turn) -> None:
         if self.streaming and turn is self.client.current_turn:
             self.chat_model.append_reply(text)
+
+    def _reply_reasoning(self, text: str, turn) -> None:
+        if self.streaming and turn is self.client.current_turn:
+            self.chat_model.append_reasoning(text)
 
     def _prefill_progress(self, progress, turn) -> None:
         if self.streaming and turn is self.client.current_turn:

@@ -23,6 +23,7 @@ POSITION_ROLE = Qt.ItemDataRole.UserRole + 5     # (its index among them, how ma
 STOPPED_ROLE = Qt.ItemDataRole.UserRole + 6      # a reply the user stopped before it finished
 FORMAT_ROLE = Qt.ItemDataRole.UserRole + 7       # the response format's kind a reply follows (None: free text)
 STREAMING_ROLE = Qt.ItemDataRole.UserRole + 8    # the reply being written right now
+REASONING_ROLE = Qt.ItemDataRole.UserRole + 9    # a reply's reasoning ("" when it has none)
 TEXT_ROLES = [CONTENT_ROLE, Qt.ItemDataRole.DisplayRole]  # what a streamed piece of text changes
 
 
@@ -91,6 +92,8 @@ class MessageModel(QAbstractListModel):
             return response_format(message)
         if role == STREAMING_ROLE:
             return index.row() == self._reply_row
+        if role == REASONING_ROLE:
+            return message.get("reasoning") or ""
         return None
 
     def _siblings_at(self, message: dict) -> list[str]:
@@ -161,6 +164,13 @@ class MessageModel(QAbstractListModel):
         row = self._rows[self._reply_row]
         self._rows[self._reply_row] = {**row, "content": row["content"] + text}
         self.dataChanged.emit(self.index(self._reply_row), self.index(self._reply_row), TEXT_ROLES)
+
+    def append_reasoning(self, text: str) -> None:
+        if self._reply_row is None or not text:
+            return
+        row = self._rows[self._reply_row]
+        self._rows[self._reply_row] = {**row, "reasoning": row.get("reasoning", "") + text}
+        self.dataChanged.emit(self.index(self._reply_row), self.index(self._reply_row), [REASONING_ROLE])
 
     def end_reply(self) -> None:
         """The reply ended (or was abandoned); its row stays until the store's version replaces it."""

@@ -1,5 +1,5 @@
 """One message in the chat: a rounded card (the user's on the accent's tint, indented from the left; replies
-full width) with who wrote it, its text, the ‹ 1/2 › switcher between alternatives, a "stopped" mark on a
+full width) with who wrote it, a reply's reasoning folded above its answer (app.gui.thinking_block), its text, the ‹ 1/2 › switcher between alternatives, a "stopped" mark on a
 reply the user stopped, Show more / less on a long message, and its actions as icon buttons (copy;
 regenerate on the last reply, or answer a last user message left without one; edit on user messages,
 which makes a new branch; delete), shown while the pointer is over the card or the focus is in it."""
@@ -16,6 +16,7 @@ from app.gui.json_view import JSON_FORMATS, JsonView
 from app.gui.markdown_view import SELECTABLE, MarkdownView
 from app.gui.message_model import is_stopped, response_format
 from app.gui.theme import SPACE_L, SPACE_M, repolish
+from app.gui.thinking_block import ThinkingBlock
 
 ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
 USER_INDENT_PX = 96          # the user's cards sit to the right, as in other chat apps
@@ -77,6 +78,11 @@ class MessageWidget(QWidget):
         self.column.setContentsMargins(SPACE_L, 10, SPACE_L - 4, SPACE_L - 2)
         self.column.setSpacing(6)
         self.column.addLayout(self.header)
+        self.thinking_block: ThinkingBlock | None = None
+        if message.get("reasoning"):
+            reasoning_ms = (message.get("meta") or {}).get("reasoning_ms")
+            self._add_thinking_block(ThinkingBlock(message["reasoning"],
+                                                   None if reasoning_ms is None else reasoning_ms / 1e3))
         self.column.addWidget(self.body)
         self.expand_button = self._add_expander()
         self.editor: QWidget | None = None
@@ -95,12 +101,26 @@ class MessageWidget(QWidget):
     def set_content(self, text: str) -> None:
         """Streaming: the reply so far."""
         self.message = {**self.message, "content": text}
+        if text and self.thinking_block is not None:
+            self.thinking_block.finish()
         if isinstance(self.body, MarkdownView):
             self.body.set_markdown(text)
         elif isinstance(self.body, JsonView):
             self.body.set_text(text)
         else:
             self.body.setText(text)
+
+    def set_reasoning(self, reasoning: str) -> None:
+        """Streaming: the reasoning so far (the block opens above the answer with its first text)."""
+        self.message = {**self.message, "reasoning": reasoning}
+        if self.thinking_block is None:
+            self._add_thinking_block(ThinkingBlock(reasoning, live=True))
+        else:
+            self.thinking_block.set_text(reasoning)
+
+    def _add_thinking_block(self, block: ThinkingBlock) -> None:
+        self.thinking_block = block
+        self.column.insertWidget(1, block)  # under the header, above the answer
 
     def tab_stops(self) -> list[QWidget]:
         """What Tab stops at in the card, in the order shown: the card, its buttons (a code block's Copy too)."""

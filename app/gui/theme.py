@@ -117,6 +117,9 @@ QLabel#roleLabel {{ font-weight: 600; }}
 QLabel[tone="muted"] {{ color: {c.muted}; font-size: {FONT_SMALL}pt; }}
 QLabel#stoppedMark, QLabel#replyMark {{ color: {c.accent}; border: 1px solid {c.accent}; border-radius: 8px; padding: 0 6px;
     font-size: {FONT_SMALL}pt; }}
+#thinkingBlock QToolButton {{ color: {c.muted}; padding: 2px 6px 2px 0; }}
+QLabel#thinkingText {{ color: {c.muted}; border-left: 2px solid {c.border}; padding: 2px 0 2px 10px;
+    font-size: {FONT_SMALL}pt; }}
 QFrame#quote {{ background: {c.quote}; border: none; border-left: 3px solid {c.accent}; border-radius: 4px; }}
 QLabel#math {{ font-family: "DejaVu Serif", "Cambria Math", serif; font-style: italic; font-size: 12pt; }}
 QFrame#codeBlock {{ border: 1px solid {c.border}; border-radius: {RADIUS_CONTROL}px; }}

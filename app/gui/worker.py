@@ -31,6 +31,7 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from app.gui.document_jobs import DocumentAttacher
 from app.local_server import LocalServer
+from engine.chat.reasoning import Thought
 from engine.platform import warmup
 from engine.platform.catalog import resolve_model
 from engine.errors import FucinaError, HistoryError, RemoteConnectionLost, StoreError
@@ -99,7 +100,8 @@ class DecodeRate:
 
 
 class TextBatcher:
-    """Collects streamed text pieces and hands them on at most every `interval` seconds."""
+    """Collects streamed text pieces and hands them on at most every `interval` seconds. Pieces of a reply's
+    reasoning (Thought) and of its answer are never joined: a change of kind hands on what was collected."""
 
     def __init__(self, emit: Callable[[str], None], interval: float = FLUSH_INTERVAL_S):
         self._emit, self._interval = emit, interval
@@ -107,6 +109,8 @@ class TextBatcher:
         self._last: float | None = None  # when the last batch went out; None: the first piece goes at once
 
     def add(self, piece: str) -> None:
+        if self._pending and type(self._pending[-1]) is not type(piece):
+            self.flush()
         self._pending.append(piece)
         now = time.monotonic()
         if self._last is None or now - self._last >= self._interval:
@@ -115,7 +119,8 @@ class TextBatcher:
 
     def flush(self) -> None:
         if self._pending:
-            self._emit("".join(self._pending))
+            kind = type(self._pending[0])
+            self._emit(kind("".join(self._pending)))
             self._pending.clear()
 
 
@@ -138,6 +143,7 @@ class EngineWorker(QObject):
     conversation_created = Signal(str, object)  # a new chat's first message made it a conversation; the turn
     # A turn is identified by its cancel event, so the UI can ignore a turn it has abandoned.
     reply_text = Signal(str, object)      # the next coalesced piece of the reply, the turn
+    reply_reasoning = Signal(str, object)  # the next coalesced piece of the reply's reasoning, the turn
     turn_finished = Signal(object, object)  # conversation id (None: none was made), the turn; stored now
     # PrefillProgress, the turn; emitted on the engine service's compute thread, where the prompt is read
     # (a receiver on this thread would hear of it only after the turn)
@@ -310,7 +316,7 @@ class EngineWorker(QObject):
         reading: tuple[PrefillProgress, int] | None = None  # the last slice reported, and the reading thread
 
         def reply_batch(text: str) -> None:
-            self.reply_text.emit(text, cancel)
+            (self.reply_reasoning if isinstance(text, Thought) else self.reply_text).emit(text, cancel)
             self.reply_progress.emit(rate.progress(session.reply_tokens, time.monotonic()), cancel)
 
         def progress(done: int, total: int) -> None:
