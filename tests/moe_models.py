@@ -23,15 +23,19 @@ from gguf.constants import GGMLQuantizationType as T
 from tests.synthetic import CHATML_TOKENS, write_tiny_model
 
 ARCH = "qwen3moe"
-N_EXPERT, N_USED, N_FF_EXP = 8, 2, 256
+N_LAYERS, N_EXPERT, N_USED, N_FF_EXP = 2, 8, 2, 256
 ROUTER_STD = 0.25  # router logits of normed rows spread ~ 0.25 * sqrt(256) = 4
 EMBED_STD = 0.15  # logits (tied output) spread ~ 0.15 * sqrt(256) = 2.4, as a real model's
 # Random Q4_K blocks' scales: weights of about the default spread (larger ones overflow the activations)
 Q4_K_BLOCK_SCALES = (2e-4, 8e-4)
 
 SEED = 10
-# variant name -> the experts' format
-VARIANTS = {"f32": T.F32, "q8_0": T.Q8_0, "q4_k": T.Q4_K}
+# Every router row zero: all experts tie in every row, and the top k are the k lowest indices if the tie
+# order is llama.cpp's (its stable sort of few experts).
+TIED_ROUTERS = {f"blk.{i}.ffn_gate_inp.weight": 0.0 for i in range(N_LAYERS)}
+# variant name -> (the experts' format, what else its file has otherwise)
+VARIANTS = {"f32": (T.F32, {}), "q8_0": (T.Q8_0, {}), "q4_k": (T.Q4_K, {}),
+            "f32-tied-routers": (T.F32, {"fill": TIED_ROUTERS})}
 
 # The token ids fed to both forwards: a fixed random sequence over the vocabulary.
 TOKENS = [int(t) for t in np.random.default_rng(26).integers(0, len(CHATML_TOKENS), 32)]
@@ -45,9 +49,9 @@ def moe_metadata(n_expert: int = N_EXPERT, n_used: int = N_USED, n_ff_exp: int =
 def write_moe_model(path: Path | str, variant: str = "f32", *, seed: int = SEED, **overrides) -> None:
     """The tiny qwen3moe model of `variant` (a key of VARIANTS); `overrides` go to write_tiny_model (a
     hostile file: other metadata, left-out tensors)."""
-    expert_qtype = VARIANTS[variant]
-    kwargs = {"n_layers": 2, "n_embd": 256, "n_head": 4, "n_head_kv": 2, "n_ff": N_FF_EXP * N_USED,
+    expert_qtype, variant_kwargs = VARIANTS[variant]
+    kwargs = {"n_layers": N_LAYERS, "n_embd": 256, "n_head": 4, "n_head_kv": 2, "n_ff": N_FF_EXP * N_USED,
               "qtype": T.F32, "expert_qtype": expert_qtype, "block_scales": Q4_K_BLOCK_SCALES,
               "std": {"ffn_gate_inp.weight": ROUTER_STD, "token_embd.weight": EMBED_STD},
               "family_metadata": moe_metadata(), "tokenizer": True, "tokenizer_pre": "qwen2", "seed": seed}
-    write_tiny_model(path, ARCH, **(kwargs | overrides))
+    write_tiny_model(path, ARCH, **(kwargs | variant_kwargs | overrides))
