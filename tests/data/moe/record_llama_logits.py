@@ -89,6 +89,8 @@ def main() -> None:
     parser.add_argument("--commit", default="", help="the llama.cpp commit the library was built from, to record")
     args = parser.parse_args()
     llama = llama_ctypes(args.lib, args.binding)
+    quiet = llama.llama_log_callback(lambda level, text, data: None)  # kept: the library calls it
+    llama.llama_log_set(quiet, None)
     llama.llama_backend_init()
     with tempfile.TemporaryDirectory() as tmp:
         for variant in VARIANTS:
