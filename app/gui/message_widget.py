@@ -79,10 +79,11 @@ class MessageWidget(QWidget):
         self.column.setSpacing(6)
         self.column.addLayout(self.header)
         self.thinking_block: ThinkingBlock | None = None
-        if message.get("reasoning"):
+        if message.get("reasoning"):  # a card built while the reply still reasons shows it live
             reasoning_ms = (message.get("meta") or {}).get("reasoning_ms")
-            self._add_thinking_block(ThinkingBlock(message["reasoning"],
-                                                   None if reasoning_ms is None else reasoning_ms / 1e3))
+            self._add_thinking_block(ThinkingBlock(
+                message["reasoning"], None if reasoning_ms is None else reasoning_ms / 1e3,
+                live=self.message_id is None and not message["content"]))
         self.column.addWidget(self.body)
         self.expand_button = self._add_expander()
         self.editor: QWidget | None = None

@@ -35,7 +35,7 @@ class ThinkingBlock(QWidget):
         self.body.setTextInteractionFlags(SELECTABLE)
         self.body.setProperty("tone", "muted")
         column = QVBoxLayout(self)
-        column.setContentsMargins(0, 0, 0, 0)
+        column.setContentsMargins(0, 0, 0, 6)  # apart from the answer below
         column.setSpacing(2)
         column.addWidget(self.toggle, 0, Qt.AlignmentFlag.AlignLeft)
         column.addWidget(self.body)

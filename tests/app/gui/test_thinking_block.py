@@ -50,6 +50,16 @@ def test_a_streaming_reply_shows_its_reasoning_open_then_folded_with_its_duratio
     assert block.expanded and block.body.isVisibleTo(card)
 
 
+def test_a_card_built_while_the_reply_reasons_shows_it_live(qtbot):
+    model = MessageModel(lambda _id: [])
+    model.begin_reply(0, "Hi")
+    model.append_reasoning("Still thinking")
+    view = ChatView(model)  # built now: the row already holds reasoning
+    qtbot.addWidget(view)
+    block = view.widgets[-1].thinking_block
+    assert block.expanded and block.toggle.text() == "Thinking…"
+
+
 def test_a_stored_reply_shows_its_reasoning_folded_above_the_answer(qtbot):
     model = MessageModel(lambda _id: [])
     view = ChatView(model)
