@@ -1,14 +1,17 @@
 """qwen3moe on the tiny random models of tests/moe_models.py: the row-wise contract (m rows in one call are,
-bit for bit, the tokens fed one at a time), the experts read in place from the file, and malformed files
-refused with errors that name the key or tensor."""
+bit for bit, the tokens fed one at a time; so speculative decoding yields the plain ids), the experts read
+in place from the file, and malformed files refused with errors that name the key or tensor."""
 
 import numpy as np
 import pytest
 from gguf.constants import GGUFValueType as V
 
+from engine import generate
 from engine.errors import ConfigError, GGUFError, UnsupportedOnBackend, WeightShapeError
 from engine.models import load_model
 from engine.models.experts import MoeFfn
+from engine.sampling import Sampler, SamplerConfig
+from engine.speculative import Stats, stream
 from kernels.backend import OP_MOE_FFN
 from kernels.cpu.backend import CpuBackend
 from tests.moe_models import ARCH, N_EXPERT, N_FF_EXP, TOKENS, VARIANTS, write_moe_model
@@ -17,7 +20,7 @@ ROW_COUNTS = (1, 2, 5, 8, 17)  # one call of each size, in turn, after a short p
 PROMPT = TOKENS[:4]
 
 
-@pytest.fixture(scope="module", params=list(VARIANTS))
+@pytest.fixture(scope="module", params=[v for v, (_, extra) in VARIANTS.items() if not extra])  # each format
 def model(request, tmp_path_factory):
     path = tmp_path_factory.mktemp("moe") / f"{request.param}.gguf"
     write_moe_model(path, request.param)
@@ -48,6 +51,17 @@ def test_a_batched_decode_step_equals_each_conversation_alone(model):
     step = [7, 100, 258]
     expected = np.stack([model.forward([t], c) for t, c in zip(step, alone)])
     np.testing.assert_array_equal(model.decode_batch(step, batched), expected)
+
+
+@pytest.mark.parametrize("config", [SamplerConfig(), SamplerConfig(temperature=0.8, top_k=20, seed=3)],
+                         ids=["greedy", "seeded"])
+def test_speculative_decoding_yields_the_plain_ids(model, config, monkeypatch):
+    monkeypatch.setattr(stream, "verify_cost_table", lambda model: {m: 1.0 for m in range(1, 18)})  # drafts pay
+    prompt = TOKENS[:6] * 3
+    plain = list(generate.sample(model, prompt, 40, Sampler(config)))
+    stats = Stats()
+    assert list(generate.sample_speculative(model, prompt, 40, Sampler(config), stats=stats)) == plain
+    assert stats.spec_steps > 0
 
 
 def test_every_layer_is_experts_read_in_place_from_the_file(model):
