@@ -35,6 +35,7 @@ from starlette.routing import Route
 from starlette.concurrency import run_in_threadpool
 
 from app.server_requests import ApiError, Call, Limits, parse_chat, parse_completion, parse_embeddings, parse_json
+from engine.chat.reasoning import Thought
 from engine.errors import ContextFull, FucinaError
 from engine.serving.service import EngineService, Job, JobResult, ServiceBusy, ServiceClosed
 
@@ -124,7 +125,8 @@ class _Server:
         call = parse(body, self.limits)
         self._check_model(call.model)
         try:
-            ids = (self.service.chat_prompt(call.messages) if call.messages is not None
+            ids = (self.service.chat_prompt(call.messages, reasoning_effort=call.reasoning_effort)
+                   if call.messages is not None
                    else self.service.text_prompt(call.prompt))
         except FucinaError as e:  # a chat the template cannot render (a trailing assistant message, ...)
             raise ApiError(400, str(e), param="messages", code="invalid_value") from None
@@ -233,14 +235,19 @@ class _Shape:
     def __init__(self, whole: str, chunk: str, id_prefix: str, chat: bool):
         self.whole, self.chunk, self.id_prefix, self.chat = whole, chunk, id_prefix, chat
 
-    def choice(self, text: str | None, finish: str | None, *, delta: bool, role: bool = False) -> dict:
+    def choice(self, text: str | None, finish: str | None, *, delta: bool, role: bool = False,
+               reasoning: str = "") -> dict:
+        """A chat's reasoning goes apart from its content (reasoning_content, as llama-server and vLLM send
+        it): a streamed reasoning piece (Thought) is a delta of its own."""
         choice: dict = {"index": 0}
         if not self.chat:
             choice["text"] = text or ""
         elif delta:
-            choice["delta"] = ({"role": "assistant"} if role else {}) | ({} if text is None else {"content": text})
+            field = "reasoning_content" if isinstance(text, Thought) else "content"
+            choice["delta"] = ({"role": "assistant"} if role else {}) | ({} if text is None else {field: text})
         else:
-            choice["message"] = {"role": "assistant", "content": text}
+            choice["message"] = {"role": "assistant", "content": text} | (
+                {"reasoning_content": reasoning} if reasoning else {})
         return choice | {"logprobs": None, "finish_reason": finish}
 
 
@@ -259,7 +266,8 @@ class _Reply:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices} | extra
 
     def whole(self, text: str, result: JobResult) -> dict:
-        choice = self.shape.choice(text, FINISH_REASONS[result.finish_reason], delta=False)
+        choice = self.shape.choice(text, FINISH_REASONS[result.finish_reason], delta=False,
+                                   reasoning=result.reasoning)
         return self._body(self.shape.whole, [choice], usage=_usage(result), fucina=_extension(result))
 
     def opening(self) -> dict:

@@ -15,6 +15,7 @@ import secrets
 from typing import Any
 
 from engine.chat import Message
+from engine.chat.options import EFFORTS
 from engine.errors import InvalidGrammar
 from engine.sampling import CHAT_DEFAULTS, SamplerConfig
 from engine.sampling.grammar import Grammar
@@ -58,10 +59,12 @@ class Call:
     stop: tuple[str, ...]
     grammar: Grammar | None
     speculation: bool
+    reasoning_effort: str | None = None  # how hard a reasoning model thinks, where its template reads it
 
     def request(self, ids: list[int]) -> GenerationRequest:
+        # a chat's reply comes with its reasoning apart; a completion continues the raw text
         return GenerationRequest(tuple(ids), self.max_tokens, self.sampler, self.stop, self.grammar,
-                                 self.speculation)
+                                 self.speculation, split_reasoning=self.messages is not None)
 
 
 def parse_json(body: bytes) -> dict:
@@ -139,7 +142,16 @@ def _call(body: dict, limits: Limits, *, messages, prompt) -> Call:
         freq_penalty=_number(body, "frequency_penalty", -2.0, 2.0, 0.0),
         seed=secrets.randbits(63) if seed is None else seed)
     return Call(model, stream, include_usage, messages, prompt, max_tokens, sampler, _stop(body),
-                _response_format(body), _boolean(body, "speculation", limits.speculation))
+                _response_format(body), _boolean(body, "speculation", limits.speculation),
+                _reasoning_effort(body))
+
+
+def _reasoning_effort(body: dict) -> str | None:
+    effort = body.get("reasoning_effort")
+    if effort is not None and effort not in EFFORTS:
+        raise ApiError(400, f"'reasoning_effort' must be one of {', '.join(EFFORTS)}, got {effort!r}",
+                       param="reasoning_effort", code="invalid_value")
+    return effort
 
 
 def _messages(body: dict) -> list[Message]:
@@ -156,7 +168,12 @@ def _messages(body: dict) -> list[Message]:
         if role not in ROLES:
             raise ApiError(400, f"'{where}.role' must be one of {', '.join(ROLES)}, got {role!r}",
                            param=f"{where}.role", code="invalid_value")
-        out.append(Message(ROLES[role], _content(m.get("content"), f"{where}.content")))
+        reasoning = m.get("reasoning_content")  # a past reply's reasoning, as this server returns it
+        if reasoning is not None and (role != "assistant" or not isinstance(reasoning, str)):
+            raise ApiError(400, f"'{where}.reasoning_content' must be a string, on an assistant message",
+                           param=f"{where}.reasoning_content", code="invalid_value")
+        out.append(Message(ROLES[role], _content(m.get("content"), f"{where}.content"),
+                           _text(reasoning or "", f"{where}.reasoning_content")))
     return out
 
 

@@ -21,6 +21,7 @@ class ChatOptions:
     think_off: bool = False              # render with the reasoning channel closed (ChatML, Gemma 4)
     reasoning_effort: str | None = None  # one of EFFORTS, for templates that read it (gpt-oss)
     thinking_budget: int | None = None   # reasoning tokens before its closing marker is forced
+    split_reasoning: bool = True  # tell a reply's reasoning from its answer (off: the raw text, a completion's)
     sampler: SamplerConfig = SamplerConfig()
     extra_stop_ids: tuple[int, ...] = ()
     stop_sequences: tuple[str, ...] = ()  # a reply stops before the token that completes one

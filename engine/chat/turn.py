@@ -132,7 +132,7 @@ class Turn:
             c.sampler.processor.reset()
             c.sampler.processor.set_budget(c.options.max_tokens)  # a grammar's reply ends whole within it
         c._decoder.reset()
-        fmt = c.template.reasoning
+        fmt = c.template.reasoning if c.options.split_reasoning else None
         if fmt is not None:
             tail = b"".join(c.tokenizer.token_bytes(t) for t in self.request.ids[-_TAIL_TOKENS:])
             self.splitter = ReasoningSplitter(fmt, tail.decode("utf-8", "replace"))

@@ -70,6 +70,7 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     grammar: Grammar | None = None
     speculation: bool = True
+    split_reasoning: bool = True  # a chat's reply (reasoning apart); off: a completion's raw text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,17 +85,18 @@ class JobResult:
     speculation: dict | None = None  # the speculative decoder's counts, on a speculative reply
     error: BaseException | None = None
     schema_warnings: tuple[str, ...] = ()  # a JSON schema reply's post-checked violations
+    reasoning: str = ""  # what the reply reasoned before its answer (`text`)
 
     @classmethod
     def of_turn(cls, turn: TurnResult) -> "JobResult":
         s = turn.stats
         return cls(turn.text, turn.finish_reason, s.prompt_tokens, s.reused_tokens, s.generated_tokens,
                    s.ttft_ms, s.decode_tps, None if s.spec is None else dataclasses.asdict(s.spec), turn.error,
-                   turn.schema_warnings)
+                   turn.schema_warnings, turn.reasoning)
 
 
 T = TypeVar("T")
-Event = str | JobResult  # text pieces, then one JobResult
+Event = str | JobResult  # text pieces (a reasoning piece is a Thought), then one JobResult
 Sink = Callable[[Event], None]
 
 
@@ -256,10 +258,11 @@ class EngineService:
 
     # -- prompts (any thread) ---------------------------------------------------------------------------
 
-    def chat_prompt(self, messages: Sequence[Message]) -> list[int]:
+    def chat_prompt(self, messages: Sequence[Message], *, reasoning_effort: str | None = None) -> list[int]:
         """A chat rendered with the model's template, ready to answer, as ids."""
         with self._render_lock:
-            return self.tokenizer.encode(self.template.render_messages(list(messages)), add_special=True)
+            text = self.template.render_messages(list(messages), reasoning_effort=reasoning_effort)
+            return self.tokenizer.encode(text, add_special=True)
 
     def text_prompt(self, text: str) -> list[int]:
         """Raw text to continue, as ids (with the model's BOS where it takes one)."""
@@ -421,7 +424,8 @@ class EngineService:
             slot.job, slot.last_used, slot.before = job, self._clock, slot.convo.last_turn
             slot.convo.reconfigure(ChatOptions(capacity=self.capacity, kv_dtype=self.kv_dtype,
                                                max_tokens=r.max_tokens, sampler=r.sampler, stop_sequences=r.stop,
-                                               grammar=r.grammar, speculation=r.speculation))
+                                               grammar=r.grammar, speculation=r.speculation,
+                                               split_reasoning=r.split_reasoning))
             slot.stream = slot.convo.send_tokens(ids, job.cancel_event, reuse=True, batched=True)
         except Exception as e:
             traceback.print_exc(file=sys.stderr)
