@@ -30,10 +30,16 @@ class MoeArgs:
     normalize: bool = True  # the selected weights divided by their sum
     scale: float = 1.0  # then multiplied by this
 
+    @staticmethod
+    def names(p: str) -> tuple[str, str, str, str]:
+        """The router's and the stacked gate, up and down tensors' names in layer `p`."""
+        return tuple(f"{p}ffn_{w}.weight" for w in ("gate_inp", "gate_exps", "up_exps", "down_exps"))
+
     def tensors(self, p: str, n_embd: int) -> list[TensorSpec]:
         e, f = self.n_expert, self.n_ff
-        return [matrix(p + "ffn_gate_inp.weight", e, n_embd), experts(p + "ffn_gate_exps.weight", e, f, n_embd),
-                experts(p + "ffn_up_exps.weight", e, f, n_embd), experts(p + "ffn_down_exps.weight", e, n_embd, f)]
+        router, gate, up, down = self.names(p)
+        return [matrix(router, e, n_embd), experts(gate, e, f, n_embd), experts(up, e, f, n_embd),
+                experts(down, e, n_embd, f)]
 
     def build(self, file: GGUFFile, p: str, layer: int, n_embd: int, backend: Backend) -> "MoeFfn":
         return MoeFfn(self, file, p, n_embd, backend)
@@ -54,11 +60,12 @@ class MoeArgs:
 class MoeFfn:
     def __init__(self, args: MoeArgs, file: GGUFFile, p: str, n_embd: int, backend: Backend):
         self.backend = backend
-        self.router = LinearWeight.load(file, p + "ffn_gate_inp.weight", args.n_expert, n_embd, backend)
+        router, gate, up, down = args.names(p)
         e, f = args.n_expert, args.n_ff
-        self.experts = MoeSpec(gate=load_experts(file, p + "ffn_gate_exps.weight", e, f, n_embd, backend),
-                               up=load_experts(file, p + "ffn_up_exps.weight", e, f, n_embd, backend),
-                               down=load_experts(file, p + "ffn_down_exps.weight", e, n_embd, f, backend),
+        self.router = LinearWeight.load(file, router, e, n_embd, backend)
+        self.experts = MoeSpec(gate=load_experts(file, gate, e, f, n_embd, backend),
+                               up=load_experts(file, up, e, f, n_embd, backend),
+                               down=load_experts(file, down, e, n_embd, f, backend),
                                n_used=args.n_used, gating=args.gating, normalize=args.normalize, scale=args.scale)
 
     def __call__(self, h, row_wise: bool):
