@@ -1,5 +1,6 @@
 """Per-conversation settings: system prompt, sampler, reply length, context length, what happens when the
-chat outgrows the context (the context policy) and the response format, with named presets; and the
+chat outgrows the context (the context policy), a reasoning model's thinking (on, off or an effort, and a
+budget of reasoning tokens) and the response format, with named presets; and the
 settings of every chat, speculative decoding, the documents' disk budget and the backend the model runs on.
 
 The dialog edits a settings dict shaped like the store's: {"system_prompt": str | None, "sampler": {...}}
@@ -26,6 +27,10 @@ DEFAULT_SAMPLER = {"temperature": CHAT_DEFAULTS.temperature, "top_k": CHAT_DEFAU
 RANDOM_SEED = -1  # the seed box's lowest value, shown as "random"
 CONTEXT_POLICIES = {"drop_oldest": "Leave the oldest turns out (the system prompt stays)",
                     "stop": "Stop and say so"}
+# a chat's `think` setting (engine.chat.options.THINK_CHOICES); None: the model's own default
+THINKING = {None: "The model's default", "on": "On", "off": "Off (where the model can)",
+            "low": "Low effort", "medium": "Medium effort", "high": "High effort"}
+NO_BUDGET = -1  # the thinking budget box's lowest value, shown as "no limit"
 
 
 def _double(low: float, high: float, step: float, decimals: int = 2) -> QDoubleSpinBox:
@@ -77,6 +82,17 @@ class SettingsDialog(QDialog):
             box.setAccessibleName(labels[key])
             form.addRow(labels[key], box)
         form.addRow("When the context is full", self.context_policy)
+        self.thinking = QComboBox()
+        for value, label in THINKING.items():
+            self.thinking.addItem(label, value)
+        self.thinking.setAccessibleName("Thinking")
+        self.thinking.setToolTip("A reasoning model's thinking before it answers (Qwen3, DeepSeek-R1, gpt-oss)")
+        self.thinking_budget = _int(NO_BUDGET, 131_072, 64)
+        self.thinking_budget.setSpecialValueText("no limit")
+        self.thinking_budget.setAccessibleName("Thinking budget (tokens)")
+        self.thinking_budget.setToolTip("After this many tokens of reasoning the model is made to answer")
+        form.addRow("Thinking", self.thinking)
+        form.addRow("Thinking budget (tokens)", self.thinking_budget)
         self.response_format = ResponseFormatEditor()
         form.addRow("Response format", self.response_format)
         self.system_prompt.setAccessibleName("System prompt")
@@ -157,6 +173,9 @@ class SettingsDialog(QDialog):
             box.setValue(sampler[key])
         self.context_policy.setCurrentIndex(self.context_policy.findData(sampler["context_policy"]))
         self.response_format.set_format(sampler.get("response_format"))
+        self.thinking.setCurrentIndex(self.thinking.findData(sampler.get("think")))
+        budget = sampler.get("thinking_budget")
+        self.thinking_budget.setValue(NO_BUDGET if budget is None else budget)
 
     def settings(self) -> dict:
         sampler = {key: box.value() for key, box in self.fields.items()}
@@ -165,6 +184,10 @@ class SettingsDialog(QDialog):
             del sampler["seed"]
         if self.response_format.format() is not None:
             sampler["response_format"] = self.response_format.format()
+        if self.thinking.currentData() is not None:
+            sampler["think"] = self.thinking.currentData()
+        if self.thinking_budget.value() != NO_BUDGET:
+            sampler["thinking_budget"] = self.thinking_budget.value()
         return {"system_prompt": self.system_prompt.toPlainText().strip() or None, "sampler": sampler}
 
     def _fill_presets(self) -> None:

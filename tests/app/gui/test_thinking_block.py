@@ -112,3 +112,18 @@ def test_a_reply_with_reasoning_through_the_window(qtbot, open_window, scripted_
     reply = window.chat_view.widgets[-1]
     assert reply.content == ANSWER and reply.thinking_block.text == REASONING
     assert reply.thinking_block.toggle.text().startswith("Thought for ") and not reply.thinking_block.expanded
+
+
+def test_the_settings_dialog_edits_a_chats_thinking(qtbot, tmp_path):
+    from app.gui.preferences import Preferences
+    from app.gui.settings_dialog import SettingsDialog
+    from engine.history.validate import check_sampler
+
+    dialog = SettingsDialog({"system_prompt": None, "sampler": {"think": "high", "thinking_budget": 512}},
+                            Preferences(tmp_path / "gui.ini"))
+    qtbot.addWidget(dialog)
+    sampler = dialog.settings()["sampler"]
+    assert (sampler["think"], sampler["thinking_budget"]) == ("high", 512)
+    assert check_sampler(sampler) == sampler  # what the store takes
+    dialog.apply({"system_prompt": None, "sampler": {}})
+    assert not {"think", "thinking_budget"} & set(dialog.settings()["sampler"])  # the model's default, no limit
