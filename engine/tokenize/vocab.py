@@ -153,5 +153,9 @@ def _end_of_generation(vocab: Vocab) -> frozenset[int]:
             eog.add(vocab.ids[text])
             promote(vocab.ids[text])
     eog.add(vocab.eos_id)
+    # gpt-oss's harmony format (llama.cpp's workaround): where <|return|> and <|call|> end a reply, <|end|>
+    # ends only one of its messages (the reasoning's analysis channel, before the final answer)
+    if "<|return|>" in vocab.ids and "<|call|>" in vocab.ids and vocab.ids.get("<|end|>") != vocab.eos_id:
+        eog.discard(vocab.ids.get("<|end|>"))
     eog.discard(None)
     return frozenset(eog)

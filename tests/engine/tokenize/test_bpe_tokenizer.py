@@ -110,3 +110,11 @@ def test_word_cache_starts_over_when_full(monkeypatch):
     assert tok.decode(tok.encode(second)) == second  # overflows: the cache is rebuilt for this text
     assert set(tok._words) == {"ef", " gh", " ij", " kl"}
     assert tok.decode(tok.encode(first)) == first
+
+
+def test_harmony_ends_a_reply_at_return_or_call_not_at_a_messages_end():
+    # gpt-oss: <|end|> closes the reasoning's message, and the final answer follows (llama.cpp's workaround)
+    harmony = tiny_bpe(["<|end|>", "<|return|>", "<|call|>", "a"], [], eos_id=1)
+    assert {0, 1, 2} & harmony.eog_ids == {1, 2}
+    alone = tiny_bpe(["<|end|>", "a"], [], eos_id=1)  # a model whose turns end at <|end|> (Phi-3)
+    assert 0 in alone.eog_ids
