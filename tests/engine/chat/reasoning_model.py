@@ -35,3 +35,29 @@ def write_reasoning_model(path):
     metadata = {k: (v, kinds[type(v)]) for k, v in reasoning_metadata().items()}
     write_tiny_model(path, "llama", vocab=len(metadata["tokenizer.ggml.tokens"][0]), metadata=metadata)
     return path
+
+
+HARMONY_MARKERS = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>"]
+# gpt-oss's template in short: the generation prompt opens an assistant message whose channel the model writes
+HARMONY_LIKE_TEMPLATE = (
+    "{%- for m in messages %}{{ '<|start|>' + m.role + '<|message|>' + m.content + '<|end|>' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|start|>assistant' }}{%- endif %}"
+    "{#- analysis and final channels, as gpt-oss writes them: <|channel|>analysis #}")
+
+
+def harmony_metadata() -> dict:
+    """The byte-level vocabulary with gpt-oss's harmony markers as control tokens, <|return|> its end."""
+    meta = byte_level_chatml_metadata()
+    tokens = meta["tokenizer.ggml.tokens"] + HARMONY_MARKERS
+    meta["tokenizer.ggml.tokens"] = tokens
+    meta["tokenizer.ggml.token_type"] = meta["tokenizer.ggml.token_type"] + [3] * len(HARMONY_MARKERS)
+    meta["tokenizer.ggml.eos_token_id"] = tokens.index("<|return|>")
+    meta["tokenizer.chat_template"] = HARMONY_LIKE_TEMPLATE
+    return meta
+
+
+def write_harmony_model(path):
+    kinds = {str: V.STRING, bool: V.BOOL, int: V.UINT32, list: V.ARRAY}
+    metadata = {k: (v, kinds[type(v)]) for k, v in harmony_metadata().items()}
+    write_tiny_model(path, "llama", vocab=len(metadata["tokenizer.ggml.tokens"][0]), metadata=metadata)
+    return path

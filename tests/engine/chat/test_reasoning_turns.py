@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from engine.chat import ChatOptions, Conversation, Format, JinjaTemplate, Message, Template, template_for_model
-from engine.chat.reasoning import THINK, Thought
+from engine.chat.reasoning import HARMONY, THINK, Thought
 from engine.chat.thinking_budget import ThinkingBudget
 from engine.speculative import stream
 from engine.tokenize import load_tokenizer
@@ -139,3 +139,37 @@ def test_speculative_turns_equal_plain_ones_with_reasoning(thinker):
                                                         speculation=speculation))
         out.append([split(c.send("hi")), split(c.send("again")), c.history])
     assert out[0] == out[1]
+
+
+HARMONY_REPLY = ("<|channel|>analysis<|message|>Simple sum.<|end|>"
+                 "<|start|>assistant<|channel|>final<|message|>It is 4.")
+
+
+@pytest.fixture(scope="module")
+def harmony(tmp_path_factory):
+    from engine.models import load_model
+    from tests.engine.chat.reasoning_model import write_harmony_model
+
+    model = load_model(write_harmony_model(tmp_path_factory.mktemp("harmony") / "harmony.gguf"))
+    return model, load_tokenizer(model.file.metadata)
+
+
+def test_a_harmony_reply_goes_past_the_analysis_message_to_its_final_answer(harmony):
+    model, tok = harmony
+    convo = Conversation.for_model(model, ChatOptions(processor=Script(
+        tok.encode(HARMONY_REPLY, add_special=False) + [tok.eos_id])))
+    assert convo.template.reasoning is HARMONY
+    assert split(convo.send("2+2?")) == ("Simple sum.", "It is 4.")
+    assert convo.last_turn.finish_reason == "stop"
+
+
+def test_a_harmony_budget_forces_the_end_of_analysis_and_the_final_channels_header(harmony):
+    model, tok = harmony
+    script = tok.encode("<|channel|>analysis<|message|>" + "x" * 80, add_special=False)
+    convo = Conversation.for_model(model, ChatOptions(processor=Script(script), thinking_budget=4, max_tokens=60))
+    reasoning, answer = split(convo.send("2+2?"))
+    ids = convo.last_turn.token_ids
+    opened = len(tok.encode("<|channel|>analysis<|message|>", add_special=False))
+    closer = tok.encode(HARMONY.closer, add_special=False)
+    assert reasoning == "xxxx" and ids[opened + 4:opened + 4 + len(closer)] == closer
+    assert answer == "x" * (60 - opened - 4 - len(closer))  # the final channel: the script's text goes on
