@@ -19,6 +19,7 @@ from typing import Iterator, Sequence
 import httpx
 
 from engine.chat import Message, TurnResult, TurnStats
+from engine.chat.reasoning import Thought
 from engine.errors import (RemoteAuthFailed, RemoteConnectionLost, RemoteError, RemoteModelNotFound, RemoteRefused,
                            RemoteTimeout, RemoteUnreachable)
 
@@ -156,7 +157,8 @@ class RemoteClient:
 
 
 class RemoteReply:
-    """One streamed reply: iterating it yields its text pieces; `turn` (a TurnResult) is set once it ends,
+    """One streamed reply: iterating it yields its text pieces (its reasoning's, where the server sends them
+apart as llama-server, vLLM and Fucina do, as Thought); `turn` (a TurnResult) is set once it ends,
     however it ends. Setting `cancel` (or closing the iteration) ends it at the next piece, "cancelled";
     a stream that stops before its end raises RemoteConnectionLost and the turn ends "interrupted", with the
     text received."""
@@ -169,6 +171,7 @@ class RemoteReply:
     def __iter__(self) -> Iterator[str]:
         started, first = time.perf_counter(), None
         pieces: list[str] = []
+        reasoning: list[str] = []
         finish, usage, error = None, {}, None
         try:
             with self.client._request("POST", "/chat/completions", json=self.body) as response:
@@ -182,7 +185,14 @@ class RemoteReply:
                     chunk = self._chunk(data)
                     usage = chunk.get("usage") or usage
                     for choice in chunk.get("choices") or ():
-                        text = (choice.get("delta") or {}).get("content") if isinstance(choice, dict) else None
+                        delta = choice.get("delta") if isinstance(choice, dict) else None
+                        delta = delta if isinstance(delta, dict) else {}
+                        thought = delta.get("reasoning_content") or delta.get("reasoning")  # Ollama: reasoning
+                        if isinstance(thought, str) and thought:
+                            first = first or time.perf_counter()
+                            reasoning.append(thought)
+                            yield Thought(thought)
+                        text = delta.get("content")
                         if text:
                             first = first or time.perf_counter()
                             pieces.append(text)
@@ -203,7 +213,7 @@ class RemoteReply:
             if isinstance(error, RemoteConnectionLost):
                 error.partial = text
             self.turn = self._turn(text, INTERRUPTED if error and pieces else "error" if error else finish,
-                                   usage, started, first, len(pieces), error)
+                                   usage, started, first, len(pieces), error, "".join(reasoning))
 
     def _chunk(self, data: str) -> dict:
         try:
@@ -220,7 +230,7 @@ class RemoteReply:
 
     @staticmethod
     def _turn(text: str, finish: str, usage: dict, started: float, first: float | None, pieces: int,
-              error: BaseException | None) -> TurnResult:
+              error: BaseException | None, reasoning: str) -> TurnResult:
         prompt = int(usage.get("prompt_tokens") or 0)
         cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
         generated = int(usage.get("completion_tokens") or pieces)
@@ -229,7 +239,7 @@ class RemoteReply:
         stats = TurnStats(prompt_tokens=prompt, reused_tokens=cached, prefilled_tokens=prompt - cached,
                           generated_tokens=generated, ttft_ms=1000 * (first - started) if first else 0.0,
                           decode_tps=(generated - 1) / decode_s if decode_s > 0 and generated > 1 else 0.0)
-        return TurnResult(text, [], finish, stats=stats, error=error)
+        return TurnResult(text, [], finish, stats=stats, error=error, reasoning=reasoning)
 
 
 def _events(response: httpx.Response) -> Iterator[str]:

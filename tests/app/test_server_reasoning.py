@@ -10,6 +10,7 @@ from starlette.testclient import TestClient
 import engine.serving.service as service_module
 from app.server import create_app
 from engine.chat import ChatOptions, JinjaTemplate
+from engine.chat.reasoning import Thought
 from engine.serving.service import EngineService
 from tests.engine.chat.conftest import Script
 from tests.engine.chat.reasoning_model import write_reasoning_model
@@ -82,3 +83,15 @@ def test_reasoning_effort_reaches_the_template(client):
 def test_a_completion_continues_the_raw_text(client):
     r = client.post("/v1/completions", json={"model": "thinker", "prompt": "Q: 2+2?\nA:", "max_tokens": 40})
     assert r.json()["choices"][0]["text"] == f"<think>\n{REASONING}\n</think>\n\n{ANSWER}"
+
+
+def test_a_remote_chat_gets_the_reasoning_apart(client):
+    from engine.chat import Message
+    from engine.serving.remote import RemoteClient
+    from tests.serving import serving_app
+
+    with serving_app(client.app) as url:
+        reply = RemoteClient(url, model="thinker").stream_chat([Message("user", "2+2?")], {"max_tokens": 40})
+        pieces = list(reply)
+    assert "".join(p for p in pieces if isinstance(p, Thought)) == REASONING
+    assert (reply.turn.text, reply.turn.reasoning) == (ANSWER, REASONING)
