@@ -132,10 +132,10 @@ class Turn:
             c.sampler.processor.reset()
             c.sampler.processor.set_budget(c.options.max_tokens)  # a grammar's reply ends whole within it
         c._decoder.reset()
-        fmt = c.template.reasoning if c.options.split_reasoning else None
-        if fmt is not None:
+        if c.template.reasoning is not None:  # where the prompt leaves the reply: inside its reasoning or not
             tail = b"".join(c.tokenizer.token_bytes(t) for t in self.request.ids[-_TAIL_TOKENS:])
-            self.splitter = ReasoningSplitter(fmt, tail.decode("utf-8", "replace"))
+            if c.options.split_reasoning:
+                self.splitter = ReasoningSplitter(c.template.reasoning, tail.decode("utf-8", "replace"))
             if isinstance(c.sampler.processor, ThinkingBudget):
                 c.sampler.processor.begin(tail.decode("latin-1"))
         prefilled = c._prefill(self.request, self.cancel)
