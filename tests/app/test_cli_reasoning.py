@@ -2,6 +2,7 @@
 with Qwen3's markers whose template opens the reasoning in the prompt (no starter model reasons)."""
 
 import dataclasses
+import json
 import io
 import sys
 
@@ -78,3 +79,21 @@ def test_a_thinking_budget_from_the_command_line_closes_the_reasoning(tmp_path, 
         assert conversation["sampler"]["thinking_budget"] == 3 and conversation["sampler"]["think"] == "on"
         stored = store.active_branch(conversation["id"])[-1]
     assert (stored["reasoning"], stored["content"], stored["meta"]["reasoning_tokens"]) == ("abc", "efgh", 3)
+
+
+def test_fucina_conversations_export_import_show_and_search_keep_the_reasoning(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FUCINA_HOME", str(tmp_path))
+    with HistoryStore(tmp_path / "history.db") as store:
+        cid = store.create_conversation("thinker.gguf")
+        store.add_message(cid, "user", "Pick a colour")
+        store.add_message(cid, "assistant", "Blue.", reasoning="Calm colours suit a question this open.")
+    exported = tmp_path / "chat.json"
+    assert fucina(["conversations", "export", cid[:8], "--format", "json", "--output", str(exported)]) == 0
+    assert fucina(["conversations", "import", str(exported)]) == 0
+    copy = capsys.readouterr().out.strip()
+    assert fucina(["conversations", "show", copy[:8], "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert [(m["content"], m["reasoning"]) for m in shown] == [
+        ("Pick a colour", ""), ("Blue.", "Calm colours suit a question this open.")]
+    assert fucina(["conversations", "search", "suit"]) == 0
+    assert capsys.readouterr().out.count("[suit]") == 2  # the reasoning, in the original and the copy
