@@ -15,7 +15,7 @@ from engine.kv.persist import model_fingerprint
 from engine.platform.paths import cache_dir
 from engine.speculative.gate import measure_verify_costs
 from kernels.backend import kernel_threads
-from kernels.common import BUILD_ID as KERNELS_BUILD
+from kernels.common import COMPILED_ID as KERNELS_BUILD
 
 MAX_ROWS = 17      # a verify over the last token and a draft of up to 16
 CONTEXT_ROWS = 32  # the scratch cache's context: verify cost at a short conversation's length

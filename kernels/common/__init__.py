@@ -37,7 +37,7 @@ def _sources_hash() -> str:
     return h.hexdigest()[:16]
 
 
-# Names this build of the kernels: what was measured of them (speculation's verify costs) is kept under it.
+# Names this build of the kernels' sources (a shipped cache is for one build only)
 BUILD_ID = _sources_hash()
 
 
@@ -52,6 +52,9 @@ def _cache_dir(target: cpu_target.Target | None) -> Path:
 
 TARGET = cpu_target.choose(shipped.shipped_targets(BUILD_ID))
 cpu_target.compile_for(TARGET)
+# Names the machine code in use, sources and target: what was measured of it (speculation's verify costs) is
+# kept under it.
+COMPILED_ID = BUILD_ID if TARGET is None else f"{BUILD_ID}-{TARGET.name}"
 numba.config.CACHE_DIR = str(_cache_dir(TARGET))
 shipped.install_locator()
 cache_lock.install()
