@@ -24,11 +24,13 @@ still produce NaN or Inf logits, and check_logits turns those into an error inst
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from engine.errors import ConfigError, GGUFError, InvalidTokenId, NonFiniteLogits, WeightShapeError
+from engine.gguf import scan_records
 from engine.gguf.finite import first_non_finite
 from engine.gguf.meta import meta_int, meta_value
 from engine.gguf.reader import GGUFFile
@@ -92,10 +94,16 @@ def check_tensors(file: GGUFFile, args: ModelArgs) -> None:
 
 
 def check_weights(file: GGUFFile) -> None:
-    """No tensor stores a NaN or Inf (engine.gguf.finite: the quantized kernels would hide it)."""
+    """No tensor stores a NaN or Inf (engine.gguf.finite: the quantized kernels would hide it); a file that
+    passed before, unchanged since, is not read again (engine.gguf.scan_records)."""
+    path = Path(file.path)
+    st = path.stat()
+    if scan_records.passed_before(path, st, "finite"):
+        return
     bad = first_non_finite(file)
     if bad is not None:
         raise GGUFError(f"{file.path}: tensor {bad!r} holds NaN or Inf values; the file is corrupt")
+    scan_records.record_pass(path, st, "finite")
 
 
 def check_token_ids(ids: Sequence[int], vocab_size: int) -> None:

@@ -251,3 +251,25 @@ def test_gemma3_sliding_pattern_as_a_period_or_per_layer_flags(tmp_path):
                      metadata={"gemma3.attention.sliding_window_pattern": ([1.5] * 6, V.ARRAY)})
     with pytest.raises(ConfigError, match="sliding_window_pattern"):
         load_model(path)
+
+
+def test_a_file_that_passed_is_not_scanned_again_until_it_changes(tmp_path, monkeypatch):
+    """The NaN scan reads the whole file (minutes for a 17 GB model from disk): a version of a file that
+    passed is remembered, and a file changed in place is scanned again and refused."""
+    from engine.models import validate
+
+    monkeypatch.setenv("FUCINA_HOME", str(tmp_path / "home"))
+    scans = []
+    scan = validate.first_non_finite
+    monkeypatch.setattr(validate, "first_non_finite", lambda file: scans.append(file.path) or scan(file))
+    path = tmp_path / "m.gguf"
+    write_tiny_model(path, "llama", tokenizer=True, qtype=T.Q8_0)
+    load_model(path).file.close()
+    load_model(path).file.close()
+    assert len(scans) == 1
+    _poison(path, "blk.1.ffn_down.weight")  # same size; written in place
+    with pytest.raises(GGUFError, match="tensor 'blk.1.ffn_down.weight' holds NaN or Inf"):
+        load_model(path)
+    with pytest.raises(GGUFError, match="holds NaN or Inf"):  # a refused file is never remembered as passed
+        load_model(path)
+    assert len(scans) == 3
