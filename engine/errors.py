@@ -57,6 +57,10 @@ class KvSidecarLocked(KvCacheError):
     """A KV sidecar that another process kept locked for longer than a write takes."""
 
 
+class ModelTooLarge(FucinaError):
+    """A model whose weights this machine's memory cannot hold (refused before loading)."""
+
+
 class ModelNotFound(FucinaError):
     """A model name that is neither a starter model nor an existing .gguf path."""
 

@@ -1,11 +1,15 @@
-"""`fucina models list | pull NAME | path NAME`: the starter-model catalog on the command line."""
+"""`fucina models list | pull NAME | path NAME | info NAME`: the starter-model catalog on the command line, and
+what a model file holds and needs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
 from app.cli.progress import ProgressBar
+from engine.gguf.reader import open_gguf
+from engine.models import footprint
 from engine.platform import catalog
 
 
@@ -25,6 +29,11 @@ def register(subparsers) -> None:
     path = actions.add_parser("path", help="print a model's file path, downloading it first if needed")
     path.add_argument("name", help="starter model name or path to a .gguf file")
     path.set_defaults(func=_path)
+
+    info = actions.add_parser("info", help="a model's family, parameters and size, and whether it fits this machine")
+    info.add_argument("name", help="starter model name or path to a .gguf file")
+    info.add_argument("--json", action="store_true", help="machine-readable output")
+    info.set_defaults(func=_info)
 
 
 def _list(args) -> None:
@@ -65,3 +74,18 @@ def _pull(args) -> None:
 def _path(args) -> None:
     with ProgressBar() as bar:
         print(catalog.resolve_model(args.name, pull_missing=True, progress=bar).absolute())
+
+
+def _info(args) -> None:
+    with open_gguf(catalog.resolve_model(args.name)) as file:
+        fp = footprint.footprint(file)
+    memory = footprint.machine_memory()
+    fits = memory is None or fp.needed_bytes <= memory
+    if args.json:
+        print(json.dumps(dataclasses.asdict(fp) | {"needed_bytes": fp.needed_bytes, "machine_memory": memory,
+                                                   "fits": fits}, indent=2))
+        return
+    print(footprint.describe(fp))
+    if memory is not None:
+        print(f"needs about {fp.needed_bytes / 1e9:.1f} GB of memory; this machine has {memory / 1e9:.1f} GB: "
+              + ("it fits" if fits else "it does not fit, and loading it is refused"))

@@ -12,6 +12,7 @@ from engine.errors import UnsupportedArchitecture, UnsupportedOnBackend
 from engine.gguf.reader import GGUFFile, open_gguf
 from engine.models import gemma3, llama, qwen2, qwen3, qwen3moe
 from engine.models.args import ModelArgs
+from engine.models.footprint import check_fits
 from engine.models.model import Model
 from engine.models.transformer import Transformer
 from engine.models.validate import check_args, check_layer_count, check_tensors, check_weights
@@ -41,6 +42,7 @@ def build_model(file: GGUFFile, backend: Backend | None = None) -> Model:
     args = model_args(file.metadata)
     check_args(file, args)
     check_tensors(file, args)
+    check_fits(file)  # before the scan: a file too large to run is not read through
     check_weights(file)
     backend = backend or model_backend()
     missing = sorted(op for op in args.ops() if not backend.supports_op(op))

@@ -1,0 +1,51 @@
+"""A model's footprint read from its header (engine/models/footprint.py): parameters in all and per token,
+and a refusal before loading where this machine's memory cannot hold the weights."""
+
+import json
+import math
+
+import pytest
+
+from engine.errors import ModelTooLarge
+from engine.gguf.reader import open_gguf
+from engine.models import footprint, load_model, validate
+from tests.moe_models import N_EXPERT, N_USED, write_moe_model
+
+
+@pytest.fixture(scope="module")
+def moe_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("footprint") / "moe.gguf"
+    write_moe_model(path, "q8_0")
+    return path
+
+
+def test_a_moe_model_counts_k_of_its_n_experts_per_token(moe_file):
+    with open_gguf(moe_file) as f:
+        fp = footprint.footprint(f)
+        sizes = {info.name: (math.prod(info.shape), info.nbytes) for info in f.tensors.values()}
+    experts = sum(n for name, (n, _) in sizes.items() if "_exps." in name)
+    assert experts and fp.family == "qwen3moe"
+    assert fp.parameters == sum(n for n, _ in sizes.values())
+    assert fp.active_parameters == fp.parameters - experts + experts * N_USED // N_EXPERT
+    assert fp.weight_bytes == sum(b for _, b in sizes.values())
+    assert 0 < fp.expert_bytes < fp.weight_bytes
+    assert "per token" in footprint.describe(fp)
+
+
+def test_a_model_this_machine_cannot_hold_is_refused_before_its_file_is_read(moe_file, monkeypatch):
+    monkeypatch.setattr(footprint, "machine_memory", lambda: footprint.RUNTIME_BYTES)
+    monkeypatch.setattr(validate, "first_non_finite", lambda file: pytest.fail("the file was scanned"))
+    with pytest.raises(ModelTooLarge, match=r"needs about 1\.\d GB of memory .* this machine has 1\.1 GB"):
+        load_model(moe_file)
+
+
+def test_models_info_says_whether_a_file_fits(moe_file, monkeypatch, capsys):
+    from app.cli import main
+
+    main(["models", "info", str(moe_file), "--json"])
+    info = json.loads(capsys.readouterr().out)
+    assert info["family"] == "qwen3moe" and info["active_parameters"] < info["parameters"]
+    assert info["fits"] is (info["machine_memory"] is None or info["needed_bytes"] <= info["machine_memory"])
+    monkeypatch.setattr(footprint, "machine_memory", lambda: 10**9)
+    main(["models", "info", str(moe_file)])
+    assert "it does not fit, and loading it is refused" in capsys.readouterr().out
