@@ -207,8 +207,10 @@ class StoredChat:
                 turn = self._latest_turn()
                 if turn is not None and turn is not before:
                     self.last_turn = turn
-                    # a failed turn stores nothing (resend it); a cancelled one keeps what was shown
-                    if turn.finish_reason != "error" and (turn.text or turn.finish_reason != "cancelled"):
+                    # a failed turn stores nothing (resend it); a cancelled one keeps what was shown (its
+                    # reasoning too: a reply stopped while the model reasons)
+                    shown = turn.text or turn.reasoning
+                    if turn.finish_reason != "error" and (shown or turn.finish_reason != "cancelled"):
                         self._save_reply(PendingReply(self.id, parent_id, turn.text, self._meta(turn) | reply_meta,
                                                       turn.reasoning))
             finally:

@@ -57,3 +57,19 @@ def test_reasoning_is_stored_apart_and_a_warm_reopen_equals_the_uninterrupted_ch
     assert send(reopened, "more") == expected[2]
     assert reopened.last_window.ids == uninterrupted.last_window.ids
     assert reopened.convo.history == uninterrupted.convo.history
+
+
+def test_a_reply_stopped_while_the_model_reasons_keeps_its_reasoning(thinker, tmp_path):
+    store = HistoryStore(tmp_path / "history.db")
+    session = ChatSession.open(store, thinker, sidecar_dir=tmp_path / "s", sampler=GREEDY)
+    scripted(session, REPLIES[0])
+    stream = session.send("hi")
+    shown = ""
+    for piece in stream:
+        shown += piece
+        if len(shown) >= 5:
+            break
+    stream.close()  # the user stopped it: the reasoning shown so far is kept
+    reply = session.messages()[-1]
+    assert reply["role"] == "assistant" and reply["meta"]["finish_reason"] == "cancelled"
+    assert reply["content"] == "" and reply["reasoning"] and "First thought.".startswith(reply["reasoning"])
