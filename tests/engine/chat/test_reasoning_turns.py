@@ -87,6 +87,18 @@ def test_the_next_prompt_renders_past_reasoning_as_the_template_says(thinker):
     assert tok.decode(c.history).count("Greet back") == 0  # the cache holds the template's render
 
 
+def test_a_built_in_format_leaves_past_reasoning_out_of_the_next_prompt_too(thinker):
+    model, tok = thinker
+    c = Conversation(model, tok, QWEN3, ChatOptions(processor=scripted(tok, REPLY, "Fine.")))
+    list(c.send("hi"))
+    assert "Greet back" in tok.decode(c.history)  # the reply as written, reasoning and all
+    list(c.send("and?"))
+    # the second prompt is a fresh render of the chat: the first reply without its reasoning
+    expected = QWEN3.render_messages([Message("user", "hi"), c.messages[1], Message("user", "and?")])
+    assert tok.decode(c.history) == expected + "Fine." and "Greet back" not in expected
+    assert c.last_turn.stats.reused_tokens > 0  # the chat up to the first reply stayed in the cache
+
+
 def test_thinking_off_closes_the_reasoning_in_the_prompt(thinker):
     model, tok = thinker
     own = JinjaTemplate(QWEN3_LIKE_TEMPLATE, isolated=False)
