@@ -162,7 +162,8 @@ def generate_attached(args, model, grammar) -> int:
         raise turn.error
     if args.json:
         json.dump({"prompt_ids": convo.history[: len(convo.history) - len(turn.token_ids)], "ids": turn.token_ids,
-                   "text": turn.text, "reasoning": turn.reasoning, "decode_tps": turn.stats.decode_tps, "ttft_ms": turn.stats.ttft_ms,
+                   "text": turn.text, "reasoning": turn.reasoning, "decode_tps": turn.stats.decode_tps,
+                   "ttft_ms": turn.stats.ttft_ms,
                    "finish_reason": turn.finish_reason, "schema_warnings": list(turn.schema_warnings),
                    "spec": None if turn.stats.spec is None else spec_stats(turn.stats.spec),
                    "attachments": [{"name": a.cartridge.name, "id": a.cartridge.id, "tokens": a.cartridge.rows,

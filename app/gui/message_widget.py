@@ -1,8 +1,9 @@
 """One message in the chat: a rounded card (the user's on the accent's tint, indented from the left; replies
-full width) with who wrote it, a reply's reasoning folded above its answer (app.gui.thinking_block), its text, the ‹ 1/2 › switcher between alternatives, a "stopped" mark on a
-reply the user stopped, Show more / less on a long message, and its actions as icon buttons (copy;
-regenerate on the last reply, or answer a last user message left without one; edit on user messages,
-which makes a new branch; delete), shown while the pointer is over the card or the focus is in it."""
+full width) with who wrote it, a reply's reasoning folded above its answer (app.gui.thinking_block), its
+text, the ‹ 1/2 › switcher between alternatives, a "stopped" mark on a reply the user stopped, Show more /
+less on a long message, and its actions as icon buttons (copy; regenerate on the last reply, or answer a
+last user message left without one; edit on user messages, which makes a new branch; delete), shown while
+the pointer is over the card or the focus is in it."""
 
 from __future__ import annotations
 

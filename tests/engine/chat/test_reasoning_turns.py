@@ -12,7 +12,7 @@ from engine.chat.thinking_budget import ThinkingBudget
 from engine.speculative import stream
 from engine.tokenize import load_tokenizer
 from tests.engine.chat.conftest import Script
-from tests.engine.chat.reasoning_model import QWEN3_LIKE_TEMPLATE, reasoning_metadata, write_reasoning_model
+from tests.engine.chat.reasoning_model import QWEN3_LIKE_TEMPLATE, write_reasoning_model
 
 QWEN3 = Template(Format.CHATML, reasoning=THINK)
 REPLY = "<think>\nThe user says hi.\nGreet back.\n</think>\n\nHello!"
