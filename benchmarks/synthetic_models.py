@@ -10,7 +10,8 @@ read the same file.
     python -m benchmarks.synthetic_models qwen2.5-1.5b OUT.gguf
     fucina bench OUT.gguf --threads 2 --runs 5 --peer
 
-Tensors are drawn and written one at a time, so a 5 GB file needs no more than its largest tensor in memory.
+Tensors are drawn and written one at a time, so a 5 GB file needs no more than its largest tensor in memory
+(a MoE layer's stacked experts: 0.4 GB for the Qwen3-30B-A3B shape, a 17.7 GB file).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 from engine.models import FAMILIES
-from engine.models.layout import MATRIX
+from engine.models.layout import EXPERTS, MATRIX
 from engine.models.tiny import standard_metadata, write_metadata
 from engine.platform.catalog import resolve_model
 from tests.quant_weights import random_weight
@@ -42,11 +43,15 @@ class Shape:
     n_ff: int
     tied: bool  # the output product reads token_embd (Qwen2.5 up to 3B)
     context: int = 32768
+    head_dim: int | None = None  # None: n_embd / n_head
+    experts: tuple[int, int] | None = None  # Mixture-of-Experts: (experts, used per token); n_ff is each one's
 
 
 SHAPES = {
     "qwen2.5-1.5b": Shape("qwen2", 28, 1536, 12, 2, 8960, tied=True),
     "qwen2.5-7b": Shape("qwen2", 28, 3584, 28, 4, 18944, tied=False),
+    # Qwen3-30B-A3B: 30.5B parameters, 3.3B per token
+    "qwen3-30b-a3b": Shape("qwen3moe", 48, 2048, 32, 4, 768, tied=False, head_dim=128, experts=(128, 8)),
 }
 
 
@@ -56,10 +61,14 @@ def use_more_bits(layer: int, n_layers: int) -> bool:
 
 
 def q4_k_m_type(name: str, n_layers: int, tied: bool) -> T:
-    """The block format llama.cpp's Q4_K_M gives a matrix (output: Q6_K; token_embd too when it is the output)."""
+    """The block format llama.cpp's Q4_K_M gives a matrix (output: Q6_K; token_embd too when it is the output;
+    a MoE router stays F32, as llama.cpp never quantizes one)."""
     if name == "output.weight" or (tied and name == "token_embd.weight"):
         return T.Q6_K
-    if name.endswith(("attn_v.weight", "ffn_down.weight")) and use_more_bits(int(name.split(".")[1]), n_layers):
+    if name.endswith("ffn_gate_inp.weight"):
+        return T.F32
+    if (name.endswith(("attn_v.weight", "ffn_down.weight", "ffn_down_exps.weight"))
+            and use_more_bits(int(name.split(".")[1]), n_layers)):
         return T.Q6_K
     return T.Q4_K
 
@@ -89,19 +98,25 @@ def write_synthetic(shape_name: str, path: Path, seed: int = 0) -> Path:
     writer.add_name(f"synthetic {shape_name}")
     vocab = _tokenizer_fields(writer)
     meta = standard_metadata(shape.arch, n_layers=shape.n_layers, n_embd=shape.n_embd, n_head=shape.n_head,
-                             n_head_kv=shape.n_head_kv, n_ff=shape.n_ff, vocab=vocab, context=shape.context)
+                             n_head_kv=shape.n_head_kv, n_ff=shape.n_ff, vocab=vocab, context=shape.context,
+                             head_dim=shape.head_dim)
     meta = {k: v for k, v in meta.items() if not k.endswith(".sliding_window")} | {
         f"{shape.arch}.rope.freq_base": 1000000.0}
+    if shape.experts:
+        n_expert, n_used = shape.experts
+        meta |= {f"{shape.arch}.expert_count": n_expert, f"{shape.arch}.expert_used_count": n_used,
+                 f"{shape.arch}.expert_feed_forward_length": shape.n_ff}
     write_metadata(writer, meta)
     specs = [s for s in FAMILIES[shape.arch](meta).tensors() if s.required or not shape.tied]
     formats = {}
     for spec in specs:
-        if spec.role == MATRIX:
+        if spec.role in (MATRIX, EXPERTS):
             qtype = q4_k_m_type(spec.name, shape.n_layers, shape.tied)
             block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
-            rows, cols = spec.shape
-            writer.add_tensor_info(spec.name, (rows, cols * block_bytes // block_elems), np.dtype(np.uint8),
-                                   rows * cols * block_bytes // block_elems, raw_dtype=qtype)
+            *outer, cols = spec.shape  # (rows, cols), or (experts, rows, cols)
+            row_bytes = cols * block_bytes // block_elems
+            writer.add_tensor_info(spec.name, (*outer, row_bytes), np.dtype(np.uint8),
+                                   int(np.prod(outer)) * row_bytes, raw_dtype=qtype)
             formats[spec.name] = qtype
         else:
             writer.add_tensor_info(spec.name, spec.shape, np.dtype(np.float32), 4 * int(np.prod(spec.shape)))
@@ -110,8 +125,10 @@ def write_synthetic(shape_name: str, path: Path, seed: int = 0) -> Path:
     writer.write_ti_data_to_file()
     rng = np.random.default_rng(seed)
     for spec in specs:
-        if spec.name in formats:
-            writer.write_tensor_data(random_weight(formats[spec.name], *spec.shape, rng))
+        if spec.name in formats:  # stacked experts: drawn as one matrix of every expert's rows
+            *outer, cols = spec.shape
+            weight = random_weight(formats[spec.name], int(np.prod(outer)), cols, rng)
+            writer.write_tensor_data(weight.reshape(*outer, -1))
         else:  # norms near 1, biases near 0
             base = 0.0 if spec.name.endswith(".bias") else 1.0
             writer.write_tensor_data((base + rng.normal(0, 0.05, spec.shape)).astype(np.float32))
