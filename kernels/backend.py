@@ -31,7 +31,7 @@ from __future__ import annotations
 import importlib
 import sys
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Callable, Protocol, Sequence
 
@@ -53,8 +53,13 @@ OP_ADD = "add"
 OP_ATTENTION = "attention"
 OP_TAKE_ROWS = "take_rows"
 OP_MOE_FFN = "moe_ffn"
+OP_ATTENTION_SINKS = "attention_sinks"
+OP_ROPE_SCALED = "rope_scaled"
+# Ops that are a method above called with an argument a backend may not have kernels for: the method's name
+OP_VARIANTS = {OP_ATTENTION_SINKS: OP_ATTENTION,  # AttentionShape.sinks
+               OP_ROPE_SCALED: OP_ROPE}  # a RopeScaling
 OPS = frozenset((OP_EMBED, OP_LINEAR, OP_RMSNORM, OP_ROPE, OP_GATED, OP_ADD, OP_ATTENTION, OP_TAKE_ROWS,
-                 OP_MOE_FFN))
+                 OP_MOE_FFN, *OP_VARIANTS))
 
 
 class BackendUnavailable(RuntimeError):
@@ -118,6 +123,51 @@ class AttentionShape:
     head_dim: int
     window: int  # sliding window; 0 = global attention
     scale: float
+    # a learned logit per query head added to its softmax's denominator, as a key no value belongs to
+    # (gpt-oss; ggml_soft_max_add_sinks); a resident vector (upload_vector), or None
+    sinks: Any = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """RoPE's context extension as ggml_rope_ext runs it: every angle times freq_scale (linear), and with
+    YaRN (ext_factor 1) the fast-turning dims kept unscaled, a ramp between, and cos and sin times a
+    magnitude. The llama.cpp metadata keys "<arch>.rope.scaling.*" name these."""
+
+    factor: float  # the context's extension: freq_scale = 1 / factor
+    yarn: bool
+    n_ctx_orig: int = 0  # YaRN: the context the model was trained for
+    attn_factor: float = 1.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+
+    def angle_factors(self, n_rot: int, base: float) -> np.ndarray:
+        """Each rotated pair's angle multiplier (float64 [n_rot / 2]): ggml's freq_scale, mixed by YaRN's ramp
+        (rope_yarn: theta_interp * (1 - mix) + theta_extrap * mix) with 1 over its correction dims."""
+        freq_scale = float(np.float32(1) / np.float32(self.factor))
+        pairs = np.arange(n_rot // 2, dtype=np.float64)
+        if not self.yarn:
+            return np.full(pairs.size, freq_scale)
+
+        def corr_dim(beta):  # ggml_rope_yarn_corr_dim, in float32 as ggml computes it
+            f32 = np.float32
+            return f32(n_rot) * np.log(f32(self.n_ctx_orig) / (f32(beta) * f32(2) * f32(np.pi))) / (f32(2) * np.log(f32(base)))
+
+        low = max(0.0, float(np.floor(corr_dim(self.beta_fast))))
+        high = min(n_rot - 1.0, float(np.ceil(corr_dim(self.beta_slow))))
+        mix = 1 - np.clip((pairs - low) / max(0.001, high - low), 0, 1)
+        return freq_scale * (1 - mix) + mix
+
+    def magnitude(self) -> float:
+        """What cos and sin are multiplied by: llama.cpp's yarn_attn_factor (which cancels YaRN's own factor
+        but for rope.scaling.attn_factor) times the 1 + 0.1 ln(factor) rope_yarn applies, in float32."""
+        if not self.yarn:
+            return float(self.attn_factor)
+        f32 = np.float32
+        factor = f32(1) / (f32(1) / f32(self.factor))
+        mscale = f32(0.1) * np.log(factor) + f32(1) if factor > 1 else f32(1)
+        mscale = mscale * (f32(1) / (f32(1) + f32(0.1) * np.log(factor))) * f32(self.attn_factor)
+        return float(mscale * (f32(1) + f32(0.1) * np.log(factor)))
 
 
 @dataclass(frozen=True)
@@ -145,6 +195,10 @@ class Gating(str, Enum):
     """How a Mixture-of-Experts router's logits become the selected experts' weights."""
 
     SOFTMAX = "softmax"  # softmax over every expert, then the top k of it (qwen3moe, mixtral)
+    SOFTMAX_WEIGHT = "softmax_weight"  # the top k logits, then a softmax over those k (gpt-oss)
+
+
+SWIGLU, SWIGLU_OAI = "silu", "swiglu_oai"  # the experts' activations: silu(gate) * up; gpt-oss's clamped one
 
 
 @dataclass(frozen=True)
@@ -159,6 +213,11 @@ class MoeSpec:
     gating: Gating
     normalize: bool  # the selected weights are divided by their sum
     scale: float  # then multiplied by this
+    activation: str = SWIGLU  # or SWIGLU_OAI
+    # float32 [n_expert, width] biases added to each expert's gate, up and down products (None: none)
+    gate_bias: Any = field(default=None, compare=False)
+    up_bias: Any = field(default=None, compare=False)
+    down_bias: Any = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -218,9 +277,11 @@ class Backend(Protocol):
     def rmsnorm(self, x: Act, w: Any, eps: float) -> Act:
         """x * rsqrt(mean(x^2) + eps) * w over every run of len(w) values of each row (a row, or a head)."""
 
-    def rope(self, x: Act, positions: np.ndarray, head_dim: int, n_rot: int, base: float, neox: bool) -> None:
+    def rope(self, x: Act, positions: np.ndarray, head_dim: int, n_rot: int, base: float, neox: bool,
+             scaling: RopeScaling | None = None) -> None:
         """In place: rotate the first n_rot dims of every head of x [rows, heads * head_dim], row i at
-        positions[i]; neox pairs dim i with i + n_rot/2, else 2i with 2i+1."""
+        positions[i]; neox pairs dim i with i + n_rot/2, else 2i with 2i+1; `scaling` (the op
+        OP_ROPE_SCALED) scales the angles and the magnitude."""
 
     def gated(self, activation: str, gate: Act, up: Act) -> Act:
         """activation(gate) * up; activation "silu" or "gelu" (tanh approximation)."""
@@ -231,7 +292,8 @@ class Backend(Protocol):
     def attention(self, q: Act, k: Act, v: Act, segments: Sequence[Segment], layer: int, shape: AttentionShape,
                   row_wise: bool) -> Act:
         """Write each segment's k/v rows [rows, n_kv * head_dim] (post-RoPE) to its store at pos0.., then
-        causal (and windowed) attention of its q rows over its store: [rows, n_head * head_dim]."""
+        causal (and windowed) attention of its q rows over its store: [rows, n_head * head_dim] (with the
+        shape's sinks: the op OP_ATTENTION_SINKS)."""
 
     def take_rows(self, x: Act, rows: Sequence[int]) -> Act:
         """x[rows] (each segment's last row before the output head)."""
@@ -241,7 +303,8 @@ class Backend(Protocol):
         router logits [rows, n_expert] (ties: the lower expert index first, as llama.cpp's stable sort of
         few experts gives), their SwiGLU outputs times their weights, summed in f32 in the order selected
         (the best first). row_wise: each row bitwise what it gives alone; else the rows routed to an expert
-        run as one prefill product (its weights read once per call)."""
+        run as one prefill product (its weights read once per call). SOFTMAX_WEIGHT gating ranks the raw
+        logits and softmaxes the k selected; the spec's biases are added to each product."""
 
     def to_host(self, x: Act) -> np.ndarray:
         """The activation as a float32 NumPy array (logits, hidden states)."""

@@ -1,5 +1,6 @@
-"""Tiny random qwen3moe GGUFs: the tests' models and the llama.cpp oracle's input
-(tests/data/moe/record_llama_logits.py writes the same files through here and records llama.cpp's logits).
+"""Tiny random qwen3moe and gpt-oss GGUFs: the tests' models and the llama.cpp oracle's input
+(tests/data/moe/record_llama_logits.py writes the same files through here, ORACLE_MODELS, and records
+llama.cpp's logits).
 
 Two layers of 8 experts, top-2, over the byte-level ChatML vocabulary (a tokenizer llama.cpp loads).
 Widths are 256 so the experts' rows are whole K-quant super-blocks. The router's spread is large enough
@@ -15,6 +16,7 @@ smallest gap of the other seeds: 0.1%-3%; near 0.1% llama.cpp and the engine rou
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -55,3 +57,36 @@ def write_moe_model(path: Path | str, variant: str = "f32", *, seed: int = SEED,
               "std": {"ffn_gate_inp.weight": ROUTER_STD, "token_embd.weight": EMBED_STD},
               "family_metadata": moe_metadata(), "tokenizer": True, "tokenizer_pre": "qwen2", "seed": seed}
     write_tiny_model(path, ARCH, **(kwargs | variant_kwargs | overrides))
+
+
+# gpt-oss: a sliding (0) and a global (1) layer of the same sizes and routing, a window of 8 keys so that the
+# 32 fed ids reach past it, YaRN (factor 8 over 64 original positions: its ramp spans the first 9 pairs);
+# experts F32 or MXFP4 (gguf.quants' quantization of the drawn values). Its seed is chosen as qwen3moe's.
+GPT_OSS = "gpt-oss"
+GPT_OSS_WINDOW = 8
+GPT_OSS_SEED = 0
+GPT_OSS_VARIANTS = {"f32": T.F32, "mxfp4": T.MXFP4}
+
+
+def gpt_oss_metadata() -> dict:
+    keys = {"expert_count": N_EXPERT, "expert_used_count": N_USED, "expert_feed_forward_length": N_FF_EXP,
+            "rope.scaling.type": "yarn", "rope.scaling.factor": 8.0, "rope.scaling.original_context_length": 64}
+    return {f"{GPT_OSS}.{k}": v for k, v in keys.items()}
+
+
+def write_gpt_oss_model(path: Path | str, variant: str = "f32", *, seed: int = GPT_OSS_SEED, **overrides) -> None:
+    """The tiny gpt-oss model of `variant` (a key of GPT_OSS_VARIANTS); `overrides` as write_moe_model's."""
+    kwargs = {"n_layers": N_LAYERS, "n_embd": 256, "n_head": 4, "n_head_kv": 2, "n_ff": N_FF_EXP * N_USED,
+              "qtype": T.F32, "expert_qtype": GPT_OSS_VARIANTS[variant], "window": GPT_OSS_WINDOW,
+              "std": {"ffn_gate_inp.weight": ROUTER_STD, "token_embd.weight": EMBED_STD},
+              "family_metadata": gpt_oss_metadata(), "tokenizer": True, "tokenizer_pre": "qwen2", "seed": seed,
+              "tied": False}  # llama.cpp requires output.weight for gpt-oss
+    write_tiny_model(path, GPT_OSS, **(kwargs | overrides))
+
+
+# What the llama.cpp oracle records: file name (tests/data/moe/<name>.json) -> (its writer, the experts'
+# format, the variant)
+ORACLE_MODELS = {
+    **{f"{ARCH}-{v}": (partial(write_moe_model, variant=v), qtype, v) for v, (qtype, _) in VARIANTS.items()},
+    **{f"{GPT_OSS}-{v}": (partial(write_gpt_oss_model, variant=v), qtype, v) for v, qtype in GPT_OSS_VARIANTS.items()},
+}

@@ -88,12 +88,17 @@ def _checked_tensor(file: GGUFFile, name: str, shape: tuple[int, ...], axes: str
 
 def load_vector(file: GGUFFile, name: str, length: int) -> np.ndarray:
     """A 1-D f32/f16 tensor (norm weight, bias) as a float32 array of the given length."""
+    return load_vectors(file, name, (length,))
+
+
+def load_vectors(file: GGUFFile, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """An f32/f16 tensor of vectors (a norm weight or bias; one per expert: [n_expert, length]) as float32."""
     info = file.tensor(name)
-    if info.shape != (length,):
-        raise WeightShapeError(f"{file.path}: tensor {name!r} has shape {list(info.shape)}, expected [{length}]")
+    if info.shape != shape:
+        raise WeightShapeError(f"{file.path}: tensor {name!r} has shape {list(info.shape)}, expected {list(shape)}")
     dtype = _FLOAT_VECTOR_TYPES.get(info.ggml_type)
     if dtype is None:
         raise UnsupportedWeightType(
             f"{file.path}: vector {name!r} has GGML type {info.type_name}; expected F32 or F16"
         )
-    return file.raw(info).view(dtype).reshape(length).astype(np.float32)
+    return file.raw(info).view(dtype).reshape(shape).astype(np.float32)

@@ -10,7 +10,7 @@ from typing import Callable, Mapping
 
 from engine.errors import UnsupportedArchitecture, UnsupportedOnBackend
 from engine.gguf.reader import GGUFFile, open_gguf
-from engine.models import gemma3, llama, qwen2, qwen3, qwen3moe
+from engine.models import gemma3, gpt_oss, llama, qwen2, qwen3, qwen3moe
 from engine.models.args import ModelArgs
 from engine.models.footprint import check_fits
 from engine.models.model import Model
@@ -20,7 +20,7 @@ from engine.runtime import model_backend
 from kernels.backend import Backend
 
 FAMILIES: dict[str, Callable[[Mapping], ModelArgs]] = {
-    m.ARCH: m.model_args for m in (llama, qwen2, qwen3, qwen3moe, gemma3)}
+    m.ARCH: m.model_args for m in (llama, qwen2, qwen3, qwen3moe, gemma3, gpt_oss)}
 
 
 def register_family(arch: str, model_args: Callable[[Mapping], ModelArgs]) -> None:

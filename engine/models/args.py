@@ -8,12 +8,14 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from engine.errors import ConfigError
-from engine.gguf.meta import meta_float, meta_float_opt, meta_int, meta_int_opt, meta_value, per_layer_int
+import numpy as np
+
+from engine.gguf.meta import meta_float, meta_float_opt, meta_int, meta_int_opt, meta_value, per_layer, per_layer_int
 from engine.models.attention import AttentionArgs
 from engine.models.block import LayerArgs
 from engine.models.feed_forward import GatedMlpArgs
 from engine.models.layout import TensorSpec, layer_prefix, matrix, norm
-from kernels.backend import OP_EMBED, OP_LINEAR, OP_RMSNORM, OP_TAKE_ROWS
+from kernels.backend import OP_EMBED, OP_LINEAR, OP_RMSNORM, OP_TAKE_ROWS, RopeScaling
 
 
 @dataclass
@@ -60,6 +62,41 @@ def vocab_size(meta: Mapping, arch: str) -> int:
     return n
 
 
+def sliding_layers(meta: Mapping, arch: str, n_layers: int, default_pattern: int) -> list[bool]:
+    """Which layers see a sliding window, as llama.cpp's load_swa_pattern reads
+    `attention.sliding_window_pattern`: one flag per layer (nonzero: sliding), or a period p (default
+    `default_pattern`) after which every p-th layer is global (layer i slides when i % p < p - 1)."""
+    key = f"{arch}.attention.sliding_window_pattern"
+    if isinstance(meta.get(key), (list, np.ndarray)):
+        flags = per_layer(meta, key, n_layers)
+        if not all(isinstance(f, (bool, int)) for f in flags):
+            raise ConfigError(f"model metadata {key} must be a period or one flag per layer")
+        return [bool(f) for f in flags]
+    pattern = meta_int_opt(meta, arch, "attention.sliding_window_pattern") or default_pattern
+    return [i % pattern < pattern - 1 for i in range(n_layers)]
+
+
+_ROPE_SCALING_TYPES = ("none", "linear", "yarn")
+
+
+def rope_scaling(meta: Mapping, arch: str) -> RopeScaling | None:
+    """The RoPE scaling of the "<arch>.rope.scaling.*" keys, as llama.cpp reads them (type default "linear";
+    factor 0 or missing: none), or None."""
+    kind = meta_value(meta, f"{arch}.rope.scaling.type", "string") or "linear"
+    if kind not in _ROPE_SCALING_TYPES:
+        raise ConfigError(f"model metadata {arch}.rope.scaling.type is {kind!r}; supported: "
+                          f"{', '.join(_ROPE_SCALING_TYPES)}")
+    factor = meta_float_opt(meta, arch, "rope.scaling.factor", default=0.0)
+    if kind == "none" or factor in (0.0, 1.0) and kind != "yarn":
+        return None
+    if meta_float_opt(meta, arch, "rope.scaling.yarn_log_multiplier", default=0.0):
+        raise ConfigError(f"model metadata {arch}.rope.scaling.yarn_log_multiplier is not supported")
+    n_ctx_orig = (meta_int_opt(meta, arch, "rope.scaling.original_context_length")
+                  or meta_int_opt(meta, arch, "context_length") or 0)
+    return RopeScaling(factor=factor or 1.0, yarn=kind == "yarn", n_ctx_orig=n_ctx_orig,
+                       attn_factor=meta_float_opt(meta, arch, "rope.scaling.attn_factor", default=1.0))
+
+
 def default_attn_scale(head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim)
 
@@ -67,10 +104,10 @@ def default_attn_scale(head_dim: int) -> float:
 def llama_like(meta: Mapping, arch: str, *, activation: str = "silu", qkv_bias: bool = False,
                qk_norm: bool = False, post_norms: bool = False, rope_neox: bool = True,
                window: Sequence[int] | None = None, rope_base: Sequence[float] | None = None,
-               embed_scale: float = 1.0) -> ModelArgs:
+               embed_scale: float = 1.0, **attention) -> ModelArgs:
     """The args of a llama-like family from the standard "<arch>.*" keys: every layer attention and a gated
     MLP; the keywords are what a family sets (window and rope_base: one per layer, default global
-    attention and `rope.freq_base`)."""
+    attention and `rope.freq_base`; `attention`: more AttentionArgs fields, the same in every layer)."""
     n_layers = meta_int(meta, arch, "block_count")
     n_embd = meta_int(meta, arch, "embedding_length")
     n_head = meta_int(meta, arch, "attention.head_count")
@@ -90,7 +127,7 @@ def llama_like(meta: Mapping, arch: str, *, activation: str = "silu", qkv_bias: 
     def layer(i: int) -> LayerArgs:
         mixer = AttentionArgs(n_head=n_head, n_kv=n_head_kv[i], head_dim=head_dim, window=windows[i],
                               scale=default_attn_scale(head_dim), rope_base=bases[i], rope_dims=rope_dims,
-                              rope_neox=rope_neox, qkv_bias=qkv_bias, qk_norm=qk_norm)
+                              rope_neox=rope_neox, qkv_bias=qkv_bias, qk_norm=qk_norm, **attention)
         return LayerArgs(mixer, GatedMlpArgs(n_ff, activation), post_norms)
 
     return ModelArgs(arch=arch, n_embd=n_embd, vocab_size=vocab_size(meta, arch),

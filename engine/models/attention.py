@@ -1,6 +1,8 @@
 """The attention mixer: grouped-query self-attention with RoPE over a KV cache, as the llama-like families
 have it. Its variants are fields of its args: q/k/v biases (Qwen2), per-head q/k norms (Qwen3, Gemma 3), a
-sliding window and a RoPE base per layer (Gemma 3), NeoX or normal RoPE pairs.
+sliding window and a RoPE base per layer (Gemma 3), NeoX or normal RoPE pairs; an output bias, attention sinks
+and YaRN-scaled RoPE (gpt-oss), which run on ops of their own (a backend may lack them) and have no fused
+row-wise form.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ from engine.gguf.reader import GGUFFile
 from engine.gguf.weights import LinearGroup, LinearWeight, load_vector
 from engine.models.layout import TensorSpec, bias, matrix, norm
 from engine.models.parts import first_problem, positive, shown
-from kernels.backend import OP_ATTENTION, OP_LINEAR, OP_RMSNORM, OP_ROPE, AttentionShape, AttentionSpec, Backend, Segment
+from kernels.backend import (
+    OP_ATTENTION, OP_ATTENTION_SINKS, OP_LINEAR, OP_RMSNORM, OP_ROPE, OP_ROPE_SCALED, AttentionShape, AttentionSpec,
+    Backend, RopeScaling, Segment,
+)
 
 
 @dataclass(frozen=True)
 class AttentionArgs:
-    OPS = (OP_LINEAR, OP_RMSNORM, OP_ROPE, OP_ATTENTION)  # the backend ops the part runs on
 
     n_head: int
     n_kv: int
@@ -31,6 +35,15 @@ class AttentionArgs:
     rope_neox: bool  # NeoX pairs dim i with i + rope_dims/2; normal pairs 2i with 2i+1
     qkv_bias: bool = False
     qk_norm: bool = False
+    out_bias: bool = False
+    sinks: bool = False  # a learned logit per head in the softmax's denominator (attn_sinks.weight)
+    rope_scaling: RopeScaling | None = None
+
+    @property
+    def OPS(self) -> tuple[str, ...]:
+        """The backend ops the part runs on."""
+        return (OP_LINEAR, OP_RMSNORM, OP_ROPE, OP_ATTENTION, *((OP_ATTENTION_SINKS,) if self.sinks else ()),
+                *((OP_ROPE_SCALED,) if self.rope_scaling else ()))
 
     def tensors(self, p: str, n_embd: int) -> list[TensorSpec]:
         nh, nkv, hd = self.n_head, self.n_kv, self.head_dim
@@ -41,6 +54,10 @@ class AttentionArgs:
             tensors += [bias(f"{p}attn_{t}.bias", n) for t, n in widths.items()]
         if self.qk_norm:
             tensors += [norm(p + "attn_q_norm.weight", hd), norm(p + "attn_k_norm.weight", hd)]
+        if self.out_bias:
+            tensors.append(bias(p + "attn_output.bias", n_embd))
+        if self.sinks:
+            tensors.append(bias(p + "attn_sinks.weight", nh))
         return tensors
 
     def kv_geometry(self) -> tuple[int, int]:
@@ -68,6 +85,10 @@ class AttentionArgs:
             (all(positive(a.rope_base) for a in layers),
              f"{arch}.rope.freq_base {shown([a.rope_base for a in layers])} must be positive"),
             (all(positive(a.scale) for a in layers), f"attention scale {layers[0].scale} must be positive"),
+            (all(a.rope_scaling is None or positive(a.rope_scaling.factor) for a in layers),
+             f"{arch}.rope.scaling.factor must be positive"),
+            (all(a.rope_scaling is None or not a.rope_scaling.yarn or a.rope_scaling.n_ctx_orig >= 1 for a in layers),
+             f"{arch}.rope.scaling.original_context_length must be positive"),
         ])
 
 
@@ -77,8 +98,9 @@ class Attention:
         hd, nh, nkv = args.head_dim, args.n_head, args.n_kv
         self.backend = backend
         self.args = args
+        sinks = backend.upload_vector(load_vector(file, p + "attn_sinks.weight", nh)) if args.sinks else None
         self.shape = AttentionShape(n_head=nh, n_kv=nkv, head_dim=hd, window=int(args.window),
-                                    scale=float(args.scale))
+                                    scale=float(args.scale), sinks=sinks)
 
         def bias_of(t):
             return f"{p}attn_{t}.bias" if args.qkv_bias else None
@@ -92,7 +114,8 @@ class Attention:
         if args.qk_norm:
             self.q_norm = backend.upload_vector(load_vector(file, p + "attn_q_norm.weight", hd))
             self.k_norm = backend.upload_vector(load_vector(file, p + "attn_k_norm.weight", hd))
-        self.wo = LinearWeight.load(file, p + "attn_output.weight", n_embd, nh * hd, backend)
+        self.wo = LinearWeight.load(file, p + "attn_output.weight", n_embd, nh * hd, backend,
+                                    p + "attn_output.bias" if args.out_bias else None)
         self.layer = layer
         self.eps = eps
 
@@ -104,14 +127,17 @@ class Attention:
             q = be.rmsnorm(q, self.q_norm, self.eps)
             k = be.rmsnorm(k, self.k_norm, self.eps)
         rope_base = float(a.rope_base)
-        be.rope(q, positions, a.head_dim, a.rope_dims, rope_base, bool(a.rope_neox))
-        be.rope(k, positions, a.head_dim, a.rope_dims, rope_base, bool(a.rope_neox))
+        be.rope(q, positions, a.head_dim, a.rope_dims, rope_base, bool(a.rope_neox), a.rope_scaling)
+        be.rope(k, positions, a.head_dim, a.rope_dims, rope_base, bool(a.rope_neox), a.rope_scaling)
         out = be.attention(q, k, v, segments, self.layer, self.shape, row_wise)
         return self.wo(out, row_wise)
 
-    def spec(self) -> AttentionSpec:
-        """This mixer as a backend's fused row-wise stack reads it."""
+    def spec(self) -> AttentionSpec | None:
+        """This mixer as a backend's fused row-wise stack reads it (None: with an output bias, sinks or scaled
+        RoPE, which the stacks do not run)."""
         a = self.args
+        if a.out_bias or a.sinks or a.rope_scaling is not None:
+            return None
         return AttentionSpec(qkv=tuple(w.handle for w in self.qkv.parts), out=self.wo.handle, q_norm=self.q_norm,
                              k_norm=self.k_norm, shape=self.shape, rope_dims=a.rope_dims,
                              rope_neox=bool(a.rope_neox), rope_base=float(a.rope_base))

@@ -20,6 +20,7 @@ class LayerArgs:
     mixer: MixerArgs
     feed_forward: FeedForwardArgs
     post_norms: bool = False  # Gemma's norms after the mixer and after the feed-forward
+    ffn_norm: str = "ffn_norm.weight"  # the feed-forward's pre-norm (gpt-oss: "post_attention_norm.weight")
 
     def ops(self) -> set[str]:
         """The backend ops the layer runs on: its parts' and the norms' and residuals'."""
@@ -29,7 +30,7 @@ class LayerArgs:
         tensors = [norm(p + "attn_norm.weight", n_embd), *self.mixer.tensors(p, n_embd)]
         if self.post_norms:
             tensors += [norm(p + "post_attention_norm.weight", n_embd), norm(p + "post_ffw_norm.weight", n_embd)]
-        return tensors + [norm(p + "ffn_norm.weight", n_embd), *self.feed_forward.tensors(p, n_embd)]
+        return tensors + [norm(p + self.ffn_norm, n_embd), *self.feed_forward.tensors(p, n_embd)]
 
 
 class Block:
@@ -43,7 +44,7 @@ class Block:
 
         self.attn_norm = vector("attn_norm.weight")
         self.mixer = args.mixer.build(file, p, layer, n_embd, eps, backend)
-        self.ffn_norm = vector("ffn_norm.weight")
+        self.ffn_norm = vector(args.ffn_norm)
         self.feed_forward = args.feed_forward.build(file, p, layer, n_embd, backend)
         self.post_attn_norm = self.post_ffn_norm = None
         if args.post_norms:

@@ -17,7 +17,7 @@ MATRIX, EXPERTS, NORM, BIAS = "matrix", "experts", "norm", "bias"
 class TensorSpec:
     name: str
     shape: tuple[int, ...]  # (out, in) for a matrix, as the loader checks it; (n_expert, out, in) for stacked
-                            # experts' matrices; (n,) for a vector
+                            # experts' matrices; (n,) for a vector, (n_expert, n) for one per expert
     role: str               # MATRIX, EXPERTS, NORM (values near 1) or BIAS (values near 0): what a writer
                             # fills it with
     required: bool = True   # False: the model does without it (an untied output matrix)
@@ -36,8 +36,9 @@ def norm(name: str, n: int) -> TensorSpec:
     return TensorSpec(name, (n,), NORM)
 
 
-def bias(name: str, n: int) -> TensorSpec:
-    return TensorSpec(name, (n,), BIAS)
+def bias(name: str, *shape: int) -> TensorSpec:
+    """A bias [n], or one per expert [n_expert, n]."""
+    return TensorSpec(name, shape, BIAS)
 
 
 def layer_prefix(layer: int) -> str:

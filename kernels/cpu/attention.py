@@ -5,7 +5,8 @@ patterns (uint16, the default cache) or float32 (a dequantized q8_0 cache).
 Query head h reads kv head h // (heads / kv_heads) (grouped-query attention).
 
 A query at absolute position p sees key j when j <= p and, with a window w > 0,
-p - j < w (llama.cpp's standard sliding window).
+p - j < w (llama.cpp's standard sliding window). Sinks (gpt-oss) are one logit per query head added to the
+softmax's denominator, as ggml's soft_max_ext takes them.
 """
 
 from concurrent.futures import ThreadPoolExecutor
@@ -85,9 +86,13 @@ def _workers(n: int) -> ThreadPoolExecutor:
     return _pools[n]
 
 
+_NO_SINKS = np.zeros(0, np.float32)
+
+
 def attention_prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos0: int, window: int, scale: float,
-                      threads: int = 1) -> np.ndarray:
-    """Queries q [n, heads, d] at positions q_pos0.. against float32 keys/values [n_keys, kv_heads, d].
+                      threads: int = 1, sinks: np.ndarray | None = None) -> np.ndarray:
+    """Queries q [n, heads, d] at positions q_pos0.. against float32 keys/values [n_keys, kv_heads, d]; sinks:
+    float32 [heads] logits in each head's softmax denominator, or None.
 
     Uses BLAS per kv head over query chunks, so the score matrix stays at most chunk x n_keys per head.
     The tasks are independent and each computes alike on any thread, so `threads` never changes bits.
@@ -108,7 +113,8 @@ def attention_prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos0: int, 
         # all query heads of the group in one GEMM: [(chunk*group), d] @ [d, keys]
         qg = q[c0:c1, heads, :].reshape(-1, d)
         s = (qg @ kt.T).reshape(c1 - c0, group, hi - lo)
-        _masked_softmax(s, q_pos0 + c0, lo, window, np.float32(scale))
+        group_sinks = _NO_SINKS if sinks is None else sinks[heads]
+        _masked_softmax(s, q_pos0 + c0, lo, window, np.float32(scale), group_sinks)
         out[c0:c1, heads, :] = (s.reshape(-1, hi - lo) @ vt).reshape(c1 - c0, group, d)
 
     tasks = [(c0, kvh) for c0 in range(0, n, _QUERY_CHUNK) for kvh in range(kv_heads)]
@@ -121,11 +127,12 @@ def attention_prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos0: int, 
 
 
 @njit(**KERNEL)
-def _masked_softmax(s, q_pos0, key_pos0, window, scale):
+def _masked_softmax(s, q_pos0, key_pos0, window, scale, sinks):
     """In place, s [queries, heads, keys] of queries at q_pos0.. and keys at key_pos0..: the
     softmax of scale * s over each query's visible keys, 0 for the others (one pass per row
-    instead of NumPy's mask, max, exp, sum and divide over the whole block). On the calling thread: the
-    tasks of attention_prefill run side by side."""
+    instead of NumPy's mask, max, exp, sum and divide over the whole block); sinks [heads] (or empty): each
+    head's logit in the denominator, in the max too, as ggml's. On the calling thread: the tasks of
+    attention_prefill run side by side."""
     n, heads, m = s.shape
     for i in range(n):
         p = q_pos0 + i
@@ -136,11 +143,15 @@ def _masked_softmax(s, q_pos0, key_pos0, window, scale):
             top = row[j_hi - 1]
             for j in range(j_lo, j_hi):
                 top = max(top, row[_u(j)])
+            if sinks.size:
+                top = max(top, sinks[h] / scale)
             for j in range(j_lo, j_hi):  # apart from the sum, so the exp vectorizes
                 row[_u(j)] = exp32((row[_u(j)] - top) * scale)
             total = np.float32(0.0)
             for j in range(j_lo, j_hi):
                 total += row[_u(j)]
+            if sinks.size:
+                total += exp32(sinks[h] - top * scale)
             inv = np.float32(1.0) / total
             for j in range(j_lo, j_hi):
                 row[_u(j)] *= inv

@@ -153,8 +153,8 @@ class CpuBackend:
         n = x.shape[0]
         return ops.rmsnorm(x.reshape(n, -1, w.shape[0]), w, eps).reshape(n, -1)
 
-    def rope(self, x, positions, head_dim, n_rot, base, neox) -> None:
-        ops.rope(x.reshape(x.shape[0], -1, head_dim), positions, n_rot, base, neox)
+    def rope(self, x, positions, head_dim, n_rot, base, neox, scaling=None) -> None:
+        ops.rope(x.reshape(x.shape[0], -1, head_dim), positions, n_rot, base, neox, scaling)
 
     def gated(self, activation: str, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         return ops.gelu_mul(gate, up) if activation == "gelu" else ops.silu_mul(gate, up)
@@ -178,7 +178,7 @@ class CpuBackend:
                 n_keys = pos0 + (b - a)
                 keys, values = store.read(layer, 0, n_keys)
                 out[a:b] = attention_prefill(q3[a:b], store.decode(keys), store.decode(values), pos0,
-                                             shape.window, shape.scale, threads=quant.threads())
+                                             shape.window, shape.scale, threads=quant.threads(), sinks=shape.sinks)
         return out.reshape(n, -1)
 
     def take_rows(self, x: np.ndarray, rows: Sequence[int]) -> np.ndarray:

@@ -103,6 +103,19 @@ def rope_inplace(x, positions, n_rot, base, neox):
         _rotate(x[t], cos, sin, neox)
 
 
+@njit(**OPS)
+def _rope_scaled(x, positions, inv, magnitude, neox):
+    """rope_inplace with the pairs' inverse frequencies `inv` given (scaled) and cos, sin times magnitude."""
+    cos = np.empty(inv.size, np.float32)
+    sin = np.empty(inv.size, np.float32)
+    for t in range(x.shape[0]):
+        _angles_at(positions[t], inv, cos, sin)
+        for i in range(inv.size):
+            cos[i] *= magnitude
+            sin[i] *= magnitude
+        _rotate(x[t], cos, sin, neox)
+
+
 @njit(**OPS, parallel=True)
 def _angles(positions, n_rot, base):
     """cos and sin [n, n_rot/2] float32 of each position's angles."""
@@ -127,9 +140,14 @@ def _rope_parallel(x, cos, sin, neox):
         _rotate(x[t], cos[t], sin[t], neox)
 
 
-def rope(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float, neox: bool) -> None:
-    """Apply rotary position embedding in place to x [n, heads, head_dim]."""
+def rope(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float, neox: bool, scaling=None) -> None:
+    """Apply rotary position embedding in place to x [n, heads, head_dim]; scaling: a
+    kernels.backend.RopeScaling, or None."""
     positions = positions.astype(np.int64, copy=False)
+    if scaling is not None:
+        inv = base ** (-2.0 * np.arange(n_rot // 2) / n_rot) * scaling.angle_factors(n_rot, base)
+        _rope_scaled(x, positions, inv, np.float32(scaling.magnitude()), bool(neox))
+        return
     if x.size < _PARALLEL_ELEMENTS:
         rope_inplace(x, positions, n_rot, float(base), bool(neox))
     else:
@@ -195,6 +213,23 @@ def silu_mul(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) ->
 def gelu_mul(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """GeGLU with the tanh approximation of GELU (what Gemma and llama.cpp use)."""
     return _apply_gated(GELU, gate, up, out)
+
+
+@njit(**OPS)
+def _swiglu_oai(g, u, alpha, limit, o):
+    for i in range(g.size):
+        x = min(g[i], limit)
+        y = min(max(u[i], -limit), limit)
+        o[i] = x / (np.float32(1.0) + np.exp(alpha * -x)) * (y + np.float32(1.0))
+
+
+def swiglu_oai(gate: np.ndarray, up: np.ndarray, alpha: float = 1.702, limit: float = 7.0) -> np.ndarray:
+    """gpt-oss's clamped SwiGLU, as ggml_swiglu_oai: x = min(gate, limit), y = up clamped to ±limit,
+    x * sigmoid(alpha * x) * (y + 1) (libm's expf, as ggml's scalar loop)."""
+    g, u = np.ascontiguousarray(gate, np.float32), np.ascontiguousarray(up, np.float32)
+    out = np.empty_like(g)
+    _swiglu_oai(g.reshape(-1), u.reshape(-1), np.float32(alpha), np.float32(limit), out.reshape(-1))
+    return out
 
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:

@@ -17,7 +17,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 from gguf.constants import GGMLQuantizationType as T
 
-from kernels.backend import OP_MOE_FFN, OPS, Q8_0_BLOCK, Q8_0_BLOCK_BYTES, AttentionShape, BackendUnavailable, Segment
+from kernels.backend import OP_ATTENTION_SINKS, OP_MOE_FFN, OP_ROPE_SCALED, OPS, Q8_0_BLOCK, Q8_0_BLOCK_BYTES, AttentionShape, BackendUnavailable, Segment
 from kernels.common import gguf_weights, kv_rows
 from kernels.cuda import kernels as k
 from kernels.cuda.formats import DECODERS, FLOAT_VIEWS
@@ -129,7 +129,8 @@ class CudaBackend:
         return qtype in DECODERS or gguf_weights.supports(qtype)  # the others widened on the host
 
     def supports_op(self, op: str) -> bool:
-        return op in OPS and op != OP_MOE_FFN  # every op of the seam but the experts' (no kernels yet)
+        # every op of the seam but the experts', attention sinks and scaled RoPE (no kernels yet)
+        return op in OPS and op not in (OP_MOE_FFN, OP_ATTENTION_SINKS, OP_ROPE_SCALED)
 
     def upload_weight(self, qtype, raw, out_dim, in_dim, bias=None) -> CudaWeight:
         if qtype not in DECODERS:  # widened once on the host
@@ -182,7 +183,7 @@ class CudaBackend:
             self._positions = host, cuda.to_device(host)
         return self._positions[1]
 
-    def rope(self, x, positions, head_dim, n_rot, base, neox) -> None:
+    def rope(self, x, positions, head_dim, n_rot, base, neox, scaling=None) -> None:  # scaling: refused
         if x.shape[0]:
             k.rope[(x.shape[0], x.shape[1] // head_dim), k.THREADS](
                 x, self._device_positions(positions), head_dim, n_rot, float(base), bool(neox))

@@ -16,7 +16,7 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType as T
 
 from kernels.backend import (
-    OP_MOE_FFN, OPS, Q8_0_BLOCK, Q8_0_BLOCK_BYTES, AttentionShape, BackendUnavailable, Segment, kv_rows_f32,
+    OP_ATTENTION_SINKS, OP_MOE_FFN, OP_ROPE_SCALED, OPS, Q8_0_BLOCK, Q8_0_BLOCK_BYTES, AttentionShape, BackendUnavailable, Segment, kv_rows_f32,
 )
 from kernels.common import gguf_weights, kv_rows, q8_0
 from kernels.wgpu import ops
@@ -126,7 +126,8 @@ class GpuBackend:
         return ops.supports(qtype) or gguf_weights.supports(qtype)
 
     def supports_op(self, op: str) -> bool:
-        return op in OPS and op != OP_MOE_FFN  # every op of the seam but the experts' (no kernels yet)
+        # every op of the seam but the experts', attention sinks and scaled RoPE (no kernels yet)
+        return op in OPS and op not in (OP_MOE_FFN, OP_ATTENTION_SINKS, OP_ROPE_SCALED)
 
     def upload_weight(self, qtype, raw, out_dim, in_dim, bias=None) -> GpuWeight:
         if ops.supports(qtype):
@@ -169,7 +170,8 @@ class GpuBackend:
             ops.rmsnorm(self.gpu, x.buffer, w.buffer, out.buffer, w.n, x.rows, eps, heads=x.cols // w.n)
         return out
 
-    def rope(self, x: GpuAct, positions: np.ndarray, head_dim: int, n_rot: int, base: float, neox: bool) -> None:
+    def rope(self, x: GpuAct, positions: np.ndarray, head_dim: int, n_rot: int, base: float, neox: bool,
+             scaling=None) -> None:  # scaling: refused (supports_op)
         if not x.rows:
             return
         positions = np.asarray(positions, np.int64)

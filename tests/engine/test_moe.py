@@ -1,4 +1,4 @@
-"""qwen3moe on the tiny random models of tests/moe_models.py: the row-wise contract (m rows in one call are,
+"""qwen3moe and gpt-oss on the tiny random models of tests/moe_models.py: the row-wise contract (m rows in one call are,
 bit for bit, the tokens fed one at a time; so speculative decoding yields the plain ids), the experts read
 in place from the file, and malformed files refused with errors that name the key or tensor."""
 
@@ -14,16 +14,22 @@ from engine.sampling import Sampler, SamplerConfig
 from engine.speculative import Stats, stream
 from kernels.backend import OP_MOE_FFN
 from kernels.cpu.backend import CpuBackend
-from tests.moe_models import ARCH, N_EXPERT, N_FF_EXP, TOKENS, VARIANTS, write_moe_model
+from tests.moe_models import (
+    ARCH, GPT_OSS, GPT_OSS_VARIANTS, N_EXPERT, N_FF_EXP, ORACLE_MODELS, TOKENS, VARIANTS, write_moe_model,
+)
 
 ROW_COUNTS = (1, 2, 5, 8, 17)  # one call of each size, in turn, after a short prefilled prompt
 PROMPT = TOKENS[:4]
 
 
-@pytest.fixture(scope="module", params=[v for v, (_, extra) in VARIANTS.items() if not extra])  # each format
+# each family in each experts' format (gpt-oss's: past its sliding window too)
+MODELS = [f"{ARCH}-{v}" for v, (_, extra) in VARIANTS.items() if not extra] + [f"{GPT_OSS}-{v}" for v in GPT_OSS_VARIANTS]
+
+
+@pytest.fixture(scope="module", params=MODELS)
 def model(request, tmp_path_factory):
     path = tmp_path_factory.mktemp("moe") / f"{request.param}.gguf"
-    write_moe_model(path, request.param)
+    ORACLE_MODELS[request.param][0](path)
     return load_model(path)
 
 

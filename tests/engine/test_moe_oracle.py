@@ -1,4 +1,4 @@
-"""qwen3moe against llama.cpp: the tiny random models of tests/moe_models.py, teacher-forced through the
+"""qwen3moe and gpt-oss against llama.cpp: the tiny random models of tests/moe_models.py, teacher-forced through the
 prefill path and the row-wise path (what `fucina eval --path prefill|rows` runs), give llama.cpp's logits
 (tests/data/moe, recorded by record_llama_logits.py there) within the bars of DESIGN.md: the same top-1
 wherever llama.cpp's top-1 beats its top-2 by more than 0.1, and mean |logit difference| at most 0.01 on the
@@ -15,28 +15,29 @@ from gguf.constants import GGMLQuantizationType as T
 
 from engine import generate
 from engine.models import load_model
-from tests.moe_models import VARIANTS, write_moe_model
+from tests.moe_models import ORACLE_MODELS
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "moe"
 CLEAR_MARGIN = 0.1
 
 
-@pytest.fixture(scope="module", params=list(VARIANTS))
+@pytest.fixture(scope="module", params=list(ORACLE_MODELS))
 def case(request, tmp_path_factory):
-    """(variant, model, llama.cpp's record) for a model written as the record's was."""
-    variant = request.param
-    record = json.loads((DATA / f"qwen3moe-{variant}.json").read_text())
-    path = tmp_path_factory.mktemp("moe-oracle") / f"{variant}.gguf"
-    write_moe_model(path, variant)
+    """(the experts' format, model, llama.cpp's record) for a model written as the record's was."""
+    name = request.param
+    write, expert_qtype, _ = ORACLE_MODELS[name]
+    record = json.loads((DATA / f"{name}.json").read_text())
+    path = tmp_path_factory.mktemp("moe-oracle") / f"{name}.gguf"
+    write(path)
     assert hashlib.sha256(path.read_bytes()).hexdigest() == record["gguf_sha256"], (
         "the tests write another model than llama.cpp's logits were recorded on: re-run "
         "tests/data/moe/record_llama_logits.py")
-    return variant, load_model(path), record
+    return expert_qtype, load_model(path), record
 
 
 @pytest.mark.parametrize("path", ["prefill", "rows"])
 def test_logits_match_llama_cpp(case, path):
-    variant, model, record = case
+    expert_qtype, model, record = case
     expected = np.asarray(record["logits"], dtype=np.float32)
     logits = np.concatenate(list(generate.teacher_forced(model, record["ids"], path=path)))
     assert logits.shape == expected.shape
@@ -45,5 +46,5 @@ def test_logits_match_llama_cpp(case, path):
     parted = np.nonzero(clear & (logits.argmax(axis=1) != expected.argmax(axis=1)))[0]
     assert parted.size == 0, f"top-1 differs from llama.cpp's at positions {parted.tolist()}"
     diff = np.abs(logits - expected)
-    bar = 0.01 if VARIANTS[variant][0] == T.F32 else 0.1  # by the experts' format
+    bar = 0.01 if expert_qtype == T.F32 else 0.1
     assert diff.mean() <= bar, f"mean |logit difference| {diff.mean():.4f} (max {diff.max():.3f})"

@@ -1,11 +1,12 @@
 """The CPU's Mixture-of-Experts op (kernels.cpu.moe): llama.cpp's routing (softmax, top k with ties to the
-lower index, normalized weights) and the experts' weighted SwiGLU sum against a NumPy reference."""
+lower index, normalized weights; gpt-oss's softmax over the selected logits) and the experts' weighted SwiGLU
+sum (gpt-oss's: clamped, with biases) against a NumPy reference."""
 
 import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType as T
 
-from kernels.backend import Gating, MoeSpec
+from kernels.backend import SWIGLU_OAI, Gating, MoeSpec
 from kernels.cpu import moe, quant
 from kernels.cpu.backend import CpuBackend
 from tests.quant_weights import random_weight
@@ -21,13 +22,21 @@ def test_routing_picks_the_largest_best_first_and_ties_to_the_lower_index():
     np.testing.assert_allclose(weights[0], probs[[1, 3, 2]], rtol=1e-6)
 
 
+def test_softmax_weight_gating_ranks_the_logits_then_softmaxes_the_selected():
+    logits = np.array([[0.5, 2.0, 1.0, 2.0, -1.0, 1.0]], np.float32)
+    selected, weights = moe.route(logits, K, Gating.SOFTMAX_WEIGHT, normalize=False, scale=1.0)
+    assert selected.tolist() == [[1, 3, 2]]
+    top = logits[0, [1, 3, 2]]
+    np.testing.assert_allclose(weights[0], np.exp(top - top.max()) / np.exp(top - top.max()).sum(), rtol=1e-6)
+
+
 def test_normalized_weights_sum_to_one_then_scale():
     logits = np.random.default_rng(0).normal(0, 3, (5, N_EXPERT)).astype(np.float32)
     _, weights = moe.route(logits, K, Gating.SOFTMAX, normalize=True, scale=2.5)
     np.testing.assert_allclose(weights.sum(axis=1), 2.5, rtol=1e-6)
 
 
-def _experts(rng, backend, qtype=T.F32):
+def _experts(rng, backend, qtype=T.F32, gpt_oss=False):
     def stacked(rows, cols):
         raw = random_weight(qtype, N_EXPERT * rows, cols, rng)
         if qtype == T.F32:
@@ -35,8 +44,13 @@ def _experts(rng, backend, qtype=T.F32):
         return tuple(backend.upload_weight(qtype, raw[e * rows : (e + 1) * rows], rows, cols)
                      for e in range(N_EXPERT))
 
-    return MoeSpec(gate=stacked(N_FF, N_EMBD), up=stacked(N_FF, N_EMBD), down=stacked(N_EMBD, N_FF), n_used=K,
-                   gating=Gating.SOFTMAX, normalize=True, scale=1.0)
+    experts = dict(gate=stacked(N_FF, N_EMBD), up=stacked(N_FF, N_EMBD), down=stacked(N_EMBD, N_FF), n_used=K)
+    if not gpt_oss:
+        return MoeSpec(**experts, gating=Gating.SOFTMAX, normalize=True, scale=1.0)
+    biases = {f"{w}_bias": rng.normal(0, 0.5, (N_EXPERT, n)).astype(np.float32)
+              for w, n in (("gate", N_FF), ("up", N_FF), ("down", N_EMBD))}
+    return MoeSpec(**experts, gating=Gating.SOFTMAX_WEIGHT, normalize=False, scale=1.0, activation=SWIGLU_OAI,
+                   **biases)
 
 
 def _reference(spec: MoeSpec, x, logits):
@@ -44,20 +58,31 @@ def _reference(spec: MoeSpec, x, logits):
     def dense(w):
         return quant.gather_rows(w.qtype, w.raw, np.arange(w.out_dim)).astype(np.float64)
 
+    def bias(b, e):
+        return 0 if b is None else b[e]
+
+    def activation(g, u):
+        if spec.activation != SWIGLU_OAI:
+            return g / (1 + np.exp(-g)) * u
+        g, u = np.minimum(g, 7), np.clip(u, -7, 7)
+        return g / (1 + np.exp(-1.702 * g)) * (u + 1)
+
     selected, weights = moe.route(logits, spec.n_used, spec.gating, spec.normalize, spec.scale)
     out = np.zeros((x.shape[0], N_EMBD))
     for r, row in enumerate(x.astype(np.float64)):
         for e, w in zip(selected[r], weights[r]):
-            g, u = dense(spec.gate[e]) @ row, dense(spec.up[e]) @ row
-            out[r] += w * (dense(spec.down[e]) @ (g / (1 + np.exp(-g)) * u))
+            g = dense(spec.gate[e]) @ row + bias(spec.gate_bias, e)
+            u = dense(spec.up[e]) @ row + bias(spec.up_bias, e)
+            out[r] += w * (dense(spec.down[e]) @ activation(g, u) + bias(spec.down_bias, e))
     return out
 
 
+@pytest.mark.parametrize("gpt_oss", [False, True], ids=["swiglu", "gpt-oss"])
 @pytest.mark.parametrize("row_wise", [True, False], ids=["rows", "prefill"])
-def test_the_weighted_sum_of_the_selected_experts(row_wise):
+def test_the_weighted_sum_of_the_selected_experts(row_wise, gpt_oss):
     rng = np.random.default_rng(1)
     backend = CpuBackend()
-    spec = _experts(rng, backend)
+    spec = _experts(rng, backend, gpt_oss=gpt_oss)
     x = rng.standard_normal((40, N_EMBD)).astype(np.float32)  # past 16 rows an expert: the prefill GEMM
     logits = rng.normal(0, 3, (40, N_EXPERT)).astype(np.float32)
     out = backend.moe_ffn(spec, x, logits, row_wise)

@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 
+from kernels.backend import RopeScaling
 from kernels.cpu import ops
 from kernels.cpu.attention import attention_decode, attention_prefill
 
@@ -42,17 +43,47 @@ def test_rope(neox, n_rot):
     np.testing.assert_allclose(y, _rope_reference(x, pos, n_rot, 10000.0, neox), rtol=1e-4, atol=1e-4)
 
 
+def _yarn_reference(x, positions, n_rot, base, factor, n_ctx_orig):
+    """ggml's rope_yarn (ext_factor 1, beta_fast 32, beta_slow 1, rope.scaling.attn_factor 1) in float64."""
+    def corr_dim(beta):
+        return n_rot * math.log(n_ctx_orig / (beta * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = max(0, math.floor(corr_dim(32))), min(n_rot - 1, math.ceil(corr_dim(1)))
+    out = x.astype(np.float64).copy()
+    half = n_rot // 2
+    mscale = 1 + 0.1 * math.log(factor)
+    for t, pos in enumerate(positions):
+        for i in range(half):
+            extrap = pos * base ** (-2 * i / n_rot)
+            mix = 1 - min(1, max(0, (i - low) / max(0.001, high - low)))
+            theta = extrap / factor * (1 - mix) + extrap * mix
+            xa, xb = x[t, :, i].astype(np.float64), x[t, :, i + half].astype(np.float64)
+            out[t, :, i] = (xa * math.cos(theta) - xb * math.sin(theta)) * mscale
+            out[t, :, i + half] = (xa * math.sin(theta) + xb * math.cos(theta)) * mscale
+    return out
+
+
+def test_yarn_rope_mixes_scaled_and_unscaled_angles_as_ggml():
+    x = rng.normal(size=(5, 3, 32)).astype(np.float32)
+    pos = np.array([0, 1, 7, 100, 4000])
+    y = x.copy()
+    ops.rope(y, pos, 32, 10000.0, True, RopeScaling(factor=8.0, yarn=True, n_ctx_orig=64))
+    np.testing.assert_allclose(y, _yarn_reference(x, pos, 32, 10000.0, 8.0, 64), rtol=1e-4, atol=1e-4)
+
+
 def test_activations():
     g = rng.normal(size=(3, 50)).astype(np.float32) * 3
     u = rng.normal(size=(3, 50)).astype(np.float32)
     np.testing.assert_allclose(ops.silu_mul(g, u), g / (1 + np.exp(-g)) * u, rtol=1e-5, atol=1e-6)
     gelu = 0.5 * g * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g**3)))
     np.testing.assert_allclose(ops.gelu_mul(g, u), gelu * u, rtol=1e-5, atol=1e-6)
+    x, y = np.minimum(g, 7), np.clip(u * 5, -7, 7)  # gpt-oss's clamped SwiGLU
+    np.testing.assert_allclose(ops.swiglu_oai(g, u * 5), x / (1 + np.exp(-1.702 * x)) * (y + 1), rtol=1e-5, atol=1e-6)
     s = ops.softmax(np.array([[1.0, 2.0, 3.0]]))
     np.testing.assert_allclose(s.sum(), 1.0)
 
 
-def _attention_reference(q, k, v, pos0, window, scale):
+def _attention_reference(q, k, v, pos0, window, scale, sinks=None):
     n, heads, d = q.shape
     group = heads // k.shape[1]
     out = np.zeros_like(q, dtype=np.float64)
@@ -62,7 +93,7 @@ def _attention_reference(q, k, v, pos0, window, scale):
         for h in range(heads):
             s = np.array([q[i, h] @ k[j, h // group] for j in keys], dtype=np.float64) * scale
             w = np.exp(s - s.max())
-            w /= w.sum()
+            w /= w.sum() + (0 if sinks is None else np.exp(sinks[h] - s.max()))
             out[i, h] = sum(wj * v[j, h // group] for wj, j in zip(w, keys))
     return out
 
@@ -75,6 +106,17 @@ def test_prefill_attention_causal_and_windowed(window):
     v = rng.normal(size=(n_keys, 2, 16)).astype(np.float32)
     out = attention_prefill(q, k, v, pos0, window, 0.25)
     np.testing.assert_allclose(out, _attention_reference(q, k, v, pos0, window, 0.25), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("window", [0, 5])
+def test_prefill_attention_with_sinks_in_the_denominator(window):
+    n_keys, pos0 = 12, 4
+    q = rng.normal(size=(n_keys - pos0, 4, 16)).astype(np.float32)
+    k = rng.normal(size=(n_keys, 2, 16)).astype(np.float32)
+    v = rng.normal(size=(n_keys, 2, 16)).astype(np.float32)
+    sinks = np.array([-1.0, 0.5, 3.0, 20.0], np.float32)  # the last beyond every score: the max is the sink's
+    out = attention_prefill(q, k, v, pos0, window, 0.25, sinks=sinks)
+    np.testing.assert_allclose(out, _attention_reference(q, k, v, pos0, window, 0.25, sinks), rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize("window", [0, 5])

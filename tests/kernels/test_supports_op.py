@@ -1,9 +1,10 @@
 """Backends say which ops of the seam they run (kernels.backend.OPS): the CPU runs them all, the devices all but
-the experts' (moe_ffn), and none claims an op it does not know."""
+the experts' (moe_ffn) and the variants of attention and RoPE gpt-oss needs, and none claims an op it does not
+know."""
 
 import pytest
 
-from kernels.backend import OP_MOE_FFN, OPS, Backend
+from kernels.backend import OP_MOE_FFN, OP_VARIANTS, OPS, Backend
 from kernels.cpu.backend import CpuBackend
 
 
@@ -14,20 +15,23 @@ def _runs_every_op_and_no_other(backend, refused: frozenset = frozenset()) -> No
     assert not backend.supports_op("")
 
 
-def test_every_op_name_is_a_method_of_the_protocol():
-    assert all(callable(getattr(Backend, op, None)) for op in OPS)
+DEVICES_LACK = frozenset({OP_MOE_FFN, *OP_VARIANTS})
+
+
+def test_every_op_name_is_a_method_of_the_protocol_or_a_variant_of_one():
+    assert all(callable(getattr(Backend, OP_VARIANTS.get(op, op), None)) for op in OPS)
 
 
 def test_the_cpu_runs_every_op():
     _runs_every_op_and_no_other(CpuBackend())
 
 
-def test_cuda_runs_every_op_but_the_experts():
+def test_cuda_runs_every_op_but_the_experts_and_the_variants():
     cuda = pytest.importorskip("kernels.cuda.backend", reason="numba-cuda is not installed")
-    _runs_every_op_and_no_other(cuda.CudaBackend(), frozenset({OP_MOE_FFN}))  # its answer needs no device
+    _runs_every_op_and_no_other(cuda.CudaBackend(), DEVICES_LACK)  # its answer needs no device
 
 
-def test_wgpu_runs_every_op_but_the_experts(gpu):
+def test_wgpu_runs_every_op_but_the_experts_and_the_variants(gpu):
     from kernels.wgpu.backend import GpuBackend
 
-    _runs_every_op_and_no_other(GpuBackend(gpu), frozenset({OP_MOE_FFN}))
+    _runs_every_op_and_no_other(GpuBackend(gpu), DEVICES_LACK)

@@ -1,10 +1,11 @@
-"""Record llama.cpp's logits on the tests' tiny qwen3moe models (tests/moe_models.py) into the JSON files
-beside this script, which tests/engine/test_moe_oracle.py compares the engine's forwards with.
+"""Record llama.cpp's logits on the tests' tiny MoE models (qwen3moe and gpt-oss: tests/moe_models.py's
+ORACLE_MODELS) into the JSON files beside this script, which tests/engine/test_moe_oracle.py compares the
+engine's forwards with.
 
 Usage, from the repository root, with the project's Python:
 
     python tests/data/moe/record_llama_logits.py --lib <folder of libllama.so and libggml*.so> \\
-        --binding <folder holding the llama_cpp package of llama-cpp-python>
+        --binding <folder holding the llama_cpp package of llama-cpp-python> [--only NAME ...]
 
 (or LLAMA_CPP_LIB_PATH and PYTHONPATH instead of the two options). Only the binding's ctypes module is
 imported (llama_cpp.llama_cpp), not its high-level package, so no other dependency is needed. Each model is
@@ -31,7 +32,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))  # the repository root: the tests' writer
 
-from tests.moe_models import TOKENS, VARIANTS, write_moe_model
+from tests.moe_models import ORACLE_MODELS, TOKENS
 
 
 def llama_ctypes(lib: str | None, binding: str | None):
@@ -87,20 +88,22 @@ def main() -> None:
     parser.add_argument("--lib", help="folder of libllama (default: LLAMA_CPP_LIB_PATH)")
     parser.add_argument("--binding", help="folder holding the llama_cpp package (default: PYTHONPATH)")
     parser.add_argument("--commit", default="", help="the llama.cpp commit the library was built from, to record")
+    parser.add_argument("--only", nargs="+", choices=list(ORACLE_MODELS), help="record these models only")
     args = parser.parse_args()
     llama = llama_ctypes(args.lib, args.binding)
     quiet = llama.llama_log_callback(lambda level, text, data: None)  # kept: the library calls it
     llama.llama_log_set(quiet, None)
     llama.llama_backend_init()
     with tempfile.TemporaryDirectory() as tmp:
-        for variant in VARIANTS:
-            path = Path(tmp) / f"qwen3moe-{variant}.gguf"
-            write_moe_model(path, variant)
+        for name in args.only or ORACLE_MODELS:
+            path = Path(tmp) / f"{name}.gguf"
+            write, _, variant = ORACLE_MODELS[name]
+            write(path)
             logits = llama_logits(llama, path, TOKENS)
             record = {"variant": variant, "gguf_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
                       "llama_cpp_commit": args.commit, "ids": TOKENS,
                       "logits": [[round(float(v), 5) for v in row] for row in logits]}
-            out = HERE / f"qwen3moe-{variant}.json"
+            out = HERE / f"{name}.json"
             out.write_text(json.dumps(record, separators=(",", ":")) + "\n")
             print(f"{out.name}: {len(TOKENS)} positions")
 
