@@ -37,6 +37,7 @@ from engine.chat.options import ChatOptions
 from engine.chat.sidecar import Sidecar
 from engine.chat.speculation import run_speculative
 from engine.chat.templates import Message, Template
+from engine.chat.answer_grammar import AnswerGrammar
 from engine.chat.thinking_budget import ThinkingBudget
 from engine.chat.turn import Prefilled, Turn, TurnRequest, TurnResult
 from engine.errors import ContextFull, InvalidPrefix
@@ -111,6 +112,8 @@ class Conversation:
         processor = options.processor
         if options.grammar is not None:  # built here, where the stop marker is known
             processor = grammar_processor(options.grammar, tokenizer, stop_token_id(tokenizer, template))
+            if template.reasoning is not None and options.split_reasoning:  # it holds the answer, not the reasoning
+                processor = AnswerGrammar(template.reasoning, tokenizer, processor)
         if options.thinking_budget is not None and template.reasoning is not None:
             processor = ThinkingBudget(template.reasoning, tokenizer, options.thinking_budget, processor)
         self.sampler = Sampler(options.sampler, processor)

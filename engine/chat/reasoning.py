@@ -19,8 +19,11 @@ splitter: its text is its answer, unchanged.
 from __future__ import annotations
 
 import re
+from abc import abstractmethod
 from dataclasses import dataclass
 from enum import Enum
+
+from engine.sampling.processor import StructuredProcessor
 
 
 class Thought(str):
@@ -55,6 +58,15 @@ def reasoning_format(template_source: str | None) -> ReasoningFormat | None:
     return None
 
 
+class ReasoningAware(StructuredProcessor):
+    """A logit processor that follows the reply's reasoning: at every turn's start (after `reset`) the turn
+    tells it where the prompt leaves the reply."""
+
+    @abstractmethod
+    def begin(self, prompt_tail: str) -> None:
+        """A reply starts after a prompt ending with `prompt_tail` (inside reasoning it opened, or not)."""
+
+
 class _State(Enum):
     START = "start"          # think: the reply may open its reasoning (after whitespace)
     REASONING = "reasoning"
@@ -75,6 +87,15 @@ class ReasoningSplitter:
     @property
     def in_reasoning(self) -> bool:
         return self._state is _State.REASONING
+
+    @property
+    def may_open(self) -> bool:
+        """The reply has written nothing but whitespace yet, and may still open its reasoning (think)."""
+        return self._state is _State.START
+
+    @property
+    def answering(self) -> bool:
+        return self._state is _State.ANSWER
 
     def _initial_state(self, tail: str) -> _State:
         if self.format is HARMONY:

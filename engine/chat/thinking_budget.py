@@ -16,12 +16,12 @@ from typing import Sequence
 
 import numpy as np
 
-from engine.chat.reasoning import ReasoningFormat, ReasoningSplitter
-from engine.sampling.processor import LogitProcessor, StructuredProcessor, has_structure
+from engine.chat.reasoning import ReasoningAware, ReasoningFormat, ReasoningSplitter
+from engine.sampling.processor import LogitProcessor, has_structure
 from engine.tokenize import Tokenizer
 
 
-class ThinkingBudget(StructuredProcessor):
+class ThinkingBudget(ReasoningAware):
     def __init__(self, fmt: ReasoningFormat, tokenizer: Tokenizer, tokens: int,
                  inner: LogitProcessor | None = None):
         self.format, self.limit, self.inner = fmt, tokens, inner
@@ -30,7 +30,8 @@ class ThinkingBudget(StructuredProcessor):
         self.begin("")
 
     def begin(self, prompt_tail: str) -> None:
-        """A reply starts after a prompt ending with `prompt_tail` (inside reasoning the prompt opened, or not)."""
+        if isinstance(self.inner, ReasoningAware):
+            self.inner.begin(prompt_tail)
         self._tracker = ReasoningSplitter(self.format, prompt_tail)
         self.spent = 0  # tokens committed inside the reasoning
         self._forced: list[int] = []
@@ -49,7 +50,7 @@ class ThinkingBudget(StructuredProcessor):
     def reset(self) -> None:
         if self.inner is not None:
             self.inner.reset()
-        self.begin("")
+        self.begin("")  # the turn begins it again where its prompt leaves the reply
 
     def set_budget(self, tokens: int | None) -> None:
         if self.inner is not None:

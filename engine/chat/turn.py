@@ -19,9 +19,8 @@ from typing import Callable, NamedTuple, Protocol
 import numpy as np
 
 from engine.chat.options import ChatOptions
-from engine.chat.reasoning import ReasoningSplitter, Thought
+from engine.chat.reasoning import ReasoningAware, ReasoningSplitter, Thought
 from engine.chat.templates import Message, Template
-from engine.chat.thinking_budget import ThinkingBudget
 from engine.kv.cache import KvCache
 from engine.models.validate import check_logits
 from engine.sampling import Sampler
@@ -136,7 +135,7 @@ class Turn:
             tail = b"".join(c.tokenizer.token_bytes(t) for t in self.request.ids[-_TAIL_TOKENS:])
             if c.options.split_reasoning:
                 self.splitter = ReasoningSplitter(c.template.reasoning, tail.decode("utf-8", "replace"))
-            if isinstance(c.sampler.processor, ThinkingBudget):
+            if isinstance(c.sampler.processor, ReasoningAware):  # every marker is ASCII: bytes as characters
                 c.sampler.processor.begin(tail.decode("latin-1"))
         prefilled = c._prefill(self.request, self.cancel)
         self.stats.prefill_ms = (time.perf_counter() - self._start) * 1e3

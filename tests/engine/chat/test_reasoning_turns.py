@@ -3,12 +3,15 @@ starter model reasons) and scripted replies: the reply's pieces carry reasoning 
 next prompt renders it as the template says, thinking off closes it in the prompt, and a thinking budget
 closes it at exactly N tokens, speculative or not."""
 
+import json
+
 import numpy as np
 import pytest
 
 from engine.chat import ChatOptions, Conversation, Format, JinjaTemplate, Message, Template, template_for_model
 from engine.chat.reasoning import HARMONY, THINK, Thought
 from engine.chat.thinking_budget import ThinkingBudget
+from engine.sampling.grammar import Grammar
 from engine.speculative import stream
 from engine.tokenize import load_tokenizer
 from tests.engine.chat.conftest import Script
@@ -185,3 +188,37 @@ def test_a_harmony_budget_forces_the_end_of_analysis_and_the_final_channels_head
     closer = tok.encode(HARMONY.closer, add_special=False)
     assert reasoning == "xxxx" and ids[opened + 4:opened + 4 + len(closer)] == closer
     assert answer == "x" * (60 - opened - 4 - len(closer))  # the final channel: the script's text goes on
+
+
+R1_LIKE = QWEN3_LIKE_TEMPLATE.replace("assistant\\n' }}", "assistant\\n<think>\\n' }}")
+
+
+@pytest.mark.parametrize("speculation", [False, True], ids=["plain", "speculative"])
+def test_a_response_format_holds_the_answer_after_the_reasoning(thinker, speculation):
+    """The prompt opens the reasoning; a JSON format holds only what follows it (here the random model
+    reasons until the budget closes its reasoning, then the grammar writes its answer)."""
+    model, tok = thinker
+    opened = JinjaTemplate(R1_LIKE, isolated=False)
+    c = Conversation(model, tok, opened, ChatOptions(grammar=Grammar.json_object(), thinking_budget=3,
+                                                     max_tokens=48, speculation=speculation))
+    reasoning, answer = split(c.send("hi"))
+    ids = c.last_turn.token_ids
+    assert ids[3] == tok.token_id("</think>")  # three free tokens of reasoning, then the forced marker
+    assert c.last_turn.finish_reason in ("stop", "length_closed")
+    assert isinstance(json.loads(answer), dict) and c.last_turn.text == answer
+
+
+def test_a_reply_that_may_open_its_reasoning_is_the_grammars_or_the_opener(thinker):
+    model, tok = thinker
+    opener = tok.token_id("<think>")
+    answer_grammar = Conversation(model, tok, QWEN3, ChatOptions(grammar=Grammar.json_object(), max_tokens=48))
+    processor = answer_grammar.sampler.processor
+    processor.reset()
+    processor.set_budget(48)
+    processor.begin("<|im_start|>assistant\n")
+    logits = np.zeros(tok.vocab_size, dtype=np.float32)
+    processor.process(logits, [])
+    allowed = set(np.flatnonzero(np.isfinite(logits)))
+    assert opener in allowed and tok.token_id("{") in allowed and tok.token_id("x") not in allowed
+    reasoning, answer = split(answer_grammar.send("hi"))
+    assert isinstance(json.loads(answer), dict)
