@@ -10,7 +10,7 @@ from kernels.cpu import int8_dot, k_quant_dot
 
 # Matvecs of these formats multiply x quantized to int8 blocks of 32, and of the K-quants here to int8 blocks of
 # 256 (as llama.cpp does: its Q8_0 and Q8_K).
-INT8_INPUTS = {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0}
+INT8_INPUTS = {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.MXFP4}
 SUPER_BLOCK_INPUTS = {T.Q4_K, T.Q6_K}
 
 # Byte offsets of the f16 scale fields in one block, for formats built from random bytes
@@ -22,9 +22,18 @@ SCALE_FIELDS = {
 }
 
 
+# MXFP4's E8M0 scale byte e (2^(e - 128) per unit of its doubled e2m1 values): 2^-10 .. 2^-1
+MXFP4_SCALE_BYTES = (118, 128)
+
+
 def random_weight(qtype: T, rows: int, cols: int, rng: np.random.Generator,
                   scale_range: tuple[float, float] = (1e-3, 1e-1)) -> np.ndarray:
-    """Random blocks with f16 scales in ±scale_range; float and other types from N(0, 1) values."""
+    """Random blocks with f16 scales in ±scale_range (MXFP4: E8M0 scales of MXFP4_SCALE_BYTES); float and
+    other types from N(0, 1) values."""
+    if qtype == T.MXFP4:
+        blocks = rng.integers(0, 256, (rows * cols // 32, 17), dtype=np.uint8)
+        blocks[:, 0] = rng.integers(*MXFP4_SCALE_BYTES, blocks.shape[0])
+        return blocks.reshape(rows, -1)
     if qtype in SCALE_FIELDS:
         block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
         n_blocks = rows * cols // block_elems

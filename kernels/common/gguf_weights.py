@@ -1,7 +1,7 @@
 """A GGUF weight on the host: its raw bytes checked against its GGML type, and its rows decoded to float32.
 
 A weight is a C-contiguous uint8 array [rows, row_bytes] (usually a view of the file's mmap) plus its GGML
-type id. F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K..Q6_K are decoded by the Numba block
+type id. F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K and MXFP4 are decoded by the Numba block
 decoders (quant_blocks); every other type `gguf.quants` can dequantize through it (quant_generic).
 """
 

@@ -23,6 +23,8 @@ Three idioms keep the inner loops vectorized by LLVM (check with `inspect_asm`):
   integer operators as int64, and 64-bit lanes halve the throughput.
 """
 
+import math
+
 import numpy as np
 from gguf.constants import GGMLQuantizationType as T
 from numba import njit
@@ -40,7 +42,10 @@ KERNEL_ONCE = dict(KERNEL, inline="always")
 F32, F16, BF16 = int(T.F32), int(T.F16), int(T.BF16)
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = int(T.Q4_0), int(T.Q4_1), int(T.Q5_0), int(T.Q5_1), int(T.Q8_0)
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = int(T.Q2_K), int(T.Q3_K), int(T.Q4_K), int(T.Q5_K), int(T.Q6_K)
-NATIVE_TYPES = frozenset((F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K))
+MXFP4 = int(T.MXFP4)
+NATIVE_TYPES = frozenset((F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4))
+# MXFP4's 4-bit e2m1 codes as ggml's kvalues_mxfp4: twice the value (int8), with E8M0 scales halved to match
+MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int8)
 N16 = 16  # what callers pass as n16
 
 idx = np.uint64
@@ -73,6 +78,12 @@ def load_f16(row, o):
 @njit(**KERNEL)
 def load_u32(row, o):
     return np.uint32(row[o] | (row[o + 1] << 8) | (row[o + 2] << 16) | (row[o + 3] << 24))
+
+
+@njit(**KERNEL)
+def e8m0_half(e):
+    """ggml's GGML_E8M0_TO_FP32_HALF: 2^(e - 128) as float32, exactly (subnormal for e < 2)."""
+    return np.float32(math.ldexp(1.0, np.int64(e) - 128))
 
 
 @njit(**KERNEL)
@@ -193,6 +204,21 @@ def decode_q8_0(w, ids, out, n16):
                 dst[idx(e + j)] = d * np.float32(np.int8(row[idx(o + 2 + j)]))
 
 
+@njit(**KERNEL_ONCE)
+def decode_mxfp4(w, ids, out, n16):
+    # e:E8M0, qs[16]: codes as Q4_0's nibbles; e8m0_half(e) * MXFP4_VALUES[code]
+    values = MXFP4_VALUES
+    for i in range(ids.shape[0]):
+        row, dst = w[ids[i]], out[i]
+        for b in range(row.shape[0] // 17):
+            o, e = b * 17, b * 32
+            d = e8m0_half(row[o])
+            for j in range(span(n16, 16)):
+                q = row[idx(o + 1 + j)]
+                dst[idx(e + j)] = d * np.float32(values[bits(q, 0, 15)])
+                dst[idx(e + 16 + j)] = d * np.float32(values[bits(q, 4, 15)])
+
+
 # --- K-quants: 256-weight super-blocks --------------------------------------
 
 
@@ -306,7 +332,7 @@ def decode_q6_k(w, ids, out, n16):
 _decode = switch({
     Q4_K: decode_q4_k, Q6_K: decode_q6_k, Q8_0: decode_q8_0, Q5_0: decode_q5_0, Q4_0: decode_q4_0,
     Q4_1: decode_q4_1, Q5_1: decode_q5_1, Q5_K: decode_q5_k, Q3_K: decode_q3_k, Q2_K: decode_q2_k,
-    F32: decode_f32, F16: decode_f16, BF16: decode_bf16,
+    F32: decode_f32, F16: decode_f16, BF16: decode_bf16, MXFP4: decode_mxfp4,
 }, ("w", "ids", "out", "n16"))
 
 

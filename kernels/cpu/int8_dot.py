@@ -14,8 +14,8 @@ The 32-weight formats keep their block products in float vectors, reduced once
 per row (Q4_K and Q6_K, against activations in blocks of 256: k_quant_dot). Weights enter the dot
 unsigned (at most 7 bits, so `pmaddubsw` never saturates): signed ones as |w|
 with w's sign moved onto x (Q4_0's and Q5_0's stored offsets are taken off
-the weights in int8 first), Q4_1's and Q5_1's mins through the int sums of
-each activation block. Every row's arithmetic is the same whatever the number
+the weights in int8 first; MXFP4's codes are looked up as ggml's kvalues_mxfp4), Q4_1's and Q5_1's mins
+through the int sums of each activation block. Every row's arithmetic is the same whatever the number
 of rows, so the row-wise forward's bits do not depend on m (and an AVX-512 host
 gets an AVX2 host's bits: it only packs the same lanes differently).
 """
@@ -27,6 +27,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from kernels.common.cpu_target import has
+from kernels.common.quant_blocks import MXFP4_VALUES
 from kernels.common.f16 import f16_bits_to_f32, f32_to_f16_bits
 
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
@@ -170,9 +171,10 @@ def _tiled(dots, tile_rows=TILE):
     return rows_dot
 
 
-def _rows_dot(block_bytes, weights, offset=None):
+def _rows_dot(block_bytes, weights, offset=None, block_scale=_f16):
     """rows_dot (see _tiled) for a 32-weight block format: the dot of a weight row with an input row
-    (xq, xd, xsum) is sum_b f16(block b at 0) * xd[b] * (weights . xq block b), plus, with
+    (xq, xd, xsum) is sum_b block_scale(block b) * xd[b] * (weights . xq block b) (the f16 at the block's
+    first byte, or MXFP4's E8M0), plus, with
     offset = (byte, factor), factor * f16(block b at byte) * xd[b] * xsum[b] (the mins of Q4_1 and Q5_1).
     `weights(builder, block_ptr)` -> (unsigned weights <32 x i8>, None or the lanes whose weight is
     negative, whose x enters the dot negated). The block products accumulate in float vectors, reduced
@@ -202,7 +204,7 @@ def _rows_dot(block_bytes, weights, offset=None):
             unpacked = [weights(builder, block) for block in blocks]
             w = _join(builder, [u[0] for u in unpacked])
             negative = None if unpacked[0][1] is None else _join(builder, [u[1] for u in unpacked])
-            d = _floats(builder, [_f16(builder, block) for block in blocks])
+            d = _floats(builder, [block_scale(builder, block) for block in blocks])
             if offset is not None:
                 d_offset = _floats(builder, [_f16(builder, _at(builder, block, offset[0])) for block in blocks])
                 factor = ir.Constant(d.type, [offset[1]] * k)
@@ -305,11 +307,38 @@ def _centered(weights, zero):
     return signed
 
 
+def _looked_up(builder, codes, table):
+    """table[codes] for <32 x i8> codes in 0..15 and a 16-entry int8 table: AVX2's pshufb (the table in both
+    128-bit lanes), else a select per entry."""
+    if _AVX2:
+        return _call(builder, "llvm.x86.avx2.pshuf.b", codes.type, [_const(_I8, list(table) * 2), codes])
+    out = ir.Constant(codes.type, None)
+    for code, value in enumerate(table):
+        hit = builder.icmp_unsigned("==", codes, _const(_I8, [code] * 32))
+        out = builder.select(hit, _const(_I8, [int(value)] * 32), out)
+    return out
+
+
+def _mxfp4(builder, block):
+    """MXFP4's weights: its e2m1 codes (Q4_0's nibble order, after the scale byte) as twice their values."""
+    return _magnitude(builder, _looked_up(builder, _low_high(builder, _at(builder, block, 1)), MXFP4_VALUES))
+
+
+def _e8m0_half(builder, block):
+    """The block's E8M0 scale byte as ggml's GGML_E8M0_TO_FP32_HALF: 2^(e - 128), from its float bits."""
+    e = builder.zext(builder.load(block), _I32)
+    small = builder.shl(ir.Constant(_I32, 0x00200000), e)
+    normal = builder.shl(builder.sub(e, ir.Constant(_I32, 1)), ir.Constant(_I32, 23))
+    is_small = builder.icmp_unsigned("<", e, ir.Constant(_I32, 2))
+    return builder.bitcast(builder.select(is_small, small, normal), ir.FloatType())
+
+
 rows_dot_q4_0 = _rows_dot(18, _centered(_q4(2), 8))
 rows_dot_q4_1 = _rows_dot(20, _q4(4), offset=(2, 1.0))
 rows_dot_q5_0 = _rows_dot(22, _centered(_q5(2, 6), 16))
 rows_dot_q5_1 = _rows_dot(24, _q5(4, 8), offset=(2, 1.0))
 rows_dot_q8_0 = _rows_dot(34, _q8)
+rows_dot_mxfp4 = _rows_dot(17, _mxfp4, block_scale=_e8m0_half)  # llama.cpp's vec_dot_mxfp4_q8_0
 
 
 def _x32(builder, xq, e):

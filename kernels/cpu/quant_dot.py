@@ -1,7 +1,7 @@
 """Fused block-reading dot products: out[n, r] = sum_c W[r, c] * X[n, c] for every row r of w and n of X.
 
 `activations(X)` derives what the kernels read besides the weights from the input rows once per product.
-Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 multiply their quants with x quantized to int8 blocks of 32, Q4_K/Q6_K with x in
+Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/MXFP4 multiply their quants with x quantized to int8 blocks of 32, Q4_K/Q6_K with x in
 int8 blocks of 256 (as llama.cpp does: its Q8_0 and Q8_K), one integer dot per block (int8_dot,
 k_quant_dot); the other formats widen
 each block's quants to float and multiply with x in registers. Either way the
@@ -31,11 +31,13 @@ from numba import njit, prange
 from kernels.common.f16 import f16_bits_to_f32
 from kernels.common.formats import ByLanes, switch
 from kernels.common.quant_blocks import (
-    BF16, F16, F32, KERNEL, KERNEL_ONCE, N16, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
+    BF16, F16, F32, KERNEL, KERNEL_ONCE, MXFP4, N16, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
     bits, idx, join, k_scale_min, load_f16, q3_k_scale, span,
 )
 from kernels.cpu import int8_dot, k_quant_dot, row_lanes
-from kernels.cpu.int8_dot import rows_dot_q4_0, rows_dot_q4_1, rows_dot_q5_0, rows_dot_q5_1, rows_dot_q8_0
+from kernels.cpu.int8_dot import (
+    rows_dot_mxfp4, rows_dot_q4_0, rows_dot_q4_1, rows_dot_q5_0, rows_dot_q5_1, rows_dot_q8_0,
+)
 from kernels.cpu.k_quant_dot import rows_dot_q4_k, rows_dot_q6_k
 
 # smaller weights run on the calling thread: a parallel launch costs more than it saves
@@ -116,6 +118,12 @@ def dot_q5_1(w, xq, xd, xsum, out):
 def dot_q8_0(w, xq, xd, xsum, out):
     for r in range(w.shape[0]):
         rows_dot_q8_0(w, r, xq, xd, xsum, out)
+
+
+@njit(**KERNEL_ONCE)
+def dot_mxfp4(w, xq, xd, xsum, out):
+    for r in range(w.shape[0]):
+        rows_dot_mxfp4(w, r, xq, xd, xsum, out)
 
 
 # --- K-quants ---------------------------------------------------------------
@@ -261,7 +269,7 @@ def _each_row(dot):
 _product = switch({
     Q4_K: _super_block_rows(dot_q4_k), Q6_K: _super_block_rows(dot_q6_k), Q8_0: _all_rows(dot_q8_0, Q8_0),
     Q5_0: _all_rows(dot_q5_0, Q5_0), Q4_0: _all_rows(dot_q4_0, Q4_0), Q4_1: _all_rows(dot_q4_1, Q4_1),
-    Q5_1: _all_rows(dot_q5_1, Q5_1), Q5_K: _each_row(dot_q5_k),
+    Q5_1: _all_rows(dot_q5_1, Q5_1), MXFP4: _all_rows(dot_mxfp4, MXFP4), Q5_K: _each_row(dot_q5_k),
     Q3_K: _each_row(dot_q3_k), Q2_K: _each_row(dot_q2_k), F32: _each_row(dot_f32), F16: _each_row(dot_f16),
     BF16: _each_row(dot_bf16),
 }, ("w", "X", "act", "Y", "n16"))
@@ -292,7 +300,7 @@ def needs(qtypes):
     for t in qtypes:
         if t == Q4_K or t == Q6_K:
             need |= BLOCKS_256
-        elif t == Q4_0 or t == Q4_1 or t == Q5_0 or t == Q5_1 or t == Q8_0:
+        elif t == Q4_0 or t == Q4_1 or t == Q5_0 or t == Q5_1 or t == Q8_0 or t == MXFP4:
             need |= BLOCKS_32
         else:
             need |= FLOAT_SUMS

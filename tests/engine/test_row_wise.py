@@ -50,6 +50,15 @@ def test_rows_equal_one_at_a_time_for_every_family_and_format(arch, qtype, tmp_p
     _assert_rows_equal_one_at_a_time(load_model(path))
 
 
+def test_rows_equal_one_at_a_time_on_mxfp4_weights_in_the_fused_stack(tmp_path):
+    """MXFP4 (gpt-oss's experts' format) has a native kernel, so a dense model of it runs the fused row stack."""
+    path = tmp_path / "m.gguf"
+    write_tiny_model(path, "llama", n_embd=256, n_head=4, n_head_kv=2, n_ff=256, vocab=64, qtype=T.MXFP4)
+    model = load_model(path)
+    assert all(run.stack is not None for run in model._row_runs)
+    _assert_rows_equal_one_at_a_time(model)
+
+
 @pytest.mark.parametrize("arch", FAMILIES)
 def test_rows_equal_one_at_a_time_on_a_q8_0_cache(arch, tmp_path):
     path = tmp_path / "m.gguf"

@@ -10,8 +10,9 @@ from kernels.common import gguf_weights
 from kernels.cpu import int8_dot, quant
 from tests.quant_weights import matvec_input, random_weight, super_block_input
 
-NATIVE = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
-GENERIC = [T.IQ4_NL, T.TQ2_0, T.MXFP4]
+NATIVE = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
+          T.MXFP4]
+GENERIC = [T.IQ4_NL, T.TQ2_0]
 # Columns: several blocks, and for float formats a width that is no multiple of 16.
 COLS = {T.F32: 37, T.F16: 53, T.BF16: 40, T.Q4_0: 160, T.Q4_1: 96, T.Q5_0: 160, T.Q5_1: 96, T.Q8_0: 224,
         T.IQ4_NL: 96, T.MXFP4: 64}
@@ -97,7 +98,7 @@ def test_matmul_tiles_cover_every_row(monkeypatch):
     _assert_products(quant.matmul(T.Q4_K, w, X), W, X)
 
 
-@pytest.mark.parametrize("qtype", [T.F16, T.Q4_1, T.Q5_0, T.Q8_0, T.Q2_K, T.Q4_K, T.Q6_K, T.IQ4_NL],
+@pytest.mark.parametrize("qtype", [T.F16, T.Q4_1, T.Q5_0, T.Q8_0, T.Q2_K, T.Q4_K, T.Q6_K, T.IQ4_NL, T.MXFP4],
                          ids=lambda t: t.name)
 def test_row_wise_rows_equal_matvecs_bitwise(qtype, mode):
     """quant.rows reads the weight once for all rows, yet each row is bit for bit its own matvec."""
@@ -110,7 +111,8 @@ def test_row_wise_rows_equal_matvecs_bitwise(qtype, mode):
         np.testing.assert_array_equal(y, quant.matvec(qtype, w, x))
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K, T.MXFP4],
+                         ids=lambda t: t.name)
 def test_row_tiles_give_every_row_its_one_row_bits(qtype, mode):
     """The m-row kernels unpack each weight block once for a tile of input rows: whatever m, and whatever
     tile and place in it a row lands in, its outputs are the bits of a one-row call."""
@@ -172,6 +174,28 @@ def test_k_quant_dots_are_exact_integer_sums_scaled_once_per_super_block(qtype):
     W = quants.dequantize(w, qtype).reshape(8, -1).astype(np.float64)
     exact = W @ matvec_input(qtype, x[None])[0].astype(np.float64)
     np.testing.assert_allclose(quant.matvec(qtype, w, x), exact, rtol=2e-6, atol=1e-6 * np.abs(exact).max())
+
+
+def test_mxfp4_decodes_every_code_and_scale_byte_as_gguf_py():
+    """Every E8M0 scale byte (0 and 1: subnormal halves, 255: 2^127) with every e2m1 code in both nibbles."""
+    blocks = np.zeros((256, 17), np.uint8)
+    blocks[:, 0] = np.arange(256)
+    blocks[:, 1:] = (np.arange(16, dtype=np.uint8) | (np.arange(16, dtype=np.uint8)[::-1] << 4))
+    with np.errstate(over="ignore"):
+        expected = quants.dequantize(blocks, T.MXFP4).astype(np.float32)
+    np.testing.assert_array_equal(quant.gather_rows(T.MXFP4, blocks, np.arange(256)), expected)
+
+
+def test_mxfp4_dots_are_exact_integer_sums_scaled_once_per_block():
+    """As llama.cpp's vec_dot_mxfp4_q8_0: per block of 32 the integer dot of the doubled e2m1 values with the
+    int8 activations, times the halved E8M0 scale and the activations' scale; against float64 arithmetic on
+    the same integers only the float accumulation of the blocks rounds."""
+    rng = np.random.default_rng(7)
+    w = random_weight(T.MXFP4, 9, 32 * 7, rng)  # an odd number of blocks: the kernels pair them
+    X = rng.standard_normal((5, 32 * 7), dtype=np.float32)
+    W = quants.dequantize(w, T.MXFP4).astype(np.float64)
+    exact = matvec_input(T.MXFP4, X).astype(np.float64) @ W.T
+    np.testing.assert_allclose(quant.rows(T.MXFP4, w, X), exact, rtol=1e-6, atol=1e-6 * np.abs(exact).max())
 
 
 def test_f16_scales_decode_every_bit_pattern():
