@@ -80,8 +80,9 @@ _ROPE_SCALING_TYPES = ("none", "linear", "yarn")
 
 
 def rope_scaling(meta: Mapping, arch: str) -> RopeScaling | None:
-    """The RoPE scaling of the "<arch>.rope.scaling.*" keys, as llama.cpp reads them (type default "linear";
-    factor 0 or missing: none), or None."""
+    """The RoPE scaling of the "<arch>.rope.scaling.*" keys, as llama.cpp's common loader reads them (type
+    default "linear"; factor 0 or missing: none; YaRN's betas at their defaults: only some families read
+    rope.scaling.yarn_*), or None."""
     kind = meta_value(meta, f"{arch}.rope.scaling.type", "string") or "linear"
     if kind not in _ROPE_SCALING_TYPES:
         raise ConfigError(f"model metadata {arch}.rope.scaling.type is {kind!r}; supported: "
@@ -89,8 +90,6 @@ def rope_scaling(meta: Mapping, arch: str) -> RopeScaling | None:
     factor = meta_float_opt(meta, arch, "rope.scaling.factor", default=0.0)
     if kind == "none" or factor in (0.0, 1.0) and kind != "yarn":
         return None
-    if meta_float_opt(meta, arch, "rope.scaling.yarn_log_multiplier", default=0.0):
-        raise ConfigError(f"model metadata {arch}.rope.scaling.yarn_log_multiplier is not supported")
     n_ctx_orig = (meta_int_opt(meta, arch, "rope.scaling.original_context_length")
                   or meta_int_opt(meta, arch, "context_length") or 0)
     return RopeScaling(factor=factor or 1.0, yarn=kind == "yarn", n_ctx_orig=n_ctx_orig,
