@@ -151,7 +151,8 @@ class RopeScaling:
 
         def corr_dim(beta):  # ggml_rope_yarn_corr_dim, in float32 as ggml computes it
             f32 = np.float32
-            return f32(n_rot) * np.log(f32(self.n_ctx_orig) / (f32(beta) * f32(2) * f32(np.pi))) / (f32(2) * np.log(f32(base)))
+            turns = f32(self.n_ctx_orig) / (f32(beta) * f32(2) * f32(np.pi))
+            return f32(n_rot) * np.log(turns) / (f32(2) * np.log(f32(base)))
 
         low = max(0.0, float(np.floor(corr_dim(self.beta_fast))))
         high = min(n_rot - 1.0, float(np.ceil(corr_dim(self.beta_slow))))

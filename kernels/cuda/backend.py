@@ -17,7 +17,10 @@ from typing import NamedTuple, Sequence
 import numpy as np
 from gguf.constants import GGMLQuantizationType as T
 
-from kernels.backend import OP_ATTENTION_SINKS, OP_MOE_FFN, OP_ROPE_SCALED, OPS, Q8_0_BLOCK, Q8_0_BLOCK_BYTES, AttentionShape, BackendUnavailable, Segment
+from kernels.backend import (
+    OP_ATTENTION_SINKS, OP_MOE_FFN, OP_ROPE_SCALED, OPS, Q8_0_BLOCK, Q8_0_BLOCK_BYTES, AttentionShape,
+    BackendUnavailable, Segment,
+)
 from kernels.common import gguf_weights, kv_rows
 from kernels.cuda import kernels as k
 from kernels.cuda.formats import DECODERS, FLOAT_VIEWS

@@ -16,7 +16,8 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType as T
 
 from kernels.backend import (
-    OP_ATTENTION_SINKS, OP_MOE_FFN, OP_ROPE_SCALED, OPS, Q8_0_BLOCK, Q8_0_BLOCK_BYTES, AttentionShape, BackendUnavailable, Segment, kv_rows_f32,
+    OP_ATTENTION_SINKS, OP_MOE_FFN, OP_ROPE_SCALED, OPS, Q8_0_BLOCK, Q8_0_BLOCK_BYTES, AttentionShape,
+    BackendUnavailable, Segment, kv_rows_f32,
 )
 from kernels.common import gguf_weights, kv_rows, q8_0
 from kernels.wgpu import ops

@@ -67,11 +67,13 @@ def test_a_negative_rope_scaling_factor_is_refused(tmp_path):
 
 
 def test_missing_sinks_are_named(tmp_path):
-    _refused(tmp_path, GGUFError, "missing tensor 'blk.1.attn_sinks.weight'", skip_tensors=("blk.1.attn_sinks.weight",))
+    _refused(tmp_path, GGUFError, "missing tensor 'blk.1.attn_sinks.weight'",
+             skip_tensors=("blk.1.attn_sinks.weight",))
 
 
 def test_missing_expert_biases_are_named(tmp_path):
-    _refused(tmp_path, GGUFError, "missing tensor 'blk.0.ffn_down_exps.bias'", skip_tensors=("blk.0.ffn_down_exps.bias",))
+    _refused(tmp_path, GGUFError, "missing tensor 'blk.0.ffn_down_exps.bias'",
+             skip_tensors=("blk.0.ffn_down_exps.bias",))
 
 
 class _BackendWithoutSinks(CpuBackend):

@@ -83,7 +83,8 @@ def test_unsupported_architecture_lists_supported(tmp_path):
     write_tiny_model(path, "llama")
     f = open_gguf(path)
     f.metadata["general.architecture"] = "mamba9"
-    with pytest.raises(UnsupportedArchitecture, match="'mamba9' is not supported.*gemma3, gpt-oss, llama, qwen2, qwen3"):
+    with pytest.raises(UnsupportedArchitecture,
+                       match="'mamba9' is not supported.*gemma3, gpt-oss, llama, qwen2, qwen3"):
         build_model(f)
 
 

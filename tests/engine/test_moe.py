@@ -23,7 +23,8 @@ PROMPT = TOKENS[:4]
 
 
 # each family in each experts' format (gpt-oss's: past its sliding window too)
-MODELS = [f"{ARCH}-{v}" for v, (_, extra) in VARIANTS.items() if not extra] + [f"{GPT_OSS}-{v}" for v in GPT_OSS_VARIANTS]
+MODELS = ([f"{ARCH}-{v}" for v, (_, extra) in VARIANTS.items() if not extra]
+          + [f"{GPT_OSS}-{v}" for v in GPT_OSS_VARIANTS])
 
 
 @pytest.fixture(scope="module", params=MODELS)
