@@ -46,7 +46,7 @@ def _cache_dir(target: cpu_target.Target | None) -> Path:
             else Path(platformdirs.user_cache_dir("fucina", appauthor=False)) / "numba" / BUILD_ID)
     if target is None:
         return base
-    shipped.seed(target.name, base / target.name)
+    shipped.seed(target.name, base / target.name, BUILD_ID)  # a target asked for by name may have none shipped
     return base / target.name
 
 

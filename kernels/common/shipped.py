@@ -59,12 +59,12 @@ def write_manifest(directory: Path, build_id: str, targets: list[str], kernels: 
         {"built_with": built_with(build_id), "targets": targets, "kernels": kernels}, indent=1) + "\n")
 
 
-def seed(target: str, cache_dir: Path, directory: Path = SHIPPED_DIR) -> bool:
-    """Start the cache of `target` at `cache_dir` as the shipped one, if it has not started yet (a cache
-    directory that exists is used as it is). The copy is made aside and renamed into place, so a process
-    never sees half of it; files are hard-linked where the file system allows (Numba replaces cache files,
-    never writes into them)."""
-    if cache_dir.exists() or not (directory / target).is_dir():
+def seed(target: str, cache_dir: Path, build_id: str, directory: Path = SHIPPED_DIR) -> bool:
+    """Start the cache of `target` at `cache_dir` as the one shipped for these kernel sources and tools
+    (shipped_targets), if it has not started yet (a cache directory that exists is used as it is). The copy
+    is made aside and renamed into place, so a process never sees half of it; files are hard-linked where
+    the file system allows (Numba replaces cache files, never writes into them)."""
+    if cache_dir.exists() or target not in shipped_targets(build_id, directory):
         return False
     aside = cache_dir.parent / f".{cache_dir.name}.{os.getpid()}.seeding"
     try:

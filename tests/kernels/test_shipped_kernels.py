@@ -106,18 +106,21 @@ def test_a_shipped_cache_is_used_only_with_the_kernels_and_tools_it_was_built_wi
     assert shipped.shipped_targets(BUILD_ID, tmp_path / "absent") == []
 
 
-def test_seeding_starts_a_cache_once_and_leaves_one_that_exists_alone(tmp_path):
+def test_seeding_starts_a_cache_once_from_a_matching_build_and_leaves_one_that_exists_alone(tmp_path):
     source = tmp_path / "shipped"
     (source / "x86-64-v3" / "kernels_cpu").mkdir(parents=True)
     (source / "x86-64-v3" / "kernels_cpu" / "ops.nbi").write_bytes(b"index")
     cache = tmp_path / "cache" / "x86-64-v3"
-    assert shipped.seed("x86-64-v3", cache, source)
+    assert not shipped.seed("x86-64-v3", cache, BUILD_ID, source)  # no manifest: not a build of these kernels
+    _manifest(source)
+    assert not shipped.seed("x86-64-v3", cache, "another-build", source)  # a build of other kernel sources
+    assert shipped.seed("x86-64-v3", cache, BUILD_ID, source)
     assert (cache / "kernels_cpu" / "ops.nbi").read_bytes() == b"index"
     (source / "x86-64-v3" / "kernels_cpu" / "ops.nbi").unlink()
     (source / "x86-64-v3" / "kernels_cpu" / "ops.nbi").write_bytes(b"newer")
-    assert not shipped.seed("x86-64-v3", cache, source)  # a cache that has started keeps what it has
+    assert not shipped.seed("x86-64-v3", cache, BUILD_ID, source)  # a cache that has started keeps what it has
     assert (cache / "kernels_cpu" / "ops.nbi").read_bytes() == b"index"
-    assert not shipped.seed("x86-64-v4-vnni", tmp_path / "cache" / "x86-64-v4-vnni", source)  # not shipped
+    assert not shipped.seed("x86-64-v4-vnni", tmp_path / "cache" / "x86-64-v4-vnni", BUILD_ID, source)  # not shipped
     assert not list(tmp_path.glob("cache/.*"))  # nothing left aside
 
 
