@@ -120,6 +120,8 @@ QLabel#stoppedMark, QLabel#replyMark {{ color: {c.accent}; border: 1px solid {c.
 #thinkingBlock QToolButton {{ color: {c.muted}; padding: 2px 6px 2px 0; }}
 QLabel#thinkingText {{ color: {c.muted}; border-left: 2px solid {c.border}; padding: 2px 0 2px 10px;
     font-size: {FONT_SMALL}pt; }}
+QFrame#toolCallBlock {{ background: {c.surface}; border: 1px solid {c.border}; border-radius: {RADIUS_CONTROL}px; }}
+QLabel#toolCallTitle {{ font-weight: 600; }}
 QFrame#quote {{ background: {c.quote}; border: none; border-left: 3px solid {c.accent}; border-radius: 4px; }}
 QLabel#math {{ font-family: "DejaVu Serif", "Cambria Math", serif; font-style: italic; font-size: 12pt; }}
 QFrame#codeBlock {{ border: 1px solid {c.border}; border-radius: {RADIUS_CONTROL}px; }}

@@ -1,0 +1,107 @@
+"""Asking the user before a tool runs: the engine thread waits on the answer, the UI thread stays free, and
+the answer decides what the model reads."""
+
+import threading
+
+from PySide6.QtCore import Qt
+
+from app.gui.tool_approval import PendingApproval, ToolApprovals
+from app.gui.tool_call_block import ToolCallColumn
+from engine.tools import ToolCall, ToolResult, ToolSpec
+from engine.tools.approval import AskingToolbox, Decision
+from engine.tools.toolbox import CombinedToolbox, ToolSwitches
+
+
+class Recorder:
+    """A toolbox with one tool that records its calls."""
+
+    def __init__(self):
+        self.calls = []
+
+    def specs(self):
+        return [ToolSpec("echo")]
+
+    def run(self, call):
+        self.calls.append(call)
+        return ToolResult(call.id, f"echo: {call.arguments['text']}", seconds=0.25)
+
+
+def engine_turn(qtbot, switches=ToolSwitches(frozenset({"echo"}))):
+    """A toolbox that asks through ToolApprovals, and the UI's column of calls listening to it."""
+    tool = Recorder()
+    combined = CombinedToolbox([tool], switches)
+    cancel = threading.Event()
+    approvals = ToolApprovals(cancel)
+    always = []
+    asking = AskingToolbox(combined, approvals.ask, on_always=always.append, on_result=approvals.tell_result)
+    column = ToolCallColumn()
+    qtbot.addWidget(column)
+    column.show()
+    approvals.requested.connect(column.ask)
+    approvals.finished.connect(column.show_result)
+    return tool, asking, column, cancel, always
+
+
+def run_on_engine_thread(asking, call):
+    """The call, run on a thread of its own as the engine's worker runs it; its result lands in the list."""
+    results = []
+    thread = threading.Thread(target=lambda: results.append(asking.run(call)))
+    thread.start()
+    return thread, results
+
+
+def test_allow_runs_the_call_and_shows_its_result(qtbot):
+    tool, asking, column, _, _ = engine_turn(qtbot)
+    call = ToolCall("c1", "echo", {"text": "hi"})
+    thread, results = run_on_engine_thread(asking, call)
+    qtbot.waitUntil(lambda: "c1" in column.blocks)  # the UI thread runs its events while the engine waits
+    block = column.blocks["c1"]
+    assert block.title.text() == "Tool: echo" and '"text": "hi"' in block.arguments.text()
+    assert block.status.text() == "Waiting for your answer" and tool.calls == []
+    qtbot.mouseClick(block.buttons[Decision.ALLOW], Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not thread.is_alive())
+    assert results[0] == ToolResult("c1", "echo: hi", seconds=0.25) and tool.calls == [call]
+    qtbot.waitUntil(lambda: block.result.isVisible())
+    assert block.result.text() == "echo: hi" and block.status.text() == "Done in 0.25 s"
+    assert not block.buttons[Decision.ALLOW].isVisible()
+
+
+def test_deny_gives_the_model_an_error_result_and_runs_nothing(qtbot):
+    tool, asking, column, _, _ = engine_turn(qtbot)
+    thread, results = run_on_engine_thread(asking, ToolCall("c2", "echo", {"text": "rm -rf"}))
+    qtbot.waitUntil(lambda: "c2" in column.blocks)
+    qtbot.mouseClick(column.blocks["c2"].buttons[Decision.DENY], Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not thread.is_alive())
+    assert results[0].is_error and results[0].content == "the user did not allow this call of echo"
+    assert tool.calls == []
+    qtbot.waitUntil(lambda: column.blocks["c2"].status.text().startswith("Denied in "))
+
+
+def test_allow_always_runs_later_calls_without_asking(qtbot):
+    tool, asking, column, _, always = engine_turn(qtbot)
+    thread, _ = run_on_engine_thread(asking, ToolCall("c3", "echo", {"text": "one"}))
+    qtbot.waitUntil(lambda: "c3" in column.blocks)
+    qtbot.mouseClick(column.blocks["c3"].buttons[Decision.ALWAYS], Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not thread.is_alive())
+    assert always == ["echo"]
+    thread, results = run_on_engine_thread(asking, ToolCall("c4", "echo", {"text": "two"}))
+    thread.join(5)
+    assert results[0].content == "echo: two" and len(tool.calls) == 2
+    qtbot.waitUntil(lambda: "c4" in column.blocks and column.blocks["c4"].result.isVisible())
+    assert not column.blocks["c4"].buttons[Decision.ALLOW].isVisible()  # shown as it ran, never asked
+
+
+def test_stopping_the_turn_while_it_asks_denies_the_call(qtbot):
+    tool, asking, column, cancel, _ = engine_turn(qtbot)
+    thread, results = run_on_engine_thread(asking, ToolCall("c5", "echo", {"text": "x"}))
+    qtbot.waitUntil(lambda: "c5" in column.blocks)
+    cancel.set()
+    qtbot.waitUntil(lambda: not thread.is_alive())
+    assert results[0].is_error and tool.calls == []
+
+
+def test_the_first_answer_counts():
+    pending = PendingApproval(ToolCall("c", "echo", {}))
+    pending.answer(Decision.ALLOW)
+    pending.answer(Decision.DENY)
+    assert pending.wait(threading.Event()) is Decision.ALLOW
