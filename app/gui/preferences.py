@@ -1,7 +1,7 @@
 """What the app remembers between runs: window geometry, the theme and whether the sidebar shows, the last
 conversation and model, recently used model files, named settings presets, whether replies decode
 speculatively, the documents' disk budget, where the model runs, the remote endpoint (its URL, API key and
-model, and whether the app uses it rather than a local model) and the local server's port and API key. One
+model, and whether the app uses it rather than a local model) and the local server's port and API key, the MCP servers and the tools switched on. One
 INI file next to the history database, so a data directory (`FUCINA_HOME`) carries everything; the API keys
 are kept there in plain text like every other setting (the file is the user's, in their data directory)."""
 
@@ -15,6 +15,7 @@ from PySide6.QtCore import QByteArray, QSettings
 
 from app.gui.theme import THEMES
 from engine.cartridge.build import DEFAULT_DISK_BUDGET
+from engine.tools.toolbox import ToolSwitches
 
 RECENT_MODELS = 8
 DEFAULT_SERVER_PORT = 8080  # `fucina serve`'s
@@ -144,3 +145,21 @@ class Preferences:
             key = secrets.token_urlsafe(24)
             self._settings.setValue("server/api_key", key)
         return key
+
+    @property
+    def mcp_servers(self) -> str:
+        """The MCP servers' `mcpServers` JSON as the user wrote or imported it ("": none)."""
+        return self._settings.value("tools/mcp_servers", "")
+
+    @mcp_servers.setter
+    def mcp_servers(self, text: str) -> None:
+        self._settings.setValue("tools/mcp_servers", text)
+
+    @property
+    def tool_switches(self) -> ToolSwitches:
+        """The tools switched on, and those that run without asking (every tool off until chosen)."""
+        return ToolSwitches.from_json(self._settings.value("tools/switches", ""))
+
+    @tool_switches.setter
+    def tool_switches(self, switches: ToolSwitches) -> None:
+        self._settings.setValue("tools/switches", switches.to_json())

@@ -1,7 +1,8 @@
 """Per-conversation settings: system prompt, sampler, reply length, context length, what happens when the
 chat outgrows the context (the context policy), a reasoning model's thinking (on, off or an effort, and a
 budget of reasoning tokens) and the response format, with named presets; and the
-settings of every chat, speculative decoding, the documents' disk budget and the backend the model runs on.
+settings of every chat, speculative decoding, the documents' disk budget, the backend the model runs on and
+the tools replies may call (app.gui.tools_dialog, saved on its own OK).
 
 The dialog edits a settings dict shaped like the store's: {"system_prompt": str | None, "sampler": {...}}
 with the store's sampler keys; a seed left on "random" and a free-text response format are simply absent.
@@ -9,12 +10,14 @@ with the store's sampler keys; a seed left on "random" and a free-text response 
 
 from __future__ import annotations
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout,
                                QGroupBox, QHBoxLayout, QInputDialog, QLabel, QPlainTextEdit, QPushButton, QSpinBox,
                                QVBoxLayout, QWidget)
 
 from app.gui.preferences import Preferences
 from app.gui.response_format import ResponseFormatEditor
+from app.gui.tools_dialog import ToolsDialog
 from engine.chat.window import DEFAULT_POLICY
 from engine.runtime import BACKENDS
 from engine.sampling import CHAT_DEFAULTS
@@ -155,13 +158,23 @@ class SettingsDialog(QDialog):
         backend_row = QHBoxLayout()
         backend_row.addWidget(QLabel("Run the model on (from the next start)"))
         backend_row.addWidget(self.backend)
+        tools = QPushButton("MCP servers and tools…")
+        tools.setToolTip("The tools replies may call: MCP servers and the built-in offline tools")
+        tools.clicked.connect(self.edit_tools)
         box = QGroupBox("Every chat")
         column = QVBoxLayout(box)
         column.addWidget(self.speculation)
         column.addWidget(note)
         column.addLayout(budget_row)
         column.addLayout(backend_row)
+        column.addWidget(tools, 0, Qt.AlignmentFlag.AlignLeft)
         return box
+
+    def edit_tools(self) -> ToolsDialog:
+        dialog = ToolsDialog(self.preferences, self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.open()
+        return dialog
 
     def disk_budget_bytes(self) -> int:
         return self.disk_budget.value() << 20
