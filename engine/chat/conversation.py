@@ -39,6 +39,8 @@ from engine.chat.speculation import run_speculative
 from engine.chat.templates import Message, Template
 from engine.chat.answer_grammar import AnswerGrammar
 from engine.chat.thinking_budget import ThinkingBudget
+from engine.chat.tool_constraint import ToolCallConstraint
+from engine.chat.tool_render import render_with_tools, tool_format_of
 from engine.chat.turn import Prefilled, Turn, TurnRequest, TurnResult
 from engine.errors import ContextFull, InvalidPrefix
 from engine.kv.cache import KvCache
@@ -113,6 +115,11 @@ class Conversation:
         if options.grammar is not None:  # built here, where the stop marker is known
             processor = grammar_processor(options.grammar, tokenizer, stop_token_id(tokenizer, template))
             if template.reasoning is not None and options.split_reasoning:  # it holds the answer, not the reasoning
+                processor = AnswerGrammar(template.reasoning, tokenizer, processor)
+        if options.tools is not None and options.tools.active:  # free text, each call held to its tool's schema
+            processor = ToolCallConstraint(tool_format_of(template), options.tools, tokenizer,
+                                           stop_token_id(tokenizer, template))
+            if template.reasoning is not None and options.split_reasoning:  # calls are made in the answer
                 processor = AnswerGrammar(template.reasoning, tokenizer, processor)
         if options.thinking_budget is not None and template.reasoning is not None:
             processor = ThinkingBudget(template.reasoning, tokenizer, options.thinking_budget, processor)
@@ -268,7 +275,7 @@ class Conversation:
         renders just the new turn, unless its replies reason: then, as with a model's own template, the whole
         chat is rendered (past replies without the reasoning the format drops) and the cache keeps the
         longest common prefix, so it holds what a fresh render of the chat holds."""
-        if isinstance(self.template, Template) and self.template.reasoning is None:
+        if isinstance(self.template, Template) and self.template.reasoning is None and not self._tool_chat(self.messages):
             first = not self._history
             text = self.template.render_turn(user, system=self.system, first=first,
                                              think_off=self.options.think_off)
@@ -278,10 +285,36 @@ class Conversation:
         text = self.render([*system, *self.messages, Message("user", user)])
         return TurnRequest(self.tokenizer.encode(text, add_special=self.prefix_rows == 0), reuse=True, user=user)
 
+    def send_tool_results(self, results: Sequence[Message], cancel: threading.Event | None = None, *,
+                          on_prefill: Callable[[int, int], None] | None = None) -> Iterator[str]:
+        """Stream the reply that follows the last reply's tool calls, given their results (Message.tool_result,
+        one per call, in order). The whole chat is rendered and the cache keeps what it shares."""
+        last = self.messages[-1] if self.messages else None
+        if last is None or last.role != "assistant" or not last.tool_calls:
+            raise ValueError("tool results answer the last reply's tool calls, and it made none")
+        if [m.tool_call_id for m in results] != [c.id for c in last.tool_calls]:
+            raise ValueError("tool results must answer the last reply's calls, one each, in order")
+        system = [Message("system", self.system)] if self.system is not None else []
+        text = self.render([*system, *self.messages, *results])
+        request = TurnRequest(self.tokenizer.encode(text, add_special=self.prefix_rows == 0), reuse=True,
+                              tool_results=tuple(results), on_prefill=on_prefill)
+        return self._stream(request, cancel)
+
     def render(self, messages: Sequence[Message]) -> str:
-        """A full history rendered for a reply, with this chat's thinking settings."""
+        """A full history rendered for a reply, with this chat's thinking settings and tools."""
+        if self._tool_chat(messages):
+            tools = self.options.tools.tools if self._with_tools() else ()
+            return render_with_tools(self.template, messages, tools, think_off=self.options.think_off,
+                                     reasoning_effort=self.options.reasoning_effort)
         return self.template.render_messages(messages, think_off=self.options.think_off,
                                              reasoning_effort=self.options.reasoning_effort)
+
+    def _with_tools(self) -> bool:
+        return self.options.tools is not None and self.options.tools.active
+
+    def _tool_chat(self, messages: Sequence[Message]) -> bool:
+        """Tools are offered, or the chat holds calls and results: it renders whole, through tool_render."""
+        return self._with_tools() or any(m.role == "tool" or m.tool_calls for m in messages)
 
     def _stream(self, request: TurnRequest, cancel: threading.Event | None,
                 batched: bool = False) -> Generator[str | DecodeStep, np.ndarray | None, None]:

@@ -64,6 +64,7 @@ _MAX_INT_BITS = 1 << 16  # far beyond any count or id a template needs
 # str methods whose result size hides inside an argument: format widths, tab sizes, translation tables
 _DENIED_STR_METHODS = frozenset({"format", "format_map", "expandtabs", "translate"})
 _NAME = "the model's chat template (tokenizer.chat_template)"
+_TOOLS_VARIABLE = re.compile(r"\btools\b")  # `if tools`, `for tool in tools`, `tools | tojson`
 
 
 class _Oversized(Exception):
@@ -339,6 +340,11 @@ def _message_dict(message: Message) -> dict:
     out = {"role": message.role, "content": message.content}
     if message.reasoning:
         out["reasoning_content"] = out["thinking"] = message.reasoning
+    if message.tool_calls:  # OpenAI's shape, the arguments an object (templates write them with tojson)
+        out["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                             for c in message.tool_calls]
+    if message.role == "tool":
+        out["tool_call_id"], out["name"] = message.tool_call_id, message.name
     return out
 
 
@@ -368,10 +374,18 @@ class JinjaTemplate:
         """Whether renders run in the renderer process (False once it could not be started)."""
         return self._local is None
 
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the template reads a `tools` variable (a chat's tools are then its to render)."""
+        return _TOOLS_VARIABLE.search(self.source) is not None
+
     def render(self, messages: Sequence[Message], *, add_generation_prompt: bool = True,
-               think_off: bool = False, reasoning_effort: str | None = None) -> str:
+               think_off: bool = False, reasoning_effort: str | None = None,
+               tools: Sequence[dict] | None = None) -> str:
         context = dict(messages=[_message_dict(m) for m in messages],
                        add_generation_prompt=add_generation_prompt, bos_token=self._bos, eos_token=self._eos)
+        if tools:  # OpenAI tool objects (ToolSpec.as_openai)
+            context["tools"] = list(tools)
         if think_off:
             context["enable_thinking"] = False
         if reasoning_effort is not None:
@@ -382,9 +396,9 @@ class JinjaTemplate:
         return text
 
     def render_messages(self, messages: Sequence[Message], *, think_off: bool = False,
-                        reasoning_effort: str | None = None) -> str:
+                        reasoning_effort: str | None = None, tools: Sequence[dict] | None = None) -> str:
         check_history(messages)
-        return self.render(messages, think_off=think_off, reasoning_effort=reasoning_effort)
+        return self.render(messages, think_off=think_off, reasoning_effort=reasoning_effort, tools=tools)
 
     def render_reference(self, content: str) -> str:
         """Reference material (an attached document) as a system message a chat can follow."""

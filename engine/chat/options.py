@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.chat.tool_use import ToolUse
 from engine.kv.cache import KvDtype
 from engine.sampling import LogitProcessor, SamplerConfig
 from engine.sampling.grammar import Grammar
@@ -28,6 +29,7 @@ class ChatOptions:
     processor: LogitProcessor | None = None  # re-armed (reset) at every turn start
     speculation: bool = False  # decode replies speculatively (engine.chat.speculation): same output, fewer forwards
     grammar: Grammar | None = None  # every reply follows it and ends on the stop marker (instead of processor)
+    tools: ToolUse | None = None  # tools the replies may call: rendered, and each call held to its schema
 
     def __post_init__(self):
         if self.max_tokens < 1:
@@ -40,6 +42,8 @@ class ChatOptions:
             raise ValueError(f"a thinking budget must be 0 or more tokens, got {self.thinking_budget}")
         if self.grammar is not None and self.processor is not None:
             raise ValueError("a chat takes a grammar or a logit processor, not both")
+        if self.tools is not None and self.tools.active and (self.grammar is not None or self.processor is not None):
+            raise ValueError("a chat with tools takes no grammar or logit processor: its calls have their own")
 
 
 def think_options(think: str | None) -> dict:

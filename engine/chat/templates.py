@@ -10,14 +10,15 @@ llama.cpp does, so renders match llama.cpp's `llama_chat_apply_template` byte fo
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
-from typing import Literal, Sequence
+from typing import Any, Literal, Sequence
 
 from engine.chat.reasoning import ReasoningFormat, reasoning_format
 from engine.errors import ChatTemplateError, EmptyMessages, SystemMidConversation, TrailingAssistantMessage
+from engine.tools import ToolCall, ToolResult
 
-Role = Literal["system", "user", "assistant"]
+Role = Literal["system", "user", "assistant", "tool"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,14 @@ class Message:
     role: Role
     content: str
     reasoning: str = ""  # an assistant reply's reasoning, apart from its answer (engine.chat.reasoning)
+    tool_calls: tuple[ToolCall, ...] = ()  # the tools an assistant reply called (engine.chat.tool_format)
+    tool_call_id: str = ""  # a tool message: the call it answers
+    name: str = ""          # a tool message: the tool that answered
+
+    @classmethod
+    def tool_result(cls, call: ToolCall, result: ToolResult) -> "Message":
+        """The tool message that gives `call` its result."""
+        return cls("tool", result.content, tool_call_id=call.id, name=call.name)
 
 
 class Format(str, Enum):
@@ -83,6 +92,9 @@ class Template:
     # How its replies write their reasoning (Qwen3's ChatML template: <think>); built-in formats drop a
     # past reply's reasoning from renders, as Qwen3's template does before the last user message.
     reasoning: ReasoningFormat | None = None
+    # The model's own template (a JinjaTemplate) where it renders a `tools` variable: chats with tools render
+    # through it, as the model was trained to see them (engine.chat.tool_render).
+    tools_template: Any = field(default=None, compare=False, repr=False)
 
     @staticmethod
     def detect(chat_template: str | None) -> Template | None:

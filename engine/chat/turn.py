@@ -21,11 +21,13 @@ import numpy as np
 from engine.chat.options import ChatOptions
 from engine.chat.reasoning import ReasoningAware, ReasoningSplitter, Thought
 from engine.chat.templates import Message, Template
+from engine.chat.tool_render import tool_format_of
 from engine.kv.cache import KvCache
 from engine.models.validate import check_logits
 from engine.sampling import Sampler
 from engine.speculative import Stats as SpecStats
 from engine.tokenize import StreamDecoder, Tokenizer
+from engine.tools import ToolCall
 
 
 _TAIL_TOKENS = 16  # the prompt's last tokens, which say whether it opened the reply's reasoning
@@ -56,6 +58,7 @@ class TurnResult:
     # a JSON schema reply's violations of the keywords not enforced while writing (checked after it)
     schema_warnings: tuple[str, ...] = ()
     reasoning: str = ""  # the reasoning the reply wrote before its answer, when its template has a format
+    tool_calls: tuple[ToolCall, ...] = ()  # the calls the reply made (its text is then what was around them)
 
 
 @dataclass
@@ -63,6 +66,7 @@ class TurnRequest:
     ids: list[int]
     reuse: bool             # reconcile with the cache by longest common prefix (ids are a full render)
     user: str | None = None  # the user message, when the turn came from send()
+    tool_results: tuple[Message, ...] = ()  # the tool messages the turn answers (send_tool_results)
     on_prefill: Callable[[int, int], None] | None = None  # (tokens fed, tokens to feed), between slices
 
 
@@ -237,13 +241,17 @@ class Turn:
         s.generated_tokens = len(self.ids)
         if self._sampled > 1:
             s.decode_tps = (self._sampled - 1) / max(self._last_at - self._first_at, 1e-9)
-        text = "".join(self.parts)
+        text, calls = "".join(self.parts), ()
+        if c.options.tools is not None and c.options.tools.active and reason in ("stop", "length", "length_closed"):
+            parsed = tool_format_of(c.template).parse(text)
+            text, calls = parsed.content, parsed.calls
         checked = c.options.grammar is not None and reason in ("stop", "length_closed")
         warnings = tuple(map(str, c.options.grammar.check_reply(text))) if checked else ()
         reasoning = "".join(self.reasoning)
-        c.last_turn = TurnResult(text, self.ids, reason, fired, s, error, warnings, reasoning)
-        if self.request.user is not None:
-            c.messages += [Message("user", self.request.user), Message("assistant", text, reasoning)]
+        c.last_turn = TurnResult(text, self.ids, reason, fired, s, error, warnings, reasoning, calls)
+        if self.request.user is not None or self.request.tool_results:
+            asked = [Message("user", self.request.user)] if self.request.user is not None else []
+            c.messages += [*asked, *self.request.tool_results, Message("assistant", text, reasoning, calls)]
         c._save()
 
     def _count_sample(self) -> None:

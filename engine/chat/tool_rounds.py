@@ -1,0 +1,58 @@
+"""A turn that may call tools: the model replies, its calls run (once approved), their results go back, and
+the model replies again, until a reply makes no call or the rounds run out.
+
+Every round is a turn of the conversation, so its reply, its calls and the tool messages are in
+`convo.messages` (and its cache) as they happened. A tool's own failure is a result the model reads, never
+an exception (engine.tools.Toolbox); a call the user declines gets an error result saying so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from engine.chat.conversation import Conversation
+from engine.chat.templates import Message
+from engine.tools import ToolCall, ToolResult, Toolbox
+
+MAX_ROUNDS = 8  # replies in one turn; the last one's calls (if any) are left unanswered
+DECLINED = "The user declined to run this tool call."
+
+
+@dataclass(frozen=True)
+class ToolRan:
+    """A call that ran (or was declined), between two rounds' replies."""
+    call: ToolCall
+    result: ToolResult
+
+
+def send_with_tools(convo: Conversation, user: str, toolbox: Toolbox, *,
+                    approve: Callable[[ToolCall], bool] | None = None, cancel: threading.Event | None = None,
+                    max_rounds: int = MAX_ROUNDS) -> Iterator[str | ToolRan]:
+    """Stream every round's reply pieces, and a ToolRan for each call between rounds. The conversation's
+    options say which tools are offered (ChatOptions.tools); a tool_choice that forces a call holds the
+    first round only, so the rounds can end."""
+    first = convo.options
+    stream = convo.send(user, cancel)
+    try:
+        for round_ in range(max_rounds):
+            yield from stream
+            turn = convo.last_turn
+            if not turn.tool_calls or turn.finish_reason not in ("stop", "length_closed") or round_ + 1 == max_rounds:
+                return
+            results = []
+            for call in turn.tool_calls:
+                if cancel is not None and cancel.is_set():
+                    return
+                allowed = approve is None or approve(call)
+                result = toolbox.run(call) if allowed else ToolResult(call.id, DECLINED, is_error=True)
+                yield ToolRan(call, result)
+                results.append(Message.tool_result(call, result))
+            if first.tools is not None and first.tools.must_call and convo.options is first:
+                convo.reconfigure(dataclasses.replace(first, tools=dataclasses.replace(first.tools, choice="auto")))
+            stream = convo.send_tool_results(results, cancel)
+    finally:
+        if convo.options is not first:
+            convo.reconfigure(first)
