@@ -4,6 +4,7 @@ buttons the engine waits on, or the result and how long the call took."""
 from __future__ import annotations
 
 import json
+import threading
 
 from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
@@ -75,11 +76,13 @@ def _text_label(text: str, tone: str | None) -> QLabel:
 
 
 class ToolCallColumn(QWidget):
-    """A turn's tool calls, a block each in the order they came: connect ToolApprovals' `requested` to
-    ask() and `finished` to show_result() (slots of this UI-thread object, so they are queued here)."""
+    """One turn's tool calls, a block each in the order they came. Connect ToolApprovals' `requested` to
+    ask() and `finished` to show_result() (slots of this UI-thread object, so they are queued here); calls of
+    other turns are not this column's."""
 
-    def __init__(self):
+    def __init__(self, turn: threading.Event):
         super().__init__()
+        self.turn = turn
         self.blocks: dict[str, ToolCallBlock] = {}  # by call id
         self._column = QVBoxLayout(self)
         self._column.setContentsMargins(0, 0, 0, 0)
@@ -87,13 +90,15 @@ class ToolCallColumn(QWidget):
     @Slot(object)
     def ask(self, pending) -> None:
         """A call waiting for the user (app.gui.tool_approval.PendingApproval)."""
-        block = self._add(pending.call, asking=True)
-        block.decided.connect(pending.answer)
+        if pending.turn is self.turn:
+            block = self._add(pending.call, asking=True)
+            block.decided.connect(pending.answer)
 
-    @Slot(object, object)
-    def show_result(self, call: ToolCall, result: ToolResult) -> None:
-        block = self.blocks.get(call.id) or self._add(call, asking=False)  # an always-allowed tool: not asked
-        block.show_result(result)
+    @Slot(object, object, object)
+    def show_result(self, call: ToolCall, result: ToolResult, turn: threading.Event) -> None:
+        if turn is self.turn:
+            block = self.blocks.get(call.id) or self._add(call, asking=False)  # always allowed: never asked
+            block.show_result(result)
 
     def _add(self, call: ToolCall, *, asking: bool) -> ToolCallBlock:
         block = self.blocks[call.id] = ToolCallBlock(call, asking=asking)

@@ -77,6 +77,11 @@ class CombinedToolbox:
         except Exception as e:  # a toolbox breaking its promise must still not take the conversation down
             return ToolResult(call.id, f"{call.name} failed: {type(e).__name__}: {e}", True, time.monotonic() - start)
 
+    def replace_part(self, old: Toolbox, new: Toolbox) -> None:
+        """`new` in `old`'s place (the servers changed); tools are routed afresh."""
+        self.parts[self.parts.index(old)] = new
+        self._routes = {}
+
     def close(self) -> None:
         for part in self.parts:
             close = getattr(part, "close", None)

@@ -30,11 +30,12 @@ def engine_turn(qtbot, switches=ToolSwitches(frozenset({"echo"}))):
     """A toolbox that asks through ToolApprovals, and the UI's column of calls listening to it."""
     tool = Recorder()
     combined = CombinedToolbox([tool], switches)
-    cancel = threading.Event()
-    approvals = ToolApprovals(cancel)
+    cancel = threading.Event()  # the turn
+    approvals = ToolApprovals()
     always = []
-    asking = AskingToolbox(combined, approvals.ask, on_always=always.append, on_result=approvals.tell_result)
-    column = ToolCallColumn()
+    asking = AskingToolbox(combined, lambda call: approvals.ask(call, cancel), on_always=always.append,
+                           on_result=lambda call, result: approvals.tell_result(call, result, cancel))
+    column = ToolCallColumn(cancel)
     qtbot.addWidget(column)
     column.show()
     approvals.requested.connect(column.ask)
@@ -101,7 +102,16 @@ def test_stopping_the_turn_while_it_asks_denies_the_call(qtbot):
 
 
 def test_the_first_answer_counts():
-    pending = PendingApproval(ToolCall("c", "echo", {}))
+    pending = PendingApproval(ToolCall("c", "echo", {}), threading.Event())
     pending.answer(Decision.ALLOW)
     pending.answer(Decision.DENY)
-    assert pending.wait(threading.Event()) is Decision.ALLOW
+    assert pending.wait() is Decision.ALLOW
+
+
+def test_a_column_shows_only_its_own_turns_calls(qtbot):
+    column = ToolCallColumn(threading.Event())
+    qtbot.addWidget(column)
+    other_turn = threading.Event()
+    column.ask(PendingApproval(ToolCall("c", "echo", {}), other_turn))
+    column.show_result(ToolCall("c", "echo", {}), ToolResult("c", "x"), other_turn)
+    assert column.blocks == {}
