@@ -106,6 +106,7 @@ class MainWindow(QMainWindow):
             self.restoreGeometry(self.preferences.geometry)
         self.client.set_speculation(self.preferences.speculation)
         self.documents.set_disk_budget(self.preferences.disk_budget)
+        self.configure_tools()
         self.open_conversation(conversation_id or self.preferences.last_conversation)
         self._load_initial_model(first_run_picker)
 
@@ -238,6 +239,7 @@ class MainWindow(QMainWindow):
         worker.failed.connect(self._engine_failed)  # a bound slot, so it runs on this (the UI) thread
         worker.storage_failed.connect(self._storage_failed)
         worker.storage_recovered.connect(self.storage_banner.clear)
+        worker.tool_allowed_always.connect(self._tool_allowed_always)
 
     def _siblings(self, message_id: str) -> list[str]:
         return [m["id"] for m in self.store.siblings(message_id)]
@@ -547,6 +549,7 @@ class MainWindow(QMainWindow):
         dialog.accepted.connect(lambda: self.set_speculation(dialog.speculation.isChecked()))
         dialog.accepted.connect(lambda: self.set_disk_budget(dialog.disk_budget_bytes()))
         dialog.accepted.connect(lambda: setattr(self.preferences, "backend", dialog.backend.currentText()))
+        dialog.tools_changed.connect(self.configure_tools)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.open()
         return dialog
@@ -558,6 +561,13 @@ class MainWindow(QMainWindow):
             self._new_chat_settings = {**current, **changed}
         if changed:  # a new sampler reopens the engine's cache: only for a real change
             self.client.update_settings(changed)
+
+    def configure_tools(self) -> None:
+        """The tools' settings (saved by app.gui.tools_dialog) to the engine thread."""
+        self.client.configure_tools(self.preferences.mcp_servers, self.preferences.tool_switches)
+
+    def _tool_allowed_always(self, name: str) -> None:
+        self.preferences.tool_switches = self.preferences.tool_switches.allowed_always(name)
 
     def set_speculation(self, on: bool) -> None:
         """Remembered for the next start, and used from the next reply on."""

@@ -10,7 +10,7 @@ with the store's sampler keys; a seed left on "random" and a free-text response 
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout,
                                QGroupBox, QHBoxLayout, QInputDialog, QLabel, QPlainTextEdit, QPushButton, QSpinBox,
                                QVBoxLayout, QWidget)
@@ -52,6 +52,8 @@ def _int(low: int, high: int, step: int = 1) -> QSpinBox:
 
 
 class SettingsDialog(QDialog):
+    tools_changed = Signal()  # the tools dialog saved new tool settings to the preferences
+
     def __init__(self, settings: dict, preferences: Preferences, parent: QWidget | None = None, *,
                  server_switch: QWidget | None = None):
         """`server_switch`: the local server's switch (app.gui.server_switch), shown under the chat settings."""
@@ -172,6 +174,7 @@ class SettingsDialog(QDialog):
 
     def edit_tools(self) -> ToolsDialog:
         dialog = ToolsDialog(self.preferences, self)
+        dialog.accepted.connect(self.tools_changed)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.open()
         return dialog

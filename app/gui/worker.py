@@ -17,6 +17,10 @@ open conversation is a RemoteChatSession, stored here like any other, and a conn
 keeps the text received and is reported.
 
 The worker also runs the app's local server (app.local_server): a second adapter over the same service.
+
+It keeps the chats' tools (engine.tools.chat_toolbox: MCP servers, built-in tools) as the settings give
+them, and a turn's tool calls run through toolbox_for_turn(): each call not always allowed is asked about
+through `approvals` (app.gui.tool_approval), and this thread waits for the answer while the UI stays free.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Callable, Iterator
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from app.gui.document_jobs import DocumentAttacher
+from app.gui.tool_approval import ToolApprovals
 from app.local_server import LocalServer
 from engine.chat.reasoning import Thought
 from engine.platform import warmup
@@ -42,6 +47,10 @@ from engine.serving.remote import RemoteClient
 from engine.serving.remote_session import RemoteChatSession
 from engine.serving.service import EngineService
 from engine.serving.session import ChatSession, OnPrefill, PendingReply, StoredChat, delete_conversation
+from engine.tools.approval import AskingToolbox
+from engine.tools.chat_toolbox import ChatToolbox
+from engine.tools.mcp_config import McpConfigError, parse_servers
+from engine.tools.toolbox import ToolSwitches
 
 FLUSH_INTERVAL_S = 1 / 30
 # The local server's slots (conversations it keeps warm) and their context, as `fucina serve`'s defaults
@@ -157,6 +166,7 @@ class EngineWorker(QObject):
     # text of a message that was not sent (or None). storage_recovered: writes work again, nothing is pending.
     storage_failed = Signal(str, object, object)
     storage_recovered = Signal()
+    tool_allowed_always = Signal(str)     # the user allowed a tool always: the UI keeps it in the preferences
 
     def __init__(self, db_path: Path, sidecar_dir: Path | None = None):
         super().__init__()
@@ -174,6 +184,8 @@ class EngineWorker(QObject):
         self.server: LocalServer | None = None     # the local server over the service, while it runs
         self.documents = DocumentAttacher(self)    # attached documents (app.gui.document_jobs)
         self.documents.fill_changed.connect(self._emit_status)
+        self.approvals = ToolApprovals(self)       # tool calls asked about; the UI answers them
+        self._tools: ChatToolbox | None = None     # made when the settings first give it servers and switches
 
     @property
     def new_chat_settings(self) -> dict:
@@ -484,6 +496,37 @@ class EngineWorker(QObject):
             spec_acceptance=spec.acceptance_rate() if spec and spec.drafted else None,
             backend=self.model.backend.name if self.model is not None else "remote"))
 
+    # -- tools -------------------------------------------------------------------------------------
+    @Slot(str, object)
+    def configure_tools(self, servers_json: str, switches: ToolSwitches) -> None:
+        """The MCP servers' JSON and the tool switches (the preferences'), from the next call on."""
+        try:
+            servers = parse_servers(servers_json)
+        except McpConfigError as e:  # the settings refuse such text; a hand-edited preferences file may not
+            self.failed.emit(f"{e}. The MCP servers are not used until it is fixed in the settings.")
+            servers = {}
+        self._chat_tools().configure(servers, switches)
+
+    def toolbox_for_turn(self, turn: threading.Event) -> AskingToolbox:
+        """The switched-on tools for the turn, each call asked about first unless always allowed (the UI
+        shows it; a stopped turn is a denial)."""
+        return self._chat_tools().asking(
+            lambda call: self.approvals.ask(call, turn), on_always=self.tool_allowed_always.emit,
+            on_result=lambda call, result: self.approvals.tell_result(call, result, turn))
+
+    def _chat_tools(self) -> ChatToolbox:
+        if self._tools is None:
+            self._tools = ChatToolbox(self._db_path, self._attached_documents)
+        return self._tools
+
+    def _attached_documents(self) -> list[tuple[str, str]]:
+        """The open conversation's documents (read on a connection of the caller's: a tool may run on
+        another thread)."""
+        if self._conversation_id is None:
+            return []
+        with HistoryStore(self._db_path) as store:
+            return [(row["name"], row["path"]) for row in store.attachments(self._conversation_id)]
+
     # -- the local server --------------------------------------------------------------------------
     @Slot(int, str)
     def start_server(self, port: int, api_key: str) -> None:
@@ -516,6 +559,8 @@ class EngineWorker(QObject):
         except StoreError:
             pass  # the reply was offered for copy; there is nowhere left to keep it
         self._drop_remote()
+        if self._tools is not None:
+            self._tools.close()  # and the MCP servers it started
         if self._store is not None:
             self._store.close()
         QThread.currentThread().quit()
@@ -539,6 +584,7 @@ class EngineClient(QObject):
     _update_settings = Signal(dict)
     _set_speculation = Signal(bool)
     _save_pending = Signal()
+    _configure_tools = Signal(str, object)
     _shutdown = Signal()
 
     def __init__(self, db_path: Path, sidecar_dir: Path | None = None):
@@ -549,7 +595,7 @@ class EngineClient(QObject):
         self.worker.moveToThread(self.thread)
         for name in ("load_model", "use_remote", "open_conversation", "send", "regenerate", "edit", "switch",
                      "delete_message", "delete_conversation", "update_settings", "set_speculation", "save_pending",
-                     "start_server", "stop_server", "shutdown"):
+                     "start_server", "stop_server", "configure_tools", "shutdown"):
             getattr(self, f"_{name}").connect(getattr(self.worker, name))
         self._cancel = threading.Event()
         self.thread.start()
@@ -614,6 +660,10 @@ class EngineClient(QObject):
 
     def stop_server(self) -> None:
         self._stop_server.emit()
+
+    def configure_tools(self, servers_json: str, switches: ToolSwitches) -> None:
+        """The tools' settings (app.gui.tools_dialog), from the next tool call on."""
+        self._configure_tools.emit(servers_json, switches)
 
     def close(self) -> None:
         """Stop any reply, let the worker flush its session, and wait for the thread to end: a reply stops

@@ -115,3 +115,37 @@ def test_a_column_shows_only_its_own_turns_calls(qtbot):
     column.ask(PendingApproval(ToolCall("c", "echo", {}), other_turn))
     column.show_result(ToolCall("c", "echo", {}), ToolResult("c", "x"), other_turn)
     assert column.blocks == {}
+
+
+def test_the_worker_runs_a_turns_calls_on_its_thread_and_waits_there_for_the_answer(qtbot, tmp_path):
+    """The app's path: the tools' settings go to the engine thread, a call there asks the UI, the click
+    answers it, an MCP server runs it, and the UI shows the result."""
+    import json
+    import sys
+
+    from PySide6.QtCore import QTimer
+
+    from app.gui.worker import EngineClient
+    from tests.engine.tools.conftest import SERVER_SCRIPT
+
+    client = EngineClient(tmp_path / "history.db")
+    try:
+        servers = json.dumps({"mcpServers": {"calc": {"command": sys.executable, "args": [str(SERVER_SCRIPT)]}}})
+        client.configure_tools(servers, ToolSwitches(frozenset({"calc__add"})))
+        turn = threading.Event()
+        column = ToolCallColumn(turn)
+        qtbot.addWidget(column)
+        column.show()
+        client.worker.approvals.requested.connect(column.ask)
+        client.worker.approvals.finished.connect(column.show_result)
+        results = []
+        QTimer.singleShot(0, client.worker, lambda: results.append(
+            client.worker.toolbox_for_turn(turn).run(ToolCall("c1", "calc__add", {"a": 2, "b": 40}))))
+        qtbot.waitUntil(lambda: "c1" in column.blocks)
+        with qtbot.waitSignal(client.worker.tool_allowed_always) as always:
+            qtbot.mouseClick(column.blocks["c1"].buttons[Decision.ALWAYS], Qt.MouseButton.LeftButton)
+        assert always.args == ["calc__add"]
+        qtbot.waitUntil(lambda: bool(results) and column.blocks["c1"].result.isVisible(), timeout=30_000)
+        assert results[0].content == "42" and column.blocks["c1"].result.text() == "42"
+    finally:
+        client.close()
