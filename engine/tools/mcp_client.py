@@ -18,6 +18,7 @@ or did not answer is stopped; the next call starts it again.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import re
 import tempfile
@@ -54,6 +55,7 @@ class McpServer:
         self._session: asyncio.Task | None = None  # holds the connection open until _stop is set
         self._stop: asyncio.Event | None = None
         self._stderr = None           # a subprocess's stderr, kept to say why it failed
+        self._not_mcp: str | None = None  # what it sent that is not MCP, since the last request began
 
     @property
     def name(self) -> str:
@@ -81,11 +83,13 @@ class McpServer:
         from mcp import Client  # the SDK is imported only where a server is configured and used
 
         ready = asyncio.get_running_loop().create_future()
-        self._stop = asyncio.Event()
-        self._session = asyncio.create_task(self._hold(Client(self._transport()), ready))
+        self._stop, self._not_mcp = asyncio.Event(), None
+        client = Client(self._transport(), message_handler=self._on_message)
+        self._session = asyncio.create_task(self._hold(client, ready))
         try:
             await asyncio.wait_for(asyncio.shield(ready), self.timeout)
         except asyncio.TimeoutError:
+            ready.cancel()  # nobody waits for it any more
             await self.stop()
             raise ServerFailed(self._failure(f"did not start within {self.timeout:g} s")) from None
         except Exception as e:
@@ -107,6 +111,14 @@ class McpServer:
         finally:
             self._client = None
 
+    async def _on_message(self, message) -> None:
+        """The SDK hands over what the server sent that it could not read as MCP (and notifications)."""
+        if isinstance(message, Exception):
+            errors = getattr(message, "errors", None)  # pydantic's, for a line that is not JSON-RPC
+            first = errors()[0] if callable(errors) and errors() else None
+            why = f"{first['msg']}: {first.get('input')!r}" if first else _why(message)
+            self._not_mcp = why[:_STDERR_TAIL_CHARS]
+
     def _transport(self):
         from mcp import StdioServerParameters
         from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
@@ -125,6 +137,7 @@ class McpServer:
         """The server's answer to `request`; a server that ends first, or takes longer than the timeout,
         is stopped and raises ServerFailed."""
         since = self._stderr_size()  # what it writes from here on is about this request
+        self._not_mcp = None
         call = asyncio.ensure_future(request)
         done, _ = await asyncio.wait({call, self._session}, timeout=self.timeout,
                                      return_when=asyncio.FIRST_COMPLETED)
@@ -144,6 +157,8 @@ class McpServer:
 
     def _failure(self, what: str, since: int = 0) -> str:
         message = f'MCP server "{self.name}" {what}'
+        if self._not_mcp:
+            message += f"; it sent what is not MCP ({self._not_mcp})"
         tail = self._stderr_tail(since)
         return f"{message}; it wrote:\n{tail}" if tail else message
 
@@ -232,7 +247,8 @@ class McpToolbox:
         if self._loop is None:
             return
         for server in self._servers.values():
-            self._loop.run(server.stop(), timeout=_STOP_WAIT_S * 2)
+            with suppress(Exception):  # one that would not stop is killed with the loop's thread's end
+                self._loop.run(server.stop(), timeout=_STOP_WAIT_S * 2)
             server.close_files()
         self._loop.close()
         self._loop = None
@@ -242,7 +258,10 @@ class McpToolbox:
             self._loop = LoopThread("fucina-mcp")
         # the server enforces the timeout itself (start, then answer, each maybe followed by a stop); this
         # bound only guards against a wedged loop
-        return self._loop.run(coroutine, timeout=2 * (self.timeout + _STOP_WAIT_S) + 5)
+        try:
+            return self._loop.run(coroutine, timeout=2 * (self.timeout + _STOP_WAIT_S) + 5)
+        except concurrent.futures.TimeoutError:
+            raise ServerFailed("the MCP servers' event loop did not answer") from None
 
 
 def _result(call: ToolCall, start: float, content: str, *, error: bool = False) -> ToolResult:

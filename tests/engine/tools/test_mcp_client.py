@@ -119,3 +119,13 @@ def test_an_http_server_that_is_not_there_is_a_failure(toolbox, http_server):
     box = toolbox(replace(http_server, url="http://127.0.0.1:9/mcp"), timeout=10.0)
     assert box.specs() == []
     assert box.failures["web"].startswith('MCP server "web" could not start')
+
+
+def test_a_program_that_answers_with_what_is_not_mcp_says_what_it_sent(toolbox, tmp_path):
+    import sys
+    script = tmp_path / "garbage.py"
+    script.write_text("import sys\nfor line in sys.stdin:\n    print('<html>not JSON-RPC</html>', flush=True)\n")
+    box = toolbox(StdioServer("junk", sys.executable, (str(script),)), timeout=2.0)
+    assert box.specs() == []
+    assert box.failures["junk"] == 'MCP server "junk" did not start within 2 s; it sent what is not MCP ' \
+                                   "(Invalid JSON: expected value at line 1 column 1: '<html>not JSON-RPC</html>')"
