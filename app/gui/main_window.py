@@ -180,6 +180,7 @@ class MainWindow(QMainWindow):
         chat = bar.addMenu("&Chat")
         self._action(chat, "Settings…", self.edit_settings, "Ctrl+,")
         self._action(chat, "Choose model…", self.choose_model)
+        self._action(chat, "Let tools read a file…", self.pick_file_for_tools)
         self._action(chat, "Stop reply", self.stop_reply, "Esc")
         view = bar.addMenu("&View")
         self._action(view, "Sidebar", self.toggle_sidebar, "Ctrl+B")
@@ -561,6 +562,15 @@ class MainWindow(QMainWindow):
             self._new_chat_settings = {**current, **changed}
         if changed:  # a new sampler reopens the engine's cache: only for a real change
             self.client.update_settings(changed)
+
+    def pick_file_for_tools(self, path: str | None = None) -> None:
+        """The one file the read_file tool may read in this chat (switched on in the tools' settings)."""
+        if path is None:
+            path, _ = QFileDialog.getOpenFileName(self, "Let tools read a file", str(Path.home()))
+            if not path:
+                return
+        self.client.pick_file(path)
+        self.statusBar().showMessage(f"Tools may read {Path(path).name} in this chat", 5000)
 
     def configure_tools(self) -> None:
         """The tools' settings (saved by app.gui.tools_dialog) to the engine thread."""

@@ -252,6 +252,7 @@ class EngineWorker(QObject):
     def open_conversation(self, conversation_id: str | None) -> None:
         self._close_session()
         self.documents.forget_new_chat()
+        self.pick_file(None)  # a file picked for the tools is the chat's it was picked in
         self._conversation_id, self._pending_settings = conversation_id, {}
         self._open_session()
 
@@ -507,6 +508,12 @@ class EngineWorker(QObject):
             servers = {}
         self._chat_tools().configure(servers, switches)
 
+    @Slot(object)
+    def pick_file(self, path: str | None) -> None:
+        """The one file the read_file tool may read in this chat (None: none)."""
+        if path is not None or self._tools is not None:
+            self._chat_tools().picked.pick(path)
+
     def toolbox_for_turn(self, turn: threading.Event) -> AskingToolbox:
         """The switched-on tools for the turn, each call asked about first unless always allowed (the UI
         shows it; a stopped turn is a denial)."""
@@ -585,6 +592,7 @@ class EngineClient(QObject):
     _set_speculation = Signal(bool)
     _save_pending = Signal()
     _configure_tools = Signal(str, object)
+    _pick_file = Signal(object)
     _shutdown = Signal()
 
     def __init__(self, db_path: Path, sidecar_dir: Path | None = None):
@@ -595,7 +603,7 @@ class EngineClient(QObject):
         self.worker.moveToThread(self.thread)
         for name in ("load_model", "use_remote", "open_conversation", "send", "regenerate", "edit", "switch",
                      "delete_message", "delete_conversation", "update_settings", "set_speculation", "save_pending",
-                     "start_server", "stop_server", "configure_tools", "shutdown"):
+                     "start_server", "stop_server", "configure_tools", "pick_file", "shutdown"):
             getattr(self, f"_{name}").connect(getattr(self.worker, name))
         self._cancel = threading.Event()
         self.thread.start()
@@ -664,6 +672,10 @@ class EngineClient(QObject):
     def configure_tools(self, servers_json: str, switches: ToolSwitches) -> None:
         """The tools' settings (app.gui.tools_dialog), from the next tool call on."""
         self._configure_tools.emit(servers_json, switches)
+
+    def pick_file(self, path: str | None) -> None:
+        """The file the read_file tool may read in the open chat, and no other."""
+        self._pick_file.emit(path)
 
     def close(self) -> None:
         """Stop any reply, let the worker flush its session, and wait for the thread to end: a reply stops

@@ -149,3 +149,32 @@ def test_the_worker_runs_a_turns_calls_on_its_thread_and_waits_there_for_the_ans
         assert results[0].content == "42" and column.blocks["c1"].result.text() == "42"
     finally:
         client.close()
+
+
+def test_the_file_picked_for_the_tools_is_the_open_chats_only(qtbot, tmp_path):
+    from PySide6.QtCore import QTimer
+
+    from app.gui.worker import EngineClient
+    from engine.tools.builtin import READ_FILE
+
+    picked = tmp_path / "notes.txt"
+    picked.write_text("picked text")
+    client = EngineClient(tmp_path / "history.db")
+    try:
+        client.configure_tools("", ToolSwitches(frozenset({READ_FILE}), frozenset({READ_FILE})))
+        client.pick_file(str(picked))
+        results = []
+
+        def read_on_engine_thread():
+            turn = client.worker.toolbox_for_turn(threading.Event())
+            QTimer.singleShot(0, client.worker, lambda: results.append(turn.run(ToolCall("r", READ_FILE, {}))))
+
+        read_on_engine_thread()
+        qtbot.waitUntil(lambda: len(results) == 1)
+        assert results[0].content.endswith("picked text")
+        client.open_conversation(None)  # another chat: the file is not its
+        read_on_engine_thread()
+        qtbot.waitUntil(lambda: len(results) == 2)
+        assert results[1].is_error and results[1].content == "no built-in tool read_file is available"
+    finally:
+        client.close()
