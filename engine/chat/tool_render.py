@@ -40,9 +40,12 @@ def tool_format_of(template: Template | JinjaTemplate) -> ToolFormat:
 
 def render_with_tools(template: Template | JinjaTemplate, messages: Sequence[Message], tools: Sequence[ToolSpec],
                       *, think_off: bool = False, reasoning_effort: str | None = None) -> str:
-    """A full history ending with the assistant's opener, with `tools` offered (none: a plain render; past
-    calls and results are still rendered, so a chat that used tools renders the same with them off)."""
+    """A full history ending with the assistant's opener, with `tools` offered. With none, past calls and
+    results are still rendered as the tool template writes them; a chat with neither renders as without
+    tools (the built-in format, which adds no default system prompt)."""
     own = tool_template(template)
+    if not tools and not any(m.role == "tool" or m.tool_calls for m in messages):
+        own = None  # nothing of tools to render: the chat's own format, as without them
     if own is not None:
         return own.render_messages(messages, think_off=think_off, reasoning_effort=reasoning_effort,
                                    tools=[t.as_openai() for t in tools])
