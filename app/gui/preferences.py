@@ -1,9 +1,10 @@
 """What the app remembers between runs: window geometry, the theme and whether the sidebar shows, the last
 conversation and model, recently used model files, named settings presets, whether replies decode
 speculatively, the documents' disk budget, where the model runs, the remote endpoint (its URL, API key and
-model, and whether the app uses it rather than a local model) and the local server's port and API key, the MCP servers and the tools switched on. One
-INI file next to the history database, so a data directory (`FUCINA_HOME`) carries everything; the API keys
-are kept there in plain text like every other setting (the file is the user's, in their data directory)."""
+model, and whether the app uses it rather than a local model), the local server's port and API key, and the
+MCP servers and the tools switched on. One INI file next to the history database, so a data directory
+(`FUCINA_HOME`) carries everything; the API keys are kept there in plain text like every other setting (the
+file is the user's, in their data directory)."""
 
 from __future__ import annotations
 

@@ -16,8 +16,8 @@ class LoopThread:
         self._thread.start()
 
     def run(self, coroutine: Coroutine[Any, Any, Any], timeout: float | None = None) -> Any:
-        """The coroutine's result, run on the loop; raises what it raises, or concurrent.futures.TimeoutError after `timeout`
-        seconds (the coroutine is cancelled then)."""
+        """The coroutine's result, run on the loop; raises what it raises, or concurrent.futures.TimeoutError
+        after `timeout` seconds (the coroutine is cancelled then)."""
         future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
         try:
             return future.result(timeout)

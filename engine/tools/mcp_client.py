@@ -23,12 +23,12 @@ import json
 import re
 import tempfile
 import time
-from contextlib import suppress
+from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 from engine.tools import ToolCall, ToolResult, ToolSpec
 from engine.tools.event_loop import LoopThread
-from engine.tools.mcp_config import HttpServer, ServerConfig, StdioServer
+from engine.tools.mcp_config import HttpServer, ServerConfig
 
 DEFAULT_TIMEOUT_S = 60.0
 SEPARATOR = "__"
@@ -121,15 +121,12 @@ class McpServer:
 
     def _transport(self):
         from mcp import StdioServerParameters
-        from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
-
-        if isinstance(self.config, HttpServer):
-            return streamable_http_client(self.config.url, http_client=create_mcp_http_client(self.config.headers))
         from mcp.client.stdio import stdio_client
 
-        self._close_stderr()
+        if isinstance(self.config, HttpServer):
+            return _http_transport(self.config.url, self.config.headers)
+        self.close_files()
         self._stderr = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")
-        assert isinstance(self.config, StdioServer)
         params = StdioServerParameters(command=self.config.command, args=list(self.config.args), env=self.config.env)
         return stdio_client(params, errlog=self._stderr)
 
@@ -189,13 +186,10 @@ class McpServer:
         except BaseException:  # it ended with an error, or would not end: cancelled, which kills the process
             pass
 
-    def _close_stderr(self) -> None:
+    def close_files(self) -> None:
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None
-
-    def close_files(self) -> None:
-        self._close_stderr()
 
 
 class McpToolbox:
@@ -262,6 +256,15 @@ class McpToolbox:
             return self._loop.run(coroutine, timeout=2 * (self.timeout + _STOP_WAIT_S) + 5)
         except concurrent.futures.TimeoutError:
             raise ServerFailed("the MCP servers' event loop did not answer") from None
+
+
+@asynccontextmanager
+async def _http_transport(url: str, headers: dict[str, str]):
+    """Streamable HTTP with the server's headers, on an HTTP client closed with the connection."""
+    from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
+
+    async with create_mcp_http_client(headers) as http, streamable_http_client(url, http_client=http) as streams:
+        yield streams
 
 
 def _result(call: ToolCall, start: float, content: str, *, error: bool = False) -> ToolResult:

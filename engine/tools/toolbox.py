@@ -38,7 +38,8 @@ class ToolSwitches:
         """What to_json wrote; anything else (nothing saved yet, a hand-edited file) is every tool off."""
         try:
             data = json.loads(text or "{}")
-            return cls(frozenset(map(str, data.get("enabled", []))), frozenset(map(str, data.get("always_allowed", []))))
+            return cls(frozenset(map(str, data.get("enabled", []))),
+                       frozenset(map(str, data.get("always_allowed", []))))
         except (ValueError, TypeError, AttributeError):
             return cls()
 

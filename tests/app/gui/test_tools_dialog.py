@@ -4,8 +4,6 @@ switched on and allowed always or not, remembered; a server's tools listed witho
 import json
 import sys
 
-from PySide6.QtCore import Qt
-
 from app.gui.preferences import Preferences
 from app.gui.settings_dialog import SettingsDialog
 from app.gui.tools_dialog import ALWAYS, ON, ToolsDialog
@@ -50,7 +48,8 @@ def test_import_adds_a_files_servers_and_a_bad_file_changes_nothing(qtbot, tmp_p
     dialog = dialog_on(qtbot, Preferences(tmp_path / "gui.ini"))
     dialog.servers.setPlainText('{"mcpServers": {"mine": {"command": "mine-server"}}}')
     claude = tmp_path / "claude_desktop_config.json"
-    claude.write_text(json.dumps({"globalShortcut": "", "mcpServers": {"files": {"command": "npx", "args": ["-y", "f"]}}}))
+    claude.write_text(json.dumps({"globalShortcut": "",
+                                  "mcpServers": {"files": {"command": "npx", "args": ["-y", "f"]}}}))
     dialog.import_file(str(claude))
     assert json.loads(dialog.servers.toPlainText()) == {"mcpServers": {
         "mine": {"command": "mine-server"}, "files": {"command": "npx", "args": ["-y", "f"]}}}

@@ -56,7 +56,8 @@ def test_two_servers_tools_never_collide(toolbox):
 def test_an_error_from_the_tool_is_an_error_result_naming_the_server(toolbox):
     result = toolbox(stdio_server()).run(call("test__fail", reason="the disk is full"))
     assert result.is_error
-    assert result.content == 'MCP server "test" reported an error from fail: Error executing tool fail: the disk is full'
+    assert result.content == ('MCP server "test" reported an error from fail: '
+                              "Error executing tool fail: the disk is full")
 
 
 def test_bad_arguments_are_the_servers_error_result(toolbox):
