@@ -50,7 +50,7 @@ class McpServer:
     """One configured server: started on first use, its connection held by a task on the event loop."""
 
     def __init__(self, config: ServerConfig, timeout: float):
-        self.config, self.timeout = config, timeout
+        self.config, self.timeout = config, config.timeout or timeout
         self._client = None           # the SDK's Client, while connected
         self._session: asyncio.Task | None = None  # holds the connection open until _stop is set
         self._stop: asyncio.Event | None = None
@@ -198,7 +198,7 @@ class McpToolbox:
     in `failures`), so the others stay usable."""
 
     def __init__(self, servers: dict[str, ServerConfig], timeout: float = DEFAULT_TIMEOUT_S):
-        self.timeout = timeout
+        """`timeout`: seconds a server may take to start or to answer, where its config sets none."""
         self._servers = {name: McpServer(config, timeout) for name, config in servers.items()}
         self._routes: dict[str, tuple[McpServer, str]] = {}  # a listed tool's chat name -> server, its own name
         self.failures: dict[str, str] = {}  # server name -> why its tools are not listed
@@ -253,7 +253,8 @@ class McpToolbox:
         # the server enforces the timeout itself (start, then answer, each maybe followed by a stop); this
         # bound only guards against a wedged loop
         try:
-            return self._loop.run(coroutine, timeout=2 * (self.timeout + _STOP_WAIT_S) + 5)
+            longest = max((server.timeout for server in self._servers.values()), default=0)
+            return self._loop.run(coroutine, timeout=2 * (longest + _STOP_WAIT_S) + 5)
         except concurrent.futures.TimeoutError:
             raise ServerFailed("the MCP servers' event loop did not answer") from None
 

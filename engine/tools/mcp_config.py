@@ -6,8 +6,9 @@ Desktop's config share, so a file made for either is read as it is:
         "web":   {"url": "http://127.0.0.1:8000/mcp", "headers": {"Authorization": "Bearer …"}}}}
 
 A server with a `command` is started as a subprocess and spoken to over its stdin/stdout; one with a `url`
-over Streamable HTTP. A file that does not parse, or a server whose fields are wrong, raises McpConfigError
-naming the server and the field.
+over Streamable HTTP. Either may say how long it may take to start or to answer a call, `"timeout"` in
+seconds (a key of Fucina's, which the other apps ignore); without it the toolbox's default holds. A file that
+does not parse, or a server whose fields are wrong, raises McpConfigError naming the server and the field.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class StdioServer:
     command: str
     args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)  # over the app's environment
+    timeout: float | None = None  # seconds to start or answer a call; None: the toolbox's default
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ class HttpServer:
     name: str
     url: str
     headers: dict[str, str] = field(default_factory=dict)
+    timeout: float | None = None
 
 
 ServerConfig = StdioServer | HttpServer
@@ -84,17 +87,25 @@ def _server(name: str, entry, source: str) -> ServerConfig:
         url = _string(entry, "url", where)
         if not url.startswith(("http://", "https://")):
             raise McpConfigError(f'{where}: "url" must start with http:// or https://, not {url!r}')
-        return HttpServer(name, url, _strings(entry, "headers", where))
+        return HttpServer(name, url, _strings(entry, "headers", where), _timeout(entry, where))
     args = entry.get("args", [])
     if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
         raise McpConfigError(f'{where}: "args" must be a list of strings')
-    return StdioServer(name, _string(entry, "command", where), tuple(args), _strings(entry, "env", where))
+    return StdioServer(name, _string(entry, "command", where), tuple(args), _strings(entry, "env", where),
+                       _timeout(entry, where))
 
 
 def _string(entry: dict, key: str, where: str) -> str:
     value = entry[key]
     if not isinstance(value, str) or not value.strip():
         raise McpConfigError(f'{where}: "{key}" must be a non-empty string')
+    return value
+
+
+def _timeout(entry: dict, where: str) -> float | None:
+    value = entry.get("timeout")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+        raise McpConfigError(f'{where}: "timeout" must be a number of seconds above 0')
     return value
 
 

@@ -74,7 +74,8 @@ def test_a_server_that_ends_mid_call_is_an_error_and_the_next_call_starts_it_aga
 
 
 def test_a_server_that_never_answers_times_out_and_is_started_again(toolbox):
-    box = toolbox(stdio_server(), timeout=2.0)
+    from dataclasses import replace
+    box = toolbox(replace(stdio_server(), timeout=2.0))  # its own timeout, not the toolbox's 20 s
     box.specs()
     hung = box.run(call("test__hang"))
     assert hung.is_error

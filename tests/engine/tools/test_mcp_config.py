@@ -9,10 +9,10 @@ def test_reads_stdio_and_http_servers_as_lm_studio_and_claude_desktop_write_them
     path = tmp_path / "mcp.json"
     path.write_text(json.dumps({"mcpServers": {
         "files": {"command": "npx", "args": ["-y", "files-server"], "env": {"ROOT": "/tmp"}},
-        "web": {"url": "http://127.0.0.1:9000/mcp", "headers": {"Authorization": "Bearer x"}}}}))
+        "web": {"url": "http://127.0.0.1:9000/mcp", "headers": {"Authorization": "Bearer x"}, "timeout": 5}}}))
     assert load_servers(path) == {
         "files": StdioServer("files", "npx", ("-y", "files-server"), {"ROOT": "/tmp"}),
-        "web": HttpServer("web", "http://127.0.0.1:9000/mcp", {"Authorization": "Bearer x"})}
+        "web": HttpServer("web", "http://127.0.0.1:9000/mcp", {"Authorization": "Bearer x"}, timeout=5)}
 
 
 def test_empty_text_is_no_servers():
@@ -30,6 +30,8 @@ def test_empty_text_is_no_servers():
     ('{"mcpServers": {"a": {"url": "ftp://h"}}}', 'server "a": "url" must start with http:// or https://'),
     ('{"mcpServers": {"a b": {"command": "x"}}}', 'server "a b": a server\'s name is made of letters'),
     ('{"mcpServers": {"a": ["x"]}}', 'server "a" is not an object'),
+    ('{"mcpServers": {"a": {"command": "x", "timeout": "1"}}}', 'server "a": "timeout" must be a number of seconds'),
+    ('{"mcpServers": {"a": {"url": "http://h", "timeout": 0}}}', 'server "a": "timeout" must be a number of seconds'),
 ])
 def test_a_bad_config_says_which_server_and_which_field(text, says):
     with pytest.raises(McpConfigError) as e:
