@@ -30,6 +30,7 @@ from app.gui.sidebar import UNTITLED, Sidebar
 from app.gui.status_line import StatusLine, describe_kernel_wait
 from app.gui.storage_banner import StorageBanner
 from app.gui.theme import SPACE_L, SPACE_M, THEMES, apply_theme
+from app.gui.tool_call_block import ToolCallsPanel
 from app.gui.welcome import WelcomeScreen
 from app.gui.worker import EngineClient
 from engine.platform.catalog import catalog, starter_of_file
@@ -97,6 +98,7 @@ class MainWindow(QMainWindow):
         self.kernel_warmup = KernelWarmup(self)
         self.documents = DocumentsClient(self.client.worker.documents)
         self.attachment_bar = AttachmentBar()
+        self.tool_calls = ToolCallsPanel()  # a reply's tool calls, each asked about before it runs
         self.attach_button = paperclip_button()
         self.file_drops = FileDrops(self)
         self._build_layout()
@@ -133,6 +135,7 @@ class MainWindow(QMainWindow):
         column.addWidget(header)
         column.addWidget(self.attachment_bar)
         column.addWidget(self.chat_stack, 1)
+        column.addWidget(self.tool_calls)
         column.addWidget(self.composer)
         self.sidebar.setObjectName("sidebarPane")
         self.sidebar.setAttribute(Qt.WidgetAttribute.WA_StyledBackground)  # its background from the style sheet
@@ -241,6 +244,8 @@ class MainWindow(QMainWindow):
         worker.storage_failed.connect(self._storage_failed)
         worker.storage_recovered.connect(self.storage_banner.clear)
         worker.tool_allowed_always.connect(self._tool_allowed_always)
+        worker.approvals.requested.connect(self.tool_calls.ask)
+        worker.approvals.finished.connect(self.tool_calls.show_result)
 
     def _siblings(self, message_id: str) -> list[str]:
         return [m["id"] for m in self.store.siblings(message_id)]
@@ -248,6 +253,7 @@ class MainWindow(QMainWindow):
     # -- conversations -----------------------------------------------------------------------------
     def open_conversation(self, conversation_id: str | None) -> None:
         self._show_conversation(conversation_id)
+        self.tool_calls.clear()
         self.client.open_conversation(self.current_id)
 
     def new_chat(self) -> None:

@@ -1,5 +1,6 @@
 """A tool call in the chat, as a block: the tool, its arguments, then either the Allow / Allow always / Deny
-buttons the engine waits on, or the result and how long the call took."""
+buttons the engine waits on, or the result and how long the call took; a turn's blocks in a column, and the
+latest turn's column in a panel above the composer."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import threading
 
 from PySide6.QtCore import Qt, Signal, Slot
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QScrollArea, QVBoxLayout, QWidget
 
 from app.gui.markdown_view import SELECTABLE
 from engine.tools import ToolCall, ToolResult
@@ -104,3 +105,45 @@ class ToolCallColumn(QWidget):
         block = self.blocks[call.id] = ToolCallBlock(call, asking=asking)
         self._column.addWidget(block)
         return block
+
+
+class ToolCallsPanel(QScrollArea):
+    """The tool calls of the reply in progress (or of the last one), between the chat and the composer;
+    hidden while there are none. A call of a newer turn starts the list afresh; one of a stopped turn is
+    not shown (its question was answered by the stop)."""
+    MAX_HEIGHT_PX = 260
+
+    def __init__(self):
+        super().__init__()
+        self.setWidgetResizable(True)
+        self.setMaximumHeight(self.MAX_HEIGHT_PX)
+        self.setAccessibleName("Tool calls")
+        self.column: ToolCallColumn | None = None
+        self.hide()
+
+    @Slot(object)
+    def ask(self, pending) -> None:
+        if not pending.turn.is_set():
+            self._column_for(pending.turn).ask(pending)
+            self._show_latest()
+
+    @Slot(object, object, object)
+    def show_result(self, call: ToolCall, result: ToolResult, turn: threading.Event) -> None:
+        self._column_for(turn).show_result(call, result, turn)
+        self._show_latest()
+
+    def clear(self) -> None:
+        """Another conversation: its calls are not these."""
+        self.column = None
+        self.takeWidget()
+        self.hide()
+
+    def _column_for(self, turn: threading.Event) -> ToolCallColumn:
+        if self.column is None or self.column.turn is not turn:
+            self.column = ToolCallColumn(turn)
+            self.setWidget(self.column)  # the last turn's column goes with it
+        return self.column
+
+    def _show_latest(self) -> None:
+        self.show()
+        self.ensureWidgetVisible(list(self.column.blocks.values())[-1])

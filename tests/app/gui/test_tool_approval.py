@@ -178,3 +178,21 @@ def test_the_file_picked_for_the_tools_is_the_open_chats_only(qtbot, tmp_path):
         assert results[1].is_error and results[1].content == "no built-in tool read_file is available"
     finally:
         client.close()
+
+
+def test_the_panel_shows_the_latest_turns_calls_and_hides_without_any(qtbot):
+    from app.gui.tool_call_block import ToolCallsPanel
+
+    panel = ToolCallsPanel()
+    qtbot.addWidget(panel)
+    assert panel.isHidden()
+    first, second, stopped = threading.Event(), threading.Event(), threading.Event()
+    panel.ask(PendingApproval(ToolCall("a", "echo", {}), first))
+    assert not panel.isHidden() and list(panel.column.blocks) == ["a"]
+    panel.show_result(ToolCall("b", "echo", {}), ToolResult("b", "ran"), second)  # an always-allowed call
+    assert panel.column.turn is second and list(panel.column.blocks) == ["b"]
+    stopped.set()
+    panel.ask(PendingApproval(ToolCall("c", "echo", {}), stopped))  # answered by the stop: not shown
+    assert panel.column.turn is second
+    panel.clear()
+    assert panel.isHidden() and panel.column is None
