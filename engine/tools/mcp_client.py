@@ -34,6 +34,8 @@ DEFAULT_TIMEOUT_S = 60.0
 SEPARATOR = "__"
 _NOT_IN_NAMES = re.compile(r"[^A-Za-z0-9_-]")
 _STDERR_TAIL_CHARS = 600
+RETRY_START_S = 300.0  # a server that would not start is left out of the lists this long (each try may cost
+# the whole timeout, before every reply), then tried again; new settings try it at once
 _STOP_WAIT_S = 10.0  # for a server to end its session and its process (the SDK kills it within ~7 s)
 
 
@@ -195,22 +197,25 @@ class McpServer:
 class McpToolbox:
     """The tools of the configured MCP servers: a Toolbox (engine.tools). specs() lists every server's
     tools, starting the servers not running; a server that fails is left out of the list (its failure is
-    in `failures`), so the others stay usable."""
+    in `failures`), so the others stay usable, and is not tried again for RETRY_START_S."""
 
     def __init__(self, servers: dict[str, ServerConfig], timeout: float = DEFAULT_TIMEOUT_S):
         """`timeout`: seconds a server may take to start or to answer, where its config sets none."""
         self._servers = {name: McpServer(config, timeout) for name, config in servers.items()}
         self._routes: dict[str, tuple[McpServer, str]] = {}  # a listed tool's chat name -> server, its own name
         self.failures: dict[str, str] = {}  # server name -> why its tools are not listed
+        self._failed_at: dict[str, float] = {}  # server name -> when it last failed to list its tools
         self._loop: LoopThread | None = None
 
     def specs(self) -> list[ToolSpec]:
         specs = []
         for server in self._servers.values():
+            if time.monotonic() - self._failed_at.get(server.name, -RETRY_START_S) < RETRY_START_S:
+                continue  # its failure stays in `failures`
             try:
                 tools = self._run(server.list_tools())
             except ServerFailed as e:
-                self.failures[server.name] = str(e)
+                self.failures[server.name], self._failed_at[server.name] = str(e), time.monotonic()
                 continue
             self.failures.pop(server.name, None)
             for tool in tools:

@@ -102,10 +102,14 @@ def test_a_program_that_is_not_an_mcp_server_says_what_it_wrote(toolbox, tmp_pat
     assert box.failures["broken"].endswith("it wrote:\nmissing API key")
 
 
-def test_a_server_that_never_starts_times_out(toolbox):
+def test_a_server_that_never_starts_times_out_and_is_not_waited_for_before_every_reply(toolbox):
     import sys
+    import time
     box = toolbox(StdioServer("mute", sys.executable, ("-c", "import time; time.sleep(60)")), timeout=1.0)
     assert box.specs() == []
+    assert box.failures["mute"] == 'MCP server "mute" did not start within 1 s'
+    start = time.monotonic()
+    assert box.specs() == [] and time.monotonic() - start < 0.5  # left out for a while, its failure kept
     assert box.failures["mute"] == 'MCP server "mute" did not start within 1 s'
 
 
