@@ -523,16 +523,8 @@ class EngineWorker(QObject):
 
     def _chat_tools(self) -> ChatToolbox:
         if self._tools is None:
-            self._tools = ChatToolbox(self._db_path, self._attached_documents)
+            self._tools = ChatToolbox(self._db_path, lambda: self._conversation_id)
         return self._tools
-
-    def _attached_documents(self) -> list[tuple[str, str]]:
-        """The open conversation's documents (read on a connection of the caller's: a tool may run on
-        another thread)."""
-        if self._conversation_id is None:
-            return []
-        with HistoryStore(self._db_path) as store:
-            return [(row["name"], row["path"]) for row in store.attachments(self._conversation_id)]
 
     # -- the local server --------------------------------------------------------------------------
     @Slot(int, str)

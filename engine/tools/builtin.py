@@ -27,6 +27,7 @@ EXCERPT_CHARS = 4000        # what one read gives by default: a few pages, well 
 MAX_EXCERPT_CHARS = 16000
 MAX_SEARCH_RESULTS = 20
 MAX_PICKED_FILE_BYTES = 4 << 20
+_OPEN_CHAT_HITS = 50  # matches in the open chat, left out, that a search may meet before the others
 
 
 class ToolFailed(FucinaError):
@@ -62,10 +63,12 @@ class BuiltinToolbox:
 
 
 class ConversationSearch:
-    """Full-text search over the user's stored conversations (the history store's index)."""
+    """Full-text search over the user's stored conversations (the history store's index), but the open one
+    (`open_conversation()`: its id, or None), which the model reads already and whose last message, asking
+    for the search, would be the first match."""
 
-    def __init__(self, db_path: str | os.PathLike):
-        self.db_path = db_path
+    def __init__(self, db_path: str | os.PathLike, open_conversation: Callable[[], str | None] = lambda: None):
+        self.db_path, self._open_conversation = db_path, open_conversation
 
     def spec(self) -> ToolSpec:
         return ToolSpec(SEARCH_CONVERSATIONS,
@@ -81,14 +84,15 @@ class ConversationSearch:
         limit = min(max(_argument(arguments, "limit", int, 5), 1), MAX_SEARCH_RESULTS)
         # a connection of its own: SQLite connections belong to the thread that made them
         with HistoryStore(self.db_path) as store:
-            hits = store.search(query, limit=limit, marks=("**", "**"))
+            hits = store.search(query, limit=limit + _OPEN_CHAT_HITS, marks=("**", "**"))
+            hits = [hit for hit in hits if hit["conversation_id"] != self._open_conversation()][:limit]
             lines = []
             for hit in hits:
                 conversation = store.get_conversation(hit["conversation_id"])
                 message = store.get_message(hit["message_id"])
                 lines.append(f'- "{conversation["title"] or "Untitled"}" ({message["created_at"][:10]}, '
                              f'{message["role"]}): {hit["snippet"]}')
-        return "\n".join(lines) if lines else f"no message of the user's conversations contains: {query}"
+        return "\n".join(lines) if lines else f"no message of the user's other conversations contains: {query}"
 
 
 class DocumentReader:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from typing import Callable
 
+from engine.history.store import HistoryStore
 from engine.tools import ToolCall, ToolResult
 from engine.tools.approval import AskingToolbox, Decision
 from engine.tools.builtin import BuiltinToolbox, ConversationSearch, DocumentReader, PickedFile
@@ -17,16 +18,25 @@ from engine.tools.toolbox import CombinedToolbox, ToolSwitches
 
 
 class ChatToolbox:
-    """`documents` gives the open chat's attached documents as (name, path) pairs."""
+    """`open_conversation()` gives the id of the chat whose turns call the tools (None: a new chat)."""
 
-    def __init__(self, history_db: str | os.PathLike, documents: Callable[[], list[tuple[str, str]]], *,
+    def __init__(self, history_db: str | os.PathLike, open_conversation: Callable[[], str | None], *,
                  timeout: float = DEFAULT_TIMEOUT_S):
-        self.timeout = timeout
+        self.history_db, self.open_conversation, self.timeout = history_db, open_conversation, timeout
         self.picked = PickedFile()
         self._servers: dict[str, ServerConfig] = {}
         self._mcp = McpToolbox({}, timeout)
-        builtins = BuiltinToolbox([ConversationSearch(history_db), DocumentReader(documents), self.picked])
+        builtins = BuiltinToolbox([ConversationSearch(history_db, open_conversation),
+                                   DocumentReader(self._attached_documents), self.picked])
         self.toolbox = CombinedToolbox([self._mcp, builtins])
+
+    def _attached_documents(self) -> list[tuple[str, str]]:
+        """The open chat's documents, on a store connection of the calling thread's own."""
+        conversation = self.open_conversation()
+        if conversation is None:
+            return []
+        with HistoryStore(self.history_db) as store:
+            return [(row["name"], row["path"]) for row in store.attachments(conversation)]
 
     def configure(self, servers: dict[str, ServerConfig], switches: ToolSwitches) -> None:
         """The user's servers and switches, from the next call on; servers that changed are stopped and

@@ -14,6 +14,7 @@ def run(toolbox, tool, **arguments):
 
 @pytest.fixture
 def history(tmp_path):
+    """The history's path, and the open chat's id."""
     path = tmp_path / "history.db"
     with HistoryStore(path) as store:
         cid = store.create_conversation("model.gguf")
@@ -21,27 +22,32 @@ def history(tmp_path):
         store.add_message(cid, "assistant", "Water the fiddle leaf fig a day before repotting it.")
         other = store.create_conversation("model.gguf")
         store.add_message(other, "user", "Explain quicksort")
-    return path
+        open_chat = store.create_conversation("model.gguf")
+        store.add_message(open_chat, "user", "Search my chats for the fiddle leaf fig")
+    return path, open_chat
 
 
-def test_search_finds_a_stored_conversation(history):
-    box = BuiltinToolbox([ConversationSearch(history)])
-    result = run(box, SEARCH_CONVERSATIONS, query="fiddle repotting")
+def search(history):
+    path, open_chat = history
+    return BuiltinToolbox([ConversationSearch(path, lambda: open_chat)])
+
+
+def test_search_finds_a_stored_conversation_but_not_the_open_one(history):
+    result = run(search(history), SEARCH_CONVERSATIONS, query="fiddle leaf")
     assert not result.is_error
     assert result.content.startswith('- "How do I repot a fiddle leaf fig?" (')
-    assert "assistant): Water the **fiddle** leaf fig a day before **repotting** it." in result.content
-    assert "quicksort" not in result.content
+    assert "assistant): Water the **fiddle** **leaf** fig a day before repotting it." in result.content
+    assert "quicksort" not in result.content and "Search my chats" not in result.content
 
 
 def test_search_says_when_nothing_matches_and_bounds_its_limit(history):
-    box = BuiltinToolbox([ConversationSearch(history)])
-    assert run(box, SEARCH_CONVERSATIONS, query="zebra").content == \
-        "no message of the user's conversations contains: zebra"
-    assert run(box, SEARCH_CONVERSATIONS, query="fiddle", limit="1").content.count("\n") == 0
+    assert run(search(history), SEARCH_CONVERSATIONS, query="zebra").content == \
+        "no message of the user's other conversations contains: zebra"
+    assert run(search(history), SEARCH_CONVERSATIONS, query="fiddle", limit="1").content.count("\n") == 0
 
 
 def test_search_without_a_query_is_an_error_result(history):
-    result = run(BuiltinToolbox([ConversationSearch(history)]), SEARCH_CONVERSATIONS)
+    result = run(search(history), SEARCH_CONVERSATIONS)
     assert result.is_error and result.content == "the argument 'query' is missing"
 
 

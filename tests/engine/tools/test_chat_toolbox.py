@@ -1,5 +1,6 @@
 """The app's toolbox for its chats: MCP servers and built-in tools, reconfigured as the settings change."""
 
+from engine.history.store import HistoryStore
 from engine.tools import ToolCall
 from engine.tools.approval import Decision
 from engine.tools.builtin import READ_DOCUMENT, READ_FILE
@@ -11,7 +12,10 @@ from tests.engine.tools.conftest import stdio_server
 def test_servers_and_built_ins_behind_the_switches_and_the_question(tmp_path):
     doc = tmp_path / "doc.txt"
     doc.write_text("attached text")
-    tools = ChatToolbox(tmp_path / "history.db", lambda: [("doc.txt", doc)], timeout=20)
+    with HistoryStore(tmp_path / "history.db") as store:
+        chat = store.create_conversation("model.gguf")
+        store.add_attachment(chat, "doc.txt", "text", str(doc))
+    tools = ChatToolbox(tmp_path / "history.db", lambda: chat, timeout=20)
     asked = []
 
     def ask(call):

@@ -23,7 +23,7 @@ def smollm2(model_path):
 
 def test_a_reply_calls_an_mcp_servers_tool_and_reads_its_answer(smollm2, tmp_path):
     model, tokenizer = smollm2
-    tools = ChatToolbox(tmp_path / "history.db", lambda: [], timeout=30)
+    tools = ChatToolbox(tmp_path / "history.db", lambda: None, timeout=30)
     asked = []
     try:
         tools.configure({"calc": stdio_server("calc")}, ToolSwitches(frozenset({"calc__add"})))
