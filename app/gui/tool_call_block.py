@@ -8,7 +8,8 @@ import json
 import threading
 
 from PySide6.QtCore import Qt, Signal, Slot
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QScrollArea, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QLayout, QPushButton, QScrollArea, QVBoxLayout,
+                               QWidget)
 
 from app.gui.markdown_view import SELECTABLE
 from engine.tools import ToolCall, ToolResult
@@ -87,6 +88,8 @@ class ToolCallColumn(QWidget):
         self.blocks: dict[str, ToolCallBlock] = {}  # by call id
         self._column = QVBoxLayout(self)
         self._column.setContentsMargins(0, 0, 0, 0)
+        # never squeezed below its blocks' text in the panel's scroll area: the panel scrolls instead
+        self._column.setSizeConstraint(QLayout.SizeConstraint.SetMinimumSize)
 
     @Slot(object)
     def ask(self, pending) -> None:
