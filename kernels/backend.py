@@ -204,12 +204,14 @@ SWIGLU, SWIGLU_OAI = "silu", "swiglu_oai"  # the experts' activations: silu(gate
 
 @dataclass(frozen=True)
 class MoeSpec:
-    """A Mixture-of-Experts feed-forward as `moe_ffn` reads it: each expert's SwiGLU weights (gate and up
-    [n_ff_exp, n_embd], down [n_embd, n_ff_exp]: views of the stacked GGUF tensors), and the routing."""
+    """A Mixture-of-Experts feed-forward as `moe_ffn` reads it: the experts' SwiGLU weights as the stacked
+    GGUF tensors, each one weight (gate and up [n_expert * n_ff_exp, n_embd], down [n_expert * n_embd,
+    n_ff_exp]: expert e's rows are the e-th run of n_ff_exp, or n_embd, rows), and the routing."""
 
-    gate: tuple[Weight, ...]  # one per expert
-    up: tuple[Weight, ...]
-    down: tuple[Weight, ...]
+    gate: Weight
+    up: Weight
+    down: Weight
+    n_expert: int
     n_used: int  # experts each row is routed to (top k)
     gating: Gating
     normalize: bool  # the selected weights are divided by their sum
@@ -222,12 +224,21 @@ class MoeSpec:
 
 
 @dataclass(frozen=True)
+class MoeFfnSpec:
+    """A Mixture-of-Experts feed-forward as a fused row stack reads it: the router (its bias rides on it) and
+    the experts."""
+
+    router: Weight
+    experts: MoeSpec
+
+
+@dataclass(frozen=True)
 class LayerSpec:
     """One decoder layer as a backend's fused row-wise stack reads it (weights and vectors uploaded; None
     leaves a step out): its mixer's and feed-forward's specs, a stack takes the kinds it knows."""
 
     mixer: Any  # AttentionSpec, or another kind's spec
-    feed_forward: Any  # GatedMlpSpec, or another kind's spec
+    feed_forward: Any  # GatedMlpSpec, MoeFfnSpec, or another kind's spec
     attn_norm: Any
     ffn_norm: Any
     post_attn_norm: Any | None  # Gemma's norms after attention and FFN

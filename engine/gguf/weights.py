@@ -4,8 +4,8 @@ A `LinearWeight` is the tensor's raw GGUF bytes (a zero-copy view of the file's
 mmap) plus its GGML type, uploaded once to the model's backend (kernels.backend),
 whose kernels read the blocks directly. Nothing is widened to f32 at load. A
 `LinearGroup` holds several weights that share an input (q/k/v, gate/up); the
-backend runs them as one pass. `load_experts` binds a stacked experts tensor as one weight per expert, each a
-zero-copy view of its rows.
+backend runs them as one pass. `load_experts` binds a stacked experts tensor as one weight, every expert's
+rows in turn (the kernels read an expert's rows in place).
 """
 
 from __future__ import annotations
@@ -65,14 +65,11 @@ class LinearGroup:
         return self.backend.linear([p.handle for p in self.parts], x, row_wise)
 
 
-def load_experts(file: GGUFFile, name: str, n_expert: int, out_dim: int, in_dim: int,
-                 backend: Backend) -> tuple[Weight, ...]:
-    """The stacked experts tensor `name` [n_expert, out_dim, in_dim] as one weight [out_dim, in_dim] per
-    expert: expert e is rows [e * out_dim, (e + 1) * out_dim) of the file's bytes, a view in its own format."""
+def load_experts(file: GGUFFile, name: str, n_expert: int, out_dim: int, in_dim: int, backend: Backend) -> Weight:
+    """The stacked experts tensor `name` [n_expert, out_dim, in_dim] as one weight [n_expert * out_dim, in_dim]
+    in its own format (expert e is rows [e * out_dim, (e + 1) * out_dim)): a view of the file's bytes."""
     info = _checked_tensor(file, name, (n_expert, out_dim, in_dim), "(expert, out, in)", backend)
-    raw = file.raw(info)
-    return tuple(backend.upload_weight(info.ggml_type, raw[e * out_dim : (e + 1) * out_dim], out_dim, in_dim)
-                 for e in range(n_expert))
+    return backend.upload_weight(info.ggml_type, file.raw(info), n_expert * out_dim, in_dim)
 
 
 def _checked_tensor(file: GGUFFile, name: str, shape: tuple[int, ...], axes: str, backend: Backend):

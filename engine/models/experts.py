@@ -2,8 +2,9 @@
 product gives each row's logits over the experts; the gating picks each row's top-k experts and their
 weights; the selected experts' SwiGLU outputs, weighted, are summed (the backend's `moe_ffn` op).
 
-The experts' matrices stay in the stacked GGUF tensors ffn_{gate,up,down}_exps, in their own block format:
-each expert is a zero-copy view of its rows (engine.gguf.weights.load_experts). Shared experts, when a
+The experts' matrices stay in the stacked GGUF tensors ffn_{gate,up,down}_exps, in their own block format,
+bound as one weight each (engine.gguf.weights.load_experts): a zero-copy view whose e-th run of rows is
+expert e's. Shared experts, when a
 family has them, are a dense part added beside this one. gpt-oss adds biases to the router and to every
 expert's products (ffn_*.bias: one row per expert) and its clamped SwiGLU.
 """
@@ -18,7 +19,7 @@ from engine.gguf.reader import GGUFFile
 from engine.gguf.weights import LinearWeight, load_experts, load_vectors
 from engine.models.layout import TensorSpec, bias, experts, matrix
 from engine.models.parts import first_problem, shown
-from kernels.backend import OP_LINEAR, OP_MOE_FFN, SWIGLU, SWIGLU_OAI, Backend, Gating, MoeSpec
+from kernels.backend import OP_LINEAR, OP_MOE_FFN, SWIGLU, SWIGLU_OAI, Backend, Gating, MoeFfnSpec, MoeSpec
 
 
 @dataclass(frozen=True)
@@ -80,12 +81,12 @@ class MoeFfn:
         self.experts = MoeSpec(gate=load_experts(file, gate, e, f, n_embd, backend),
                                up=load_experts(file, up, e, f, n_embd, backend),
                                down=load_experts(file, down, e, n_embd, f, backend),
-                               n_used=args.n_used, gating=args.gating, normalize=args.normalize, scale=args.scale,
-                               activation=args.activation, gate_bias=expert_biases(gate_b, f),
+                               n_expert=e, n_used=args.n_used, gating=args.gating, normalize=args.normalize,
+                               scale=args.scale, activation=args.activation, gate_bias=expert_biases(gate_b, f),
                                up_bias=expert_biases(up_b, f), down_bias=expert_biases(down_b, n_embd))
 
     def __call__(self, h, row_wise: bool):
         return self.backend.moe_ffn(self.experts, h, self.router(h, row_wise), row_wise)
 
-    def spec(self) -> None:
-        return None  # no fused form: the backend's row stack leaves this layer to the composed ops
+    def spec(self) -> MoeFfnSpec:
+        return MoeFfnSpec(router=self.router.handle, experts=self.experts)

@@ -13,12 +13,13 @@ from typing import Sequence
 import numpy as np
 
 from kernels.backend import (
-    OPS, Q8_0_BLOCK, Q8_0_BLOCK_BYTES, AttentionShape, AttentionSpec, GatedMlpSpec, LayerSpec, MoeSpec, Segment,
+    OPS, Q8_0_BLOCK, Q8_0_BLOCK_BYTES, AttentionShape, AttentionSpec, GatedMlpSpec, LayerSpec, MoeFfnSpec, MoeSpec,
+    Segment,
 )
 from kernels.common import gguf_weights, kv_rows, q8_0
 from kernels.cpu import moe, ops, quant, quant_dot
 from kernels.cpu.attention import attention_prefill
-from kernels.cpu.row_stack import Layer as KernelLayer, RowArgs, forward_rows
+from kernels.cpu.row_stack import ExpertsFfn, Layer as KernelLayer, Mlp, RowArgs, forward_rows
 from kernels.cpu.row_variants import RowVariants
 from kernels.cpu.typed_lists import typed_list
 
@@ -89,7 +90,7 @@ class CpuRowStack:
         self.layers = typed_list(layers)
         self.n_embd = layers[0].attn_norm.shape[0]
         self.cache_layers = (first_layer, first_layer + len(layers))  # the KV rows of these layers
-        groups = [(k.qkv_types, k.out_types, k.gate_up_types, k.down_types) for k in layers]
+        groups = [(k.qkv_types, k.out_types, *_ffn_types(k.ffn)) for k in layers]
         # the kernel compiles for these formats only
         self.variants = RowVariants(forward_rows, np.concatenate(sum(groups, ())))
 
@@ -185,7 +186,7 @@ class CpuBackend:
         return x[list(rows)]
 
     def moe_ffn(self, spec: MoeSpec, x: np.ndarray, router_logits: np.ndarray, row_wise: bool) -> np.ndarray:
-        return moe.moe_ffn(spec, x, router_logits, _product(row_wise))
+        return moe.moe_ffn(spec, x, router_logits, row_wise)
 
     def to_host(self, x: np.ndarray) -> np.ndarray:
         return x
@@ -205,34 +206,60 @@ def _product(row_wise: bool):
 def _kernel_layer(spec: LayerSpec) -> KernelLayer | None:
     """A layer as the row-wise kernel reads it, or None when a part is of a kind it does not know or a
     weight has no native kernel."""
-    attn, mlp = spec.mixer, spec.feed_forward
-    if not isinstance(attn, AttentionSpec) or not isinstance(mlp, GatedMlpSpec):
+    attn = spec.mixer
+    ffn = _kernel_ffn(spec.feed_forward)
+    if not isinstance(attn, AttentionSpec) or ffn is None:
         return None
-    parts = [*attn.qkv, attn.out, *mlp.gate_up, mlp.down]
-    if not all(quant.has_native_kernel(p.qtype) for p in parts):
+    if not all(quant.has_native_kernel(p.qtype) for p in (*attn.qkv, attn.out)):
         return None
-
-    def weights(parts):
-        qtypes, ws = quant_dot.stack([p.qtype for p in parts], [quant.kernel_weight(p.qtype, p.raw) for p in parts])
-        return ws, qtypes
-
-    def vector(v):
-        return np.zeros(0, np.float32) if v is None else v
-
-    (qkv, qkv_types), (out, out_types) = weights(attn.qkv), weights([attn.out])
-    (gate_up, gate_up_types), (down, down_types) = weights(mlp.gate_up), weights([mlp.down])
+    (qkv, qkv_types), (out, out_types) = _stacked(attn.qkv), _stacked([attn.out])
     q_bias, k_bias, v_bias = (p.bias for p in attn.qkv)
     a = attn.shape
     return KernelLayer(
-        qkv=qkv, qkv_types=qkv_types, out=out, out_types=out_types, gate_up=gate_up,
-        gate_up_types=gate_up_types, down=down, down_types=down_types,
-        attn_norm=spec.attn_norm, ffn_norm=spec.ffn_norm, post_attn_norm=vector(spec.post_attn_norm),
-        post_ffn_norm=vector(spec.post_ffn_norm), q_norm=vector(attn.q_norm), k_norm=vector(attn.k_norm),
-        q_bias=vector(q_bias), k_bias=vector(k_bias), v_bias=vector(v_bias),
+        qkv=qkv, qkv_types=qkv_types, out=out, out_types=out_types, ffn=ffn,
+        attn_norm=spec.attn_norm, ffn_norm=spec.ffn_norm, post_attn_norm=_vector(spec.post_attn_norm),
+        post_ffn_norm=_vector(spec.post_ffn_norm), q_norm=_vector(attn.q_norm), k_norm=_vector(attn.k_norm),
+        q_bias=_vector(q_bias), k_bias=_vector(k_bias), v_bias=_vector(v_bias),
         n_head=a.n_head, n_kv=a.n_kv, head_dim=a.head_dim, rope_dims=attn.rope_dims,
-        rope_neox=bool(attn.rope_neox), rope_base=float(attn.rope_base),
-        activation=_ACTIVATIONS[mlp.activation], window=int(a.window),
+        rope_neox=bool(attn.rope_neox), rope_base=float(attn.rope_base), window=int(a.window),
         eps=float(spec.eps), attn_scale=float(a.scale))
+
+
+def _kernel_ffn(spec) -> Mlp | ExpertsFfn | None:
+    """A feed-forward as the row-wise kernel reads it, or None (a kind it does not know, a weight with no
+    native kernel)."""
+    if isinstance(spec, GatedMlpSpec):
+        parts = [*spec.gate_up, spec.down]
+    elif isinstance(spec, MoeFfnSpec):
+        parts = [spec.router, spec.experts.gate, spec.experts.up, spec.experts.down]
+    else:
+        return None
+    if not all(quant.has_native_kernel(p.qtype) for p in parts):
+        return None
+    if isinstance(spec, GatedMlpSpec):
+        (gate_up, gate_up_types), (down, down_types) = _stacked(spec.gate_up), _stacked([spec.down])
+        return Mlp(gate_up=gate_up, gate_up_types=gate_up_types, down=down, down_types=down_types,
+                   activation=_ACTIVATIONS[spec.activation])
+    router, router_types = _stacked([spec.router])
+    return ExpertsFfn(router=router, router_types=router_types, router_bias=_vector(spec.router.bias),
+                      experts=moe.kernel_experts(spec.experts))
+
+
+def _ffn_types(ffn: Mlp | ExpertsFfn) -> tuple[np.ndarray, ...]:
+    """The GGML types of a kernel feed-forward's weights."""
+    if isinstance(ffn, Mlp):
+        return ffn.gate_up_types, ffn.down_types
+    return ffn.router_types, ffn.experts.types
+
+
+def _stacked(parts):
+    """Weights as one product of the row-wise kernel takes them: (weights, their types)."""
+    qtypes, ws = quant_dot.stack([p.qtype for p in parts], [quant.kernel_weight(p.qtype, p.raw) for p in parts])
+    return ws, qtypes
+
+
+def _vector(v):
+    return np.zeros(0, np.float32) if v is None else v
 
 
 def create_backend() -> CpuBackend:

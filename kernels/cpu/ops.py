@@ -215,20 +215,23 @@ def gelu_mul(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) ->
     return _apply_gated(GELU, gate, up, out)
 
 
+OAI_ALPHA, OAI_LIMIT = np.float32(1.702), np.float32(7.0)  # gpt-oss's SwiGLU constants (llama.cpp's)
+
+
 @njit(**OPS)
-def _swiglu_oai(g, u, alpha, limit, o):
+def swiglu_oai_into(g, u, alpha, limit, o):
     for i in range(g.size):
         x = min(g[i], limit)
         y = min(max(u[i], -limit), limit)
         o[i] = x / (np.float32(1.0) + np.exp(alpha * -x)) * (y + np.float32(1.0))
 
 
-def swiglu_oai(gate: np.ndarray, up: np.ndarray, alpha: float = 1.702, limit: float = 7.0) -> np.ndarray:
+def swiglu_oai(gate: np.ndarray, up: np.ndarray, alpha: float = OAI_ALPHA, limit: float = OAI_LIMIT) -> np.ndarray:
     """gpt-oss's clamped SwiGLU, as ggml_swiglu_oai: x = min(gate, limit), y = up clamped to ±limit,
     x * sigmoid(alpha * x) * (y + 1) (libm's expf, as ggml's scalar loop)."""
     g, u = np.ascontiguousarray(gate, np.float32), np.ascontiguousarray(up, np.float32)
     out = np.empty_like(g)
-    _swiglu_oai(g.reshape(-1), u.reshape(-1), np.float32(alpha), np.float32(limit), out.reshape(-1))
+    swiglu_oai_into(g.reshape(-1), u.reshape(-1), np.float32(alpha), np.float32(limit), out.reshape(-1))
     return out
 
 

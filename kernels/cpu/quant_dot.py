@@ -350,22 +350,28 @@ def _dispatch(formats, qtype, w, X, act, Y, n16):
 
 
 @njit(**KERNEL)
+def tiled_product(formats, qtype, w, X, act, Y):
+    """Y = the products of the weight rows w (of GGML type qtype) with every row of X, given act =
+    activations(X): each tile of weight rows is read once and multiplied by every input row while it stays
+    in L2."""
+    rows = w.shape[0]
+    # one input row streams the weight straight through; more revisit each tile while it is in L2
+    tile = rows if X.shape[0] == 1 else max(1, _ROW_TILE_BYTES // w.shape[1])
+    if X.shape[0] >= row_lanes.MIN_INPUT_ROWS:  # whole groups of the lanes' rows
+        tile = max(1, tile // row_lanes.ROWS) * row_lanes.ROWS
+    for r0 in range(0, rows, tile):
+        r1 = min(rows, r0 + tile)
+        _dispatch(formats, qtype, w[r0:r1], X, act, Y[:, r0:r1], N16)
+
+
+@njit(**KERNEL)
 def _products_range(formats, qtypes, ws, starts, X, act, Y, lo, hi):
     """Stacked rows [lo, hi) of the weights in ws (weight i, of GGML type qtypes[i], owns columns
-    starts[i]:starts[i+1] of Y) times every row of X, given act = activations(X): each tile of
-    weight rows is read once and multiplied by every input row while it stays in L2."""
+    starts[i]:starts[i+1] of Y) times every row of X, given act = activations(X)."""
     for i in range(len(ws)):
         a, b = max(lo, starts[i]), min(hi, starts[i + 1])
-        if a >= b:
-            continue
-        w = ws[i]
-        # one input row streams the weight straight through; more revisit each tile while it is in L2
-        tile = b - a if X.shape[0] == 1 else max(1, _ROW_TILE_BYTES // w.shape[1])
-        if X.shape[0] >= row_lanes.MIN_INPUT_ROWS:  # whole groups of the lanes' rows
-            tile = max(1, tile // row_lanes.ROWS) * row_lanes.ROWS
-        for r0 in range(a, b, tile):
-            r1 = min(b, r0 + tile)
-            _dispatch(formats, qtypes[i], w[r0 - starts[i] : r1 - starts[i]], X, act, Y[:, r0:r1], N16)
+        if a < b:
+            tiled_product(formats, qtypes[i], ws[i][a - starts[i] : b - starts[i]], X, act, Y[:, a:b])
 
 
 @njit(parallel=True, **KERNEL)

@@ -16,7 +16,9 @@ arithmetic on small models, so the whole stack of layers runs here in one call. 
 split over threads, each in its own parallel region; elementwise steps stay on the calling thread.
 
 A layer is a `Layer` (a named tuple: weights as read-only uint8 GGUF block arrays with their GGML type ids,
-float32 vectors where an empty one leaves its step out, and the attention geometry). The K/V cache of row i
+float32 vectors where an empty one leaves its step out, and the attention geometry); its feed-forward is a
+gated MLP (`Mlp`) or a Mixture of Experts (`ExpertsFfn`), a kind the kernel is compiled for (a stack's
+layers share one). The K/V cache of row i
 is `kcs[slots[i] * n_layers + layer]` (f16 bit patterns [capacity, kv_heads, head_dim], or q8_0 blocks
 [capacity, kv_heads, head_dim / 32 * 34]) and row i sits at position `positions[i]`. Rows of one cache come
 in position order; all rows' keys and values are written before any row attends, and row i reads keys
@@ -35,6 +37,7 @@ from kernels.common.quant_blocks import KERNEL
 from kernels.cpu import ops
 from kernels.cpu.attention import decode_rows
 from kernels.cpu.attention_lanes import attend_rows
+from kernels.cpu.expert_rows import Experts, expert_rows
 from kernels.cpu.quant_dot import parallel_chunks, products
 
 
@@ -50,15 +53,32 @@ class RowArgs(NamedTuple):
     threads: int
 
 
+class Mlp(NamedTuple):
+    """A gated MLP feed-forward."""
+
+    gate_up: tuple           # gate, up weights
+    gate_up_types: np.ndarray
+    down: tuple              # down weight
+    down_types: np.ndarray
+    activation: int          # ops.SILU or ops.GELU
+
+
+class ExpertsFfn(NamedTuple):
+    """A Mixture-of-Experts feed-forward: the router's product (plus its bias, when not empty) routes each row
+    to its experts (kernels.cpu.expert_rows)."""
+
+    router: tuple
+    router_types: np.ndarray
+    router_bias: np.ndarray
+    experts: Experts
+
+
 class Layer(NamedTuple):
     qkv: tuple               # q, k, v weights (each group of weights as quant_dot.stack pads it)
     qkv_types: np.ndarray    # their GGML type ids, int64
     out: tuple               # attention output weight
     out_types: np.ndarray
-    gate_up: tuple           # gate, up weights
-    gate_up_types: np.ndarray
-    down: tuple              # down weight
-    down_types: np.ndarray
+    ffn: tuple               # the feed-forward: a Mlp or an ExpertsFfn
     attn_norm: np.ndarray
     ffn_norm: np.ndarray
     post_attn_norm: np.ndarray  # Gemma's norms after attention and FFN (empty: none)
@@ -74,7 +94,6 @@ class Layer(NamedTuple):
     rope_dims: int
     rope_neox: bool
     rope_base: float
-    activation: int          # ops.SILU or ops.GELU
     window: int              # sliding window; 0 = global attention
     eps: float
     attn_scale: float
@@ -130,7 +149,7 @@ def _attend_overload(formats, q, kc, vc, n_keys, window, scale, out):
     return attend_q8_0
 
 
-# _attention and _ffn stay functions of their own: inlined into forward_rows (one compile unit fewer on
+# _attention and the feed-forwards stay functions of their own: inlined into forward_rows (one compile unit fewer on
 # the first run) they made SmolLM2's decode layers 24% slower
 @njit(**KERNEL)
 def _attention(formats, x, layer, li, n_layers, kcs, vcs, slots, positions, threads, h, out):
@@ -183,18 +202,39 @@ def _attention(formats, x, layer, li, n_layers, kcs, vcs, slots, positions, thre
 
 
 @njit(**KERNEL)
-def _ffn(formats, layer, h, threads, out):
-    """out [m, n_embd] = the FFN block's output for its normed input h."""
+def _mlp(formats, mlp, h, threads, out):
+    """out [m, n_embd] = the gated MLP's output for its normed input h."""
     m = h.shape[0]
-    n_ff = layer.gate_up[0].shape[0]
+    n_ff = mlp.gate_up[0].shape[0]
     gate_up = np.empty((m, 2 * n_ff), np.float32)
-    products(formats, layer.gate_up_types, layer.gate_up, h, gate_up, parallel_chunks(layer.gate_up, threads))
+    products(formats, mlp.gate_up_types, mlp.gate_up, h, gate_up, parallel_chunks(mlp.gate_up, threads))
     gated = np.empty((m, n_ff), np.float32)
     for i in range(m):
-        ops.gated_range(layer.activation, gate_up[i, :n_ff], gate_up[i, n_ff:], gated[i], 0, n_ff)
-    products(formats, layer.down_types, layer.down, gated, out, parallel_chunks(layer.down, threads))
-    if layer.post_ffn_norm.size:
-        _norm_rows(out, layer.post_ffn_norm, np.float32(layer.eps), out)
+        ops.gated_range(mlp.activation, gate_up[i, :n_ff], gate_up[i, n_ff:], gated[i], 0, n_ff)
+    products(formats, mlp.down_types, mlp.down, gated, out, parallel_chunks(mlp.down, threads))
+
+
+@njit(**KERNEL)
+def _experts(formats, ffn, h, threads, out):
+    """out [m, n_embd] = the experts' output for their normed input h."""
+    logits = np.empty((h.shape[0], ffn.experts.n_expert), np.float32)
+    products(formats, ffn.router_types, ffn.router, h, logits, parallel_chunks(ffn.router, threads))
+    if ffn.router_bias.size:
+        for i in range(h.shape[0]):
+            _add(logits[i], ffn.router_bias)
+    expert_rows(formats, ffn.experts, h, logits, threads, out)
+
+
+def feed_forward(formats, ffn, h, threads, out):
+    """out [m, n_embd] = the feed-forward's output for its normed input h (Numba-only; per kind of part)."""
+    raise NotImplementedError
+
+
+@overload(feed_forward, inline="always")
+def _feed_forward_overload(formats, ffn, h, threads, out):
+    if getattr(ffn, "instance_class", None) is ExpertsFfn:
+        return lambda formats, ffn, h, threads, out: _experts(formats, ffn, h, threads, out)
+    return lambda formats, ffn, h, threads, out: _mlp(formats, ffn, h, threads, out)
 
 
 @njit(**KERNEL)
@@ -213,6 +253,8 @@ def forward_rows(formats, x, layers, kcs, vcs, slots, positions, threads):
         for i in range(x.shape[0]):
             _add(x[i], a[i])
         _norm_rows(x, layer.ffn_norm, eps, h)
-        _ffn(formats, layer, h, threads, a)
+        feed_forward(formats, layer.ffn, h, threads, a)
+        if layer.post_ffn_norm.size:
+            _norm_rows(a, layer.post_ffn_norm, eps, a)
         for i in range(x.shape[0]):
             _add(x[i], a[i])

@@ -10,6 +10,7 @@ from engine import generate
 from engine.errors import ConfigError, GGUFError, UnsupportedOnBackend, WeightShapeError
 from engine.models import load_model
 from engine.models.experts import MoeFfn
+from engine.models.transformer import _RowRun
 from engine.sampling import Sampler, SamplerConfig
 from engine.speculative import Stats, stream
 from kernels.backend import OP_MOE_FFN
@@ -71,14 +72,32 @@ def test_speculative_decoding_yields_the_plain_ids(model, config, monkeypatch):
     assert stats.spec_steps > 0
 
 
+def test_qwen3moe_decodes_in_the_fused_row_stack_as_its_composed_ops_do(model, monkeypatch):
+    fused = model.args.arch == ARCH  # gpt-oss's attention (sinks, YaRN) has no fused form: composed ops
+    assert [run.stack is not None for run in model._row_runs] == [fused]
+    if not fused:
+        return
+    prompt_and_rows = [int(t) for t in TOKENS[:12]]
+
+    def decode():
+        cache = model.new_cache(len(prompt_and_rows))
+        model.forward(PROMPT, cache)
+        return np.stack([model.forward([t], cache) for t in prompt_and_rows[len(PROMPT):]])
+
+    fused = decode()
+    monkeypatch.setattr(model, "_row_runs", [_RowRun(model.blocks, None)])
+    # the same products and experts' kernel; the composed norms and attention round differently
+    np.testing.assert_allclose(fused, decode(), rtol=0, atol=2e-4)
+
+
 def test_every_layer_is_experts_read_in_place_from_the_file(model):
     for i, block in enumerate(model.blocks):
         assert isinstance(block.feed_forward, MoeFfn)
         stacked = model.file.raw(model.file.tensor(f"blk.{i}.ffn_down_exps.weight"))
         experts = block.feed_forward.experts
-        assert len(experts.down) == N_EXPERT and experts.n_used == 2
-        for e, w in enumerate(experts.down):  # each expert a view of its own rows, in the file's format
-            assert w.raw.ctypes.data == stacked[e * w.out_dim].ctypes.data and np.shares_memory(w.raw, stacked)
+        assert (experts.n_expert, experts.n_used, experts.down.out_dim) == (N_EXPERT, 2, stacked.shape[0])
+        # the stacked tensor itself, in the file's format: a view of the file's bytes
+        assert experts.down.raw.ctypes.data == stacked.ctypes.data and experts.down.raw.shape == stacked.shape
 
 
 def test_more_experts_used_than_there_are_is_refused(tmp_path):

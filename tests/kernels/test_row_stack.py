@@ -10,7 +10,7 @@ from kernels.cpu import ops, quant
 from kernels.cpu.attention import attention_decode
 from numba import typed
 
-from kernels.cpu.row_stack import Layer, forward_rows
+from kernels.cpu.row_stack import Layer, Mlp, forward_rows
 from kernels.cpu.quant_dot import stack
 from tests.quant_weights import random_weight
 
@@ -35,20 +35,20 @@ def _layer(variant, rng):
 
     (qkv_types, qkv), (out_types, out), (gate_up_types, gate_up), (down_types, down) = (
         stack(QTYPES[a:b], ws[a:b]) for a, b in ((0, 3), (3, 4), (4, 6), (6, 7)))
-    return Layer(qkv=qkv, qkv_types=qkv_types, out=out, out_types=out_types, gate_up=gate_up,
-                 gate_up_types=gate_up_types, down=down, down_types=down_types, attn_norm=vec(E), ffn_norm=vec(E),
-                 post_attn_norm=vec(E, post), post_ffn_norm=vec(E, post), q_norm=vec(HD, qk_norm),
+    ffn = Mlp(gate_up=gate_up, gate_up_types=gate_up_types, down=down, down_types=down_types, activation=act)
+    return Layer(qkv=qkv, qkv_types=qkv_types, out=out, out_types=out_types, ffn=ffn, attn_norm=vec(E),
+                 ffn_norm=vec(E), post_attn_norm=vec(E, post), post_ffn_norm=vec(E, post), q_norm=vec(HD, qk_norm),
                  k_norm=vec(HD, qk_norm), q_bias=vec(HEADS * HD, bias), k_bias=vec(KV * HD, bias),
                  v_bias=vec(KV * HD, bias), n_head=HEADS, n_kv=KV, head_dim=HD, rope_dims=HD, rope_neox=neox,
-                 rope_base=10000.0, activation=act, window=window, eps=1e-6, attn_scale=0.25)
+                 rope_base=10000.0, window=window, eps=1e-6, attn_scale=0.25)
 
 
 def _reference(x, layer, kc, vc):
     """The layer through the separate kernels, the cache written as KvCache encodes it."""
-    ws = [w for w in (*layer.qkv, *layer.out, *layer.gate_up, *layer.down) if w.size]  # without the padding
+    ws = [w for w in (*layer.qkv, *layer.out, *layer.ffn.gate_up, *layer.ffn.down) if w.size]  # without the padding
     qtypes = QTYPES
     eps, base, scale, neox, act, window = (layer.eps, layer.rope_base, layer.attn_scale, layer.rope_neox,
-                                           layer.activation, layer.window)
+                                           layer.ffn.activation, layer.window)
     vecs = (layer.attn_norm, layer.ffn_norm, layer.post_attn_norm, layer.post_ffn_norm, layer.q_norm,
             layer.k_norm, layer.q_bias, layer.k_bias, layer.v_bias)
     mv = [lambda v, w=w, t=t: quant.matvec(int(t), w, v) for w, t in zip(ws, qtypes)]

@@ -1,0 +1,156 @@
+"""The Mixture-of-Experts feed-forward of m token rows, row-wise, in one kernel call (decode, verify and
+batched decode; the fused row stack's experts layer and the `moe_ffn` op's row-wise path).
+
+Row-wise numerics: each row is routed on its own (kernels.cpu.moe_route) and each (row, selected expert)
+pair goes through the products a one-row call gives it, so m rows in one call are, row for row, the bits of
+m one-row calls. Only the weights are shared: the pairs are grouped by expert, and each selected expert's
+gate, up and down rows are read from memory once per call for every row routed to it (as ggml_mul_mat_id
+reads them), so verifying m drafted tokens reads the union of their experts, not m times k experts.
+
+The experts' products run in two parallel regions, gate and up of every selected expert in one, down in
+the other: the threads split the selected experts' rows, not each expert's, so a one-token step costs two
+launches per layer instead of three per expert. The weighted sum runs in the order the experts were
+selected, in float32, as llama.cpp's build_moe_ffn adds its views.
+"""
+
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit, prange
+
+from kernels.common.quant_blocks import KERNEL
+from kernels.cpu import ops
+from kernels.cpu.moe_route import route_row
+from kernels.cpu.quant_dot import PARALLEL_MIN_BYTES, Activations, activations, needs, tiled_product
+
+
+class Experts(NamedTuple):
+    """A MoE feed-forward's experts as the kernel reads them (kernels.backend.MoeSpec's fields)."""
+
+    gate: np.ndarray        # uint8 [n_expert * n_ff, row bytes]: the stacked tensor, expert e's rows at e * n_ff
+    up: np.ndarray
+    down: np.ndarray        # uint8 [n_expert * n_embd, row bytes]
+    types: np.ndarray       # int64 [3]: the GGML types of gate, up and down
+    gate_bias: np.ndarray   # float32 [n_expert, n_ff] added to each expert's gate product; [0, 0]: none
+    up_bias: np.ndarray
+    down_bias: np.ndarray   # [n_expert, n_embd]
+    n_expert: int
+    n_used: int
+    softmax_first: bool     # Gating.SOFTMAX (else SOFTMAX_WEIGHT)
+    normalize: bool
+    scale: float
+    clamped: bool           # gpt-oss's clamped SwiGLU (else silu(gate) * up)
+
+
+@njit(**KERNEL, inline="always")
+def _act_rows(act, lo, hi):
+    """Rows [lo, hi) of the activations (views)."""
+    return Activations(act.xs[lo:hi], act.xq[lo:hi], act.xd[lo:hi], act.xsum[lo:hi], act.xs4[lo:hi],
+                       act.kq[lo:hi], act.kd[lo:hi], act.kbsums[lo:hi])
+
+
+@njit(**KERNEL)
+def _experts_range(formats, ws, wtypes, count, width, used, starts, X, act, Y, lo, hi):
+    """Rows [lo, hi) of the selected experts' weights laid end to end (expert g of `used`: weight i of the
+    first `count` of ws, rows [used[g] * width, (used[g] + 1) * width), into columns [i * width, (i + 1) *
+    width) of Y) times the rows starts[g]:starts[g + 1] of X routed to it."""
+    per = count * width
+    for g in range(lo // per, min(used.size, (hi + per - 1) // per)):
+        s0, s1 = starts[g], starts[g + 1]
+        for i in range(count):
+            base = g * per + i * width
+            a, b = max(lo, base) - base, min(hi, base + width) - base
+            if a < b:
+                e0 = used[g] * width
+                tiled_product(formats, wtypes[i], ws[i][e0 + a : e0 + b], X[s0:s1], _act_rows(act, s0, s1),
+                              Y[s0:s1, i * width + a : i * width + b])
+
+
+@njit(parallel=True, **KERNEL)
+def _experts_parallel(formats, ws, wtypes, count, width, used, starts, X, act, Y, chunks):
+    total = used.size * count * width
+    for c in prange(chunks):
+        _experts_range(formats, ws, wtypes, count, width, used, starts, X, act, Y, c * total // chunks,
+                       (c + 1) * total // chunks)
+
+
+@njit(**KERNEL)
+def _experts_products(formats, ws, wtypes, count, width, used, starts, X, Y, threads):
+    """Y = each selected expert's products (the first `count` weights of ws) with its rows of X."""
+    act = activations(X, needs(wtypes[:count]))
+    nbytes = used.size * count * width * ws[0].shape[1]
+    if threads > 1 and nbytes >= PARALLEL_MIN_BYTES:
+        _experts_parallel(formats, ws, wtypes, count, width, used, starts, X, act, Y, threads)
+    else:
+        _experts_range(formats, ws, wtypes, count, width, used, starts, X, act, Y, 0, used.size * count * width)
+
+
+@njit(**KERNEL)
+def _add_bias(rows, bias, used, starts):
+    """Each selected expert's bias row added to its rows (none when bias is empty)."""
+    if bias.shape[0] == 0:
+        return
+    for g in range(used.size):
+        for s in range(starts[g], starts[g + 1]):
+            for c in range(rows.shape[1]):
+                rows[s, c] += bias[used[g], c]
+
+
+@njit(**KERNEL)
+def expert_rows(formats, ex, h, logits, threads, out):
+    """out [m, n_embd] = the experts' weighted SwiGLU sum for the rows of h [m, n_embd] (normed) with router
+    logits [m, n_expert] (bias added); formats holds ex.types."""
+    m, k = h.shape[0], ex.n_used
+    n_ff = ex.gate.shape[0] // ex.n_expert
+    n_embd = out.shape[1]
+    selected = np.empty((m, k), np.int64)
+    weights = np.empty((m, k), np.float32)
+    for i in range(m):
+        route_row(logits[i], k, ex.softmax_first, ex.normalize, np.float32(ex.scale), selected[i], weights[i])
+    # the (row, slot) pairs grouped by expert, experts in the order first selected
+    group = np.full(ex.n_expert, -1, np.int64)
+    used = np.empty(m * k, np.int64)
+    counts = np.zeros(m * k + 1, np.int64)
+    n_used = 0
+    for i in range(m):
+        for j in range(k):
+            e = selected[i, j]
+            if group[e] < 0:
+                group[e] = n_used
+                used[n_used] = e
+                n_used += 1
+            counts[group[e] + 1] += 1
+    used = used[:n_used]
+    starts = np.cumsum(counts[: n_used + 1])
+    at = starts.copy()
+    pair = np.empty((m, k), np.int64)  # where each (row, slot)'s expert output sits
+    x = np.empty((m * k, h.shape[1]), np.float32)
+    for i in range(m):
+        for j in range(k):
+            g = group[selected[i, j]]
+            pair[i, j] = at[g]
+            x[at[g]] = h[i]
+            at[g] += 1
+    gate_up = np.empty((m * k, 2 * n_ff), np.float32)
+    _experts_products(formats, (ex.gate, ex.up), ex.types[:2], 2, n_ff, used, starts, x, gate_up, threads)
+    gate, up = gate_up[:, :n_ff].copy(), gate_up[:, n_ff:].copy()
+    _add_bias(gate, ex.gate_bias, used, starts)
+    _add_bias(up, ex.up_bias, used, starts)
+    hidden = np.empty((m * k, n_ff), np.float32)
+    for p in range(m * k):
+        if ex.clamped:
+            ops.swiglu_oai_into(gate[p], up[p], ops.OAI_ALPHA, ops.OAI_LIMIT, hidden[p])
+        else:
+            ops.gated_range(ops.SILU, gate[p], up[p], hidden[p], 0, n_ff)
+    expert_out = np.empty((m * k, n_embd), np.float32)
+    _experts_products(formats, (ex.down, ex.down), ex.types[2:], 1, n_embd, used, starts, hidden, expert_out,
+                      threads)
+    _add_bias(expert_out, ex.down_bias, used, starts)
+    for i in range(m):
+        first, w0 = pair[i, 0], weights[i, 0]
+        for c in range(n_embd):
+            out[i, c] = expert_out[first, c] * w0
+        for j in range(1, k):
+            p, w = pair[i, j], weights[i, j]
+            for c in range(n_embd):
+                out[i, c] += expert_out[p, c] * w
