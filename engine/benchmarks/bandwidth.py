@@ -14,16 +14,19 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from engine.gguf.reader import open_gguf
+from engine.models.footprint import footprint, is_experts
 
 _EMBEDDING, _OUTPUT = "token_embd.weight", "output.weight"
 
 
 def weight_bytes_per_token(path: str | os.PathLike) -> int:
-    """Bytes of tensors a dense model's decode step reads: all of them but the embedding table, of which it
-    reads one row, or all of it where the output product reuses it (tied embeddings)."""
+    """Bytes of tensors a decode step reads: all of them but the embedding table, of which it reads one row,
+    or all of it where the output product reuses it (tied embeddings); of a Mixture-of-Experts model's
+    experts, the k of n a token is routed to in every layer."""
     with open_gguf(path) as f:
         tensors = f.tensors
-        total = sum(t.nbytes for name, t in tensors.items() if name != _EMBEDDING)
+        total = sum(t.nbytes for name, t in tensors.items() if name != _EMBEDDING and not is_experts(name))
+        total += footprint(f).active_expert_bytes
         embedding = tensors.get(_EMBEDDING)
         if embedding is not None:
             total += embedding.nbytes if _OUTPUT not in tensors else embedding.nbytes // embedding.shape[0]

@@ -31,6 +31,7 @@ class Footprint:
     active_parameters: int  # per token
     weight_bytes: int
     expert_bytes: int
+    active_expert_bytes: int  # the bytes of the k experts a token runs in every layer
 
     @property
     def needed_bytes(self) -> int:
@@ -41,16 +42,22 @@ def footprint(file: GGUFFile) -> Footprint:
     arch = file.architecture
     n_expert = meta_value(file.metadata, f"{arch}.expert_count", "integer") or 0
     n_used = meta_value(file.metadata, f"{arch}.expert_used_count", "integer") or 0
-    parameters = active = weight_bytes = expert_bytes = 0
+    parameters = active = weight_bytes = expert_bytes = active_expert_bytes = 0
     for info in file.tensors.values():
         count = math.prod(info.shape)
         parameters += count
         weight_bytes += info.nbytes
-        if _EXPERTS in info.name and n_expert:
+        if is_experts(info.name) and n_expert:
             expert_bytes += info.nbytes
+            active_expert_bytes += info.nbytes * min(n_used, n_expert) // n_expert
             count = count * min(n_used, n_expert) // n_expert
         active += count
-    return Footprint(arch, parameters, active, weight_bytes, expert_bytes)
+    return Footprint(arch, parameters, active, weight_bytes, expert_bytes, active_expert_bytes)
+
+
+def is_experts(tensor_name: str) -> bool:
+    """Whether the tensor is a stacked experts' tensor (blk.N.ffn_{gate,up,down}_exps.weight)."""
+    return _EXPERTS in tensor_name
 
 
 def machine_memory() -> int | None:

@@ -29,7 +29,17 @@ def test_a_moe_model_counts_k_of_its_n_experts_per_token(moe_file):
     assert fp.active_parameters == fp.parameters - experts + experts * N_USED // N_EXPERT
     assert fp.weight_bytes == sum(b for _, b in sizes.values())
     assert 0 < fp.expert_bytes < fp.weight_bytes
+    assert fp.active_expert_bytes == sum(b for name, (_, b) in sizes.items() if "_exps." in name) * N_USED // N_EXPERT
     assert "per token" in footprint.describe(fp)
+
+
+def test_a_moe_decode_step_reads_k_of_n_experts_bytes(moe_file):
+    from engine.benchmarks.bandwidth import weight_bytes_per_token
+
+    with open_gguf(moe_file) as f:
+        fp = footprint.footprint(f)
+        assert "output.weight" not in f.tensors  # tied: the output product reads the whole embedding table
+    assert weight_bytes_per_token(moe_file) == fp.weight_bytes - fp.expert_bytes + fp.active_expert_bytes
 
 
 def test_a_model_this_machine_cannot_hold_is_refused_before_its_file_is_read(moe_file, monkeypatch):
