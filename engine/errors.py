@@ -29,6 +29,10 @@ class UnsupportedWeightType(FucinaError):
     """A tensor's GGML type has no kernel path."""
 
 
+class SlowWeightTypeWarning(UserWarning):
+    """A model's weights include a type its backend multiplies through the generic path (correct, slower)."""
+
+
 class InvalidTokenId(FucinaError):
     """A token id given by the caller that is not in the model's vocabulary."""
 

@@ -264,6 +264,10 @@ class Backend(Protocol):
     def supports(self, qtype: int) -> bool:
         """Whether upload_weight takes this GGML type (natively or by converting it once at upload)."""
 
+    def native(self, qtype: int) -> bool:
+        """Whether this backend multiplies by this GGML type with kernels of its own (else, where it supports
+        the type, through a generic path: correct, several times slower)."""
+
     def supports_op(self, op: str) -> bool:
         """Whether this backend runs the op of this name (one of OPS; a backend may run only some of them).
         A name it does not know: False."""

@@ -6,9 +6,10 @@ model is built here once its args pass engine.models.validate."""
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Callable, Mapping
 
-from engine.errors import UnsupportedArchitecture, UnsupportedOnBackend
+from engine.errors import SlowWeightTypeWarning, UnsupportedArchitecture, UnsupportedOnBackend
 from engine.gguf.reader import GGUFFile, open_gguf
 from engine.models import gemma3, gpt_oss, llama, qwen2, qwen3, qwen3moe
 from engine.models.args import ModelArgs
@@ -49,7 +50,27 @@ def build_model(file: GGUFFile, backend: Backend | None = None) -> Model:
     if missing:
         raise UnsupportedOnBackend(f"{file.path}: {arch} models need the {', '.join(missing)} op(s), which the "
                                    f"{backend.name} backend does not have; run this model on the CPU (--backend cpu)")
+    warn_generic_types(file, backend)
     return Transformer(file, args, backend)
+
+
+def warn_generic_types(file: GGUFFile, backend: Backend) -> None:
+    """A SlowWeightTypeWarning naming the weight types the backend has no kernels of its own for, and which
+    tensors have them (the embedding table only gives rows: it is read through the generic path at no cost,
+    unless it is also the output matrix)."""
+    tied = "output.weight" not in file.tensors
+    slow: dict[str, list[str]] = {}
+    for info in file.tensors.values():
+        product = len(info.shape) > 1 and (tied or info.name != "token_embd.weight")
+        if product and not backend.native(info.ggml_type):
+            slow.setdefault(info.type_name, []).append(info.name)
+    for type_name, names in slow.items():
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        warnings.warn(SlowWeightTypeWarning(
+            f"{file.path}: {len(names)} weight(s) are {type_name} ({shown}), which the {backend.name} backend "
+            f"multiplies through its generic path (dequantized tiles): correct, but several times slower than a "
+            f"format with its own kernels (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, MXFP4); a quantization in one of those "
+            f"runs faster"), stacklevel=3)
 
 
 def load_model(path: str | os.PathLike, backend: Backend | None = None) -> Model:

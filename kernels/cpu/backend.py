@@ -125,6 +125,9 @@ class CpuBackend:
     def supports(self, qtype: int) -> bool:
         return gguf_weights.supports(qtype)  # the generic path takes whatever gguf.quants can dequantize
 
+    def native(self, qtype: int) -> bool:
+        return quant.has_native_kernel(qtype)
+
     def supports_op(self, op: str) -> bool:
         return op in OPS  # every op of the seam
 

@@ -1,10 +1,11 @@
 """The Mixture-of-Experts feed-forward on the CPU (kernels.backend.Backend.moe_ffn).
 
-Row-wise, one kernel call (kernels.cpu.expert_rows). Prefill groups the rows routed to each expert and runs
-the prefill product (kernels.cpu.quant.matmul) once per selected expert over them, on zero-copy views of
-the expert's rows in the stacked tensors, so its weights are read once per call, as ggml_mul_mat_id reads
-them. The weighted sum runs in the order the experts were selected, in f32, as llama.cpp's build_moe_ffn
-adds its views.
+Row-wise, one kernel call (kernels.cpu.expert_rows), for experts with native kernels; experts of another type
+take the generic row-wise product per expert (kernels.cpu.quant.rows). Prefill groups the rows routed to each
+expert and runs the prefill product (kernels.cpu.quant.matmul) once per selected expert over them, on
+zero-copy views of the expert's rows in the stacked tensors, so its weights are read once per call, as
+ggml_mul_mat_id reads them. The weighted sum runs in the order the experts were selected, in f32, as
+llama.cpp's build_moe_ffn adds its views.
 """
 
 from __future__ import annotations
@@ -40,30 +41,32 @@ def moe_ffn(spec: MoeSpec, x: np.ndarray, router_logits: np.ndarray, row_wise: b
     x = np.ascontiguousarray(x, np.float32)
     logits = np.ascontiguousarray(router_logits, np.float32)
     out = np.empty((x.shape[0], spec.down.out_dim // spec.n_expert), np.float32)
-    if row_wise:
+    native = all(quant.has_native_kernel(w.qtype) for w in (spec.gate, spec.up, spec.down))
+    if row_wise and native:
         experts = kernel_experts(spec)
         expert_rows(formats.of(experts.types), experts, x, logits, quant.threads(), out)
         return out
+    product = quant.rows if row_wise else quant.matmul  # rows: the generic path, each row on its own
     selected, weights = route(logits, spec.n_used, spec.gating, spec.normalize, spec.scale)
     outputs = np.empty((x.shape[0], spec.n_used, out.shape[1]), np.float32)  # row, slot: its expert's output
     for e in np.unique(selected):
         rows, slots = np.nonzero(selected == e)  # a row selects an expert at most once
-        outputs[rows, slots] = _expert(spec, e, x[rows])
+        outputs[rows, slots] = _expert(spec, e, x[rows], product)
     np.multiply(outputs[:, 0], weights[:, :1], out=out)
     for j in range(1, spec.n_used):
         out += outputs[:, j] * weights[:, j : j + 1]
     return out
 
 
-def _expert(spec: MoeSpec, e: int, x: np.ndarray) -> np.ndarray:
-    """Expert e's output for the rows x, through the prefill product."""
-    def product(weight, bias, inputs):
+def _expert(spec: MoeSpec, e: int, x: np.ndarray, product) -> np.ndarray:
+    """Expert e's output for the rows x, through `product` (quant.matmul or quant.rows)."""
+    def biased_product(weight, bias, inputs):
         rows = weight.out_dim // spec.n_expert
-        y = quant.matmul(weight.qtype, weight.raw[e * rows : (e + 1) * rows], inputs)
+        y = product(weight.qtype, weight.raw[e * rows : (e + 1) * rows], inputs)
         if bias is not None:
             y += bias[e]
         return y
 
-    gate, up = product(spec.gate, spec.gate_bias, x), product(spec.up, spec.up_bias, x)
+    gate, up = biased_product(spec.gate, spec.gate_bias, x), biased_product(spec.up, spec.up_bias, x)
     hidden = ops.swiglu_oai(gate, up) if spec.activation == SWIGLU_OAI else ops.silu_mul(gate, up)
-    return product(spec.down, spec.down_bias, hidden)
+    return biased_product(spec.down, spec.down_bias, hidden)

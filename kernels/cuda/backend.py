@@ -131,6 +131,9 @@ class CudaBackend:
     def supports(self, qtype: int) -> bool:
         return qtype in DECODERS or gguf_weights.supports(qtype)  # the others widened on the host
 
+    def native(self, qtype: int) -> bool:
+        return qtype in DECODERS
+
     def supports_op(self, op: str) -> bool:
         # every op of the seam but the experts', attention sinks and scaled RoPE (no kernels yet)
         return op in OPS and op not in (OP_MOE_FFN, OP_ATTENTION_SINKS, OP_ROPE_SCALED)

@@ -126,6 +126,9 @@ class GpuBackend:
     def supports(self, qtype: int) -> bool:
         return ops.supports(qtype) or gguf_weights.supports(qtype)
 
+    def native(self, qtype: int) -> bool:
+        return ops.supports(qtype)
+
     def supports_op(self, op: str) -> bool:
         # every op of the seam but the experts', attention sinks and scaled RoPE (no kernels yet)
         return op in OPS and op not in (OP_MOE_FFN, OP_ATTENTION_SINKS, OP_ROPE_SCALED)

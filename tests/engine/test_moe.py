@@ -2,12 +2,14 @@
 bit for bit, the tokens fed one at a time; so speculative decoding yields the plain ids), the experts read
 in place from the file, and malformed files refused with errors that name the key or tensor."""
 
+import warnings
+
 import numpy as np
 import pytest
-from gguf.constants import GGUFValueType as V
+from gguf.constants import GGMLQuantizationType as T, GGUFValueType as V
 
 from engine import generate
-from engine.errors import ConfigError, GGUFError, UnsupportedOnBackend, WeightShapeError
+from engine.errors import ConfigError, GGUFError, SlowWeightTypeWarning, UnsupportedOnBackend, WeightShapeError
 from engine.models import load_model
 from engine.models.experts import MoeFfn
 from engine.models.transformer import _RowRun
@@ -119,6 +121,30 @@ def test_experts_of_another_width_than_the_metadata_says_are_refused(tmp_path):
     write_moe_model(path, metadata={f"{ARCH}.expert_feed_forward_length": (N_FF_EXP // 2, V.UINT32)})
     with pytest.raises(WeightShapeError, match=r"'blk.0.ffn_gate_exps.weight' has shape \[8, 256, 256\], "
                                                r"expected \[8, 128, 256\] \(expert, out, in\)"):
+        load_model(path)
+
+
+def test_experts_without_a_native_kernel_run_the_generic_path_row_wise_and_are_named_in_a_warning(tmp_path):
+    path = tmp_path / "iq4_nl.gguf"
+    write_moe_model(path, expert_qtype=T.IQ4_NL)
+    named = r"6 weight\(s\) are IQ4_NL \(blk.0.ffn_gate_exps.weight, blk.0.ffn_up_exps.weight, blk.0.ffn_down_exps.weight"
+    with pytest.warns(SlowWeightTypeWarning, match=named + r" and 3 more\)"):
+        model = load_model(path)
+    assert [run.stack for run in model._row_runs] == [None]  # the fused stack has no generic path
+    tokens = [int(t) for t in TOKENS[:9]]
+    cache = model.new_cache(len(tokens))
+    rows = model.forward_rows(tokens, cache)
+    one = model.new_cache(len(tokens))
+    np.testing.assert_array_equal(rows, np.stack([model.forward([t], one) for t in tokens]))
+    prefill = model.forward_all(tokens, model.new_cache(len(tokens)))
+    np.testing.assert_allclose(rows, prefill, rtol=0, atol=0.05 * np.abs(prefill).max())
+
+
+def test_a_model_of_native_formats_gives_no_slow_type_warning(tmp_path):
+    path = tmp_path / "q4_k.gguf"
+    write_moe_model(path, "q4_k")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SlowWeightTypeWarning)
         load_model(path)
 
 
