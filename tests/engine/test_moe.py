@@ -127,8 +127,8 @@ def test_experts_of_another_width_than_the_metadata_says_are_refused(tmp_path):
 def test_experts_without_a_native_kernel_run_the_generic_path_row_wise_and_are_named_in_a_warning(tmp_path):
     path = tmp_path / "iq4_nl.gguf"
     write_moe_model(path, expert_qtype=T.IQ4_NL)
-    named = r"6 weight\(s\) are IQ4_NL \(blk.0.ffn_gate_exps.weight, blk.0.ffn_up_exps.weight, blk.0.ffn_down_exps.weight"
-    with pytest.warns(SlowWeightTypeWarning, match=named + r" and 3 more\)"):
+    named = r"6 weight\(s\) are IQ4_NL \(blk.0.ffn_gate_exps.weight, blk.0.ffn_up_exps.weight, "
+    with pytest.warns(SlowWeightTypeWarning, match=named + r"blk.0.ffn_down_exps.weight and 3 more\)"):
         model = load_model(path)
     assert [run.stack for run in model._row_runs] == [None]  # the fused stack has no generic path
     tokens = [int(t) for t in TOKENS[:9]]
