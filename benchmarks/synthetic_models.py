@@ -45,6 +45,9 @@ class Shape:
     context: int = 32768
     head_dim: int | None = None  # None: n_embd / n_head
     experts: tuple[int, int] | None = None  # Mixture-of-Experts: (experts, used per token); n_ff is each one's
+    window: int = 0  # the sliding window of the layers that have one (0: the family's default metadata has none)
+    preset: str = "Q4_K_M"  # the formats' mix: llama.cpp's Q4_K_M, or gpt-oss's release (MXFP4 experts, Q8_0 else)
+    metadata: tuple[tuple[str, object], ...] = ()  # further "<arch>.*" keys (RoPE scaling, ...)
 
 
 SHAPES = {
@@ -52,12 +55,25 @@ SHAPES = {
     "qwen2.5-7b": Shape("qwen2", 28, 3584, 28, 4, 18944, tied=False),
     # Qwen3-30B-A3B: 30.5B parameters, 3.3B per token
     "qwen3-30b-a3b": Shape("qwen3moe", 48, 2048, 32, 4, 768, tied=False, head_dim=128, experts=(128, 8)),
+    # gpt-oss-20b: 20.9B parameters, 3.6B per token; its own vocabulary is 201,088 tokens (the file carries the
+    # Qwen2.5 starter's 151,936: an output matrix 24% smaller)
+    "gpt-oss-20b": Shape("gpt-oss", 24, 2880, 64, 8, 2880, tied=False, context=131072, head_dim=64, experts=(32, 4),
+                         window=128, preset="MXFP4", metadata=(
+                             ("rope.freq_base", 150000.0), ("rope.scaling.type", "yarn"), ("rope.scaling.factor", 32.0),
+                             ("rope.scaling.original_context_length", 4096))),
 }
 
 
 def use_more_bits(layer: int, n_layers: int) -> bool:
     """llama.cpp's choice of the layers whose attn_v and ffn_down get more bits in its _M presets."""
     return layer < n_layers // 8 or layer >= 7 * n_layers // 8 or (layer - n_layers // 8) % 3 == 2
+
+
+def matrix_type(shape: Shape, name: str) -> T:
+    """The block format a matrix gets in the shape's preset."""
+    if shape.preset == "MXFP4":  # ggml-org's gpt-oss GGUFs: the experts as released, the rest Q8_0
+        return T.MXFP4 if "_exps." in name else T.F32 if name.endswith("ffn_gate_inp.weight") else T.Q8_0
+    return q4_k_m_type(name, shape.n_layers, shape.tied)
 
 
 def q4_k_m_type(name: str, n_layers: int, tied: bool) -> T:
@@ -99,9 +115,9 @@ def write_synthetic(shape_name: str, path: Path, seed: int = 0) -> Path:
     vocab = _tokenizer_fields(writer)
     meta = standard_metadata(shape.arch, n_layers=shape.n_layers, n_embd=shape.n_embd, n_head=shape.n_head,
                              n_head_kv=shape.n_head_kv, n_ff=shape.n_ff, vocab=vocab, context=shape.context,
-                             head_dim=shape.head_dim)
-    meta = {k: v for k, v in meta.items() if not k.endswith(".sliding_window")} | {
-        f"{shape.arch}.rope.freq_base": 1000000.0}
+                             head_dim=shape.head_dim, window=shape.window)
+    meta = {k: v for k, v in meta.items() if shape.window or not k.endswith(".sliding_window")} | {
+        f"{shape.arch}.rope.freq_base": 1000000.0} | {f"{shape.arch}.{k}": v for k, v in shape.metadata}
     if shape.experts:
         n_expert, n_used = shape.experts
         meta |= {f"{shape.arch}.expert_count": n_expert, f"{shape.arch}.expert_used_count": n_used,
@@ -111,7 +127,7 @@ def write_synthetic(shape_name: str, path: Path, seed: int = 0) -> Path:
     formats = {}
     for spec in specs:
         if spec.role in (MATRIX, EXPERTS):
-            qtype = q4_k_m_type(spec.name, shape.n_layers, shape.tied)
+            qtype = matrix_type(shape, spec.name)
             block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
             *outer, cols = spec.shape  # (rows, cols), or (experts, rows, cols)
             row_bytes = cols * block_bytes // block_elems
