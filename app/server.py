@@ -36,8 +36,11 @@ from starlette.concurrency import run_in_threadpool
 
 from app.server_requests import ApiError, Call, Limits, parse_chat, parse_completion, parse_embeddings, parse_json
 from engine.chat.reasoning import Thought
+from engine.chat.tool_render import tool_format_of
+from engine.chat.tool_text import CallTextFilter
 from engine.errors import ContextFull, FucinaError
 from engine.serving.service import EngineService, Job, JobResult, ServiceBusy, ServiceClosed
+from engine.tools import ToolCall
 
 # length_closed: a constrained reply closed to fit its limit, a whole document ("fucina" says which)
 FINISH_REASONS = {"stop": "stop", "stop_sequence": "stop", "length": "length", "length_closed": "length",
@@ -110,7 +113,9 @@ class _Server:
             return _error(e)
         reply = _Reply(shape, self.model_ids[0])
         if call.stream:
-            return _EventStream(job, events, reply, call.include_usage)
+            held = call.tools is not None and call.tools.active
+            calls = CallTextFilter(tool_format_of(self.service.template).opener) if held else None
+            return _EventStream(job, events, reply, call.include_usage, calls)
         try:
             text, result = await _collect(job, events, request.receive)
         finally:
@@ -125,7 +130,7 @@ class _Server:
         call = parse(body, self.limits)
         self._check_model(call.model)
         try:
-            ids = (self.service.chat_prompt(call.messages, reasoning_effort=call.reasoning_effort)
+            ids = (self.service.chat_prompt(call.messages, reasoning_effort=call.reasoning_effort, tools=call.tools)
                    if call.messages is not None
                    else self.service.text_prompt(call.prompt))
         except FucinaError as e:  # a chat the template cannot render (a trailing assistant message, ...)
@@ -193,8 +198,10 @@ async def _collect(job: Job, events: asyncio.Queue, receive) -> tuple[str, JobRe
 class _EventStream:
     """An ASGI response streaming a job as server-sent events; a client that goes away cancels the job."""
 
-    def __init__(self, job: Job, events: asyncio.Queue, reply: "_Reply", include_usage: bool):
+    def __init__(self, job: Job, events: asyncio.Queue, reply: "_Reply", include_usage: bool,
+                 calls: "CallTextFilter | None" = None):
         self.job, self.events, self.reply, self.include_usage = job, events, reply, include_usage
+        self.calls = calls  # holds back the text of tool calls, which go as tool_calls deltas at the end
 
     async def __call__(self, scope, receive, send) -> None:
         await send({"type": "http.response.start", "status": 200,
@@ -207,11 +214,18 @@ class _EventStream:
                 if event is None:
                     return
                 if not isinstance(event, JobResult):
-                    await self._send(send, self.reply.piece(event))
+                    if self.calls is not None and not isinstance(event, Thought):
+                        event = self.calls.push(event)
+                    if event:
+                        await self._send(send, self.reply.piece(event))
                     continue
                 if event.finish_reason == "error":
                     await self._send(send, _job_error(event).body())
                 else:
+                    if event.tool_calls:
+                        await self._send(send, self.reply.calls(event.tool_calls))
+                    elif self.calls is not None and (rest := self.calls.finish()):  # no call after all
+                        await self._send(send, self.reply.piece(rest))
                     await self._send(send, self.reply.ending(event))
                     if self.include_usage:
                         await self._send(send, self.reply.usage_chunk(event))
@@ -236,19 +250,32 @@ class _Shape:
         self.whole, self.chunk, self.id_prefix, self.chat = whole, chunk, id_prefix, chat
 
     def choice(self, text: str | None, finish: str | None, *, delta: bool, role: bool = False,
-               reasoning: str = "") -> dict:
+               reasoning: str = "", calls: tuple[ToolCall, ...] = ()) -> dict:
         """A chat's reasoning goes apart from its content (reasoning_content, as llama-server and vLLM send
-        it): a streamed reasoning piece (Thought) is a delta of its own."""
+        it): a streamed reasoning piece (Thought) is a delta of its own. Tool calls go in OpenAI's shape, the
+        arguments a JSON string; a streamed call is one delta with the whole call (its index says which)."""
         choice: dict = {"index": 0}
         if not self.chat:
             choice["text"] = text or ""
         elif delta:
             field = "reasoning_content" if isinstance(text, Thought) else "content"
             choice["delta"] = ({"role": "assistant"} if role else {}) | ({} if text is None else {field: text})
+            if calls:
+                choice["delta"]["tool_calls"] = [{"index": i} | _openai_call(c) for i, c in enumerate(calls)]
         else:
-            choice["message"] = {"role": "assistant", "content": text} | (
-                {"reasoning_content": reasoning} if reasoning else {})
+            choice["message"] = {"role": "assistant", "content": text if text or not calls else None} | (
+                {"reasoning_content": reasoning} if reasoning else {}) | (
+                {"tool_calls": [_openai_call(c) for c in calls]} if calls else {})
         return choice | {"logprobs": None, "finish_reason": finish}
+
+
+def _openai_call(call: ToolCall) -> dict:
+    return {"id": call.id, "type": "function",
+            "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)}}
+
+
+def _finish(result: JobResult) -> str:
+    return "tool_calls" if result.tool_calls else FINISH_REASONS[result.finish_reason]
 
 
 _CHAT = _Shape("chat.completion", "chat.completion.chunk", "chatcmpl-", chat=True)
@@ -266,8 +293,8 @@ class _Reply:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices} | extra
 
     def whole(self, text: str, result: JobResult) -> dict:
-        choice = self.shape.choice(text, FINISH_REASONS[result.finish_reason], delta=False,
-                                   reasoning=result.reasoning)
+        choice = self.shape.choice(text, _finish(result), delta=False, reasoning=result.reasoning,
+                                   calls=result.tool_calls)
         return self._body(self.shape.whole, [choice], usage=_usage(result), fucina=_extension(result))
 
     def opening(self) -> dict:
@@ -276,8 +303,11 @@ class _Reply:
     def piece(self, text: str) -> dict:
         return self._body(self.shape.chunk, [self.shape.choice(text, None, delta=True)])
 
+    def calls(self, calls: tuple[ToolCall, ...]) -> dict:
+        return self._body(self.shape.chunk, [self.shape.choice(None, None, delta=True, calls=calls)])
+
     def ending(self, result: JobResult) -> dict:
-        choice = self.shape.choice(None, FINISH_REASONS[result.finish_reason], delta=True)
+        choice = self.shape.choice(None, _finish(result), delta=True)
         return self._body(self.shape.chunk, [choice], fucina=_extension(result))
 
     def usage_chunk(self, result: JobResult) -> dict:

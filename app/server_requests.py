@@ -2,8 +2,9 @@
 
 A body is refused as OpenAI refuses it: an ApiError with the HTTP status and the error fields (message,
 type, param, code) that the server sends as `{"error": {...}}`. Fields the engine cannot honour (n > 1,
-logprobs, tools) are refused rather than ignored; fields that only describe the caller (user, metadata)
-are ignored.
+logprobs, the legacy `functions`) are refused rather than ignored; fields that only describe the caller
+(user, metadata) are ignored. `tools` and `tool_choice` are OpenAI's: the reply's calls come back to the
+client, which runs them and sends their results as `tool` messages; the server runs no tool.
 """
 
 from __future__ import annotations
@@ -16,15 +17,17 @@ from typing import Any
 
 from engine.chat import Message
 from engine.chat.options import EFFORTS
+from engine.chat.tool_use import ToolUse, specs_from_openai
 from engine.errors import InvalidGrammar
 from engine.sampling import CHAT_DEFAULTS, SamplerConfig
 from engine.sampling.grammar import Grammar
 from engine.serving.service import GenerationRequest
+from engine.tools import ToolCall
 
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit
 MAX_EMBEDDING_INPUTS = 64  # texts in one embeddings request (each may be a whole context long)
 MAX_SEED = 2**63 - 1
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
 
 class ApiError(Exception):
@@ -60,11 +63,12 @@ class Call:
     grammar: Grammar | None
     speculation: bool
     reasoning_effort: str | None = None  # how hard a reasoning model thinks, where its template reads it
+    tools: ToolUse | None = None  # the tools a chat's reply may call
 
     def request(self, ids: list[int]) -> GenerationRequest:
         # a chat's reply comes with its reasoning apart; a completion continues the raw text
         return GenerationRequest(tuple(ids), self.max_tokens, self.sampler, self.stop, self.grammar,
-                                 self.speculation, split_reasoning=self.messages is not None)
+                                 self.speculation, split_reasoning=self.messages is not None, tools=self.tools)
 
 
 def parse_json(body: bytes) -> dict:
@@ -78,7 +82,12 @@ def parse_json(body: bytes) -> dict:
 
 
 def parse_chat(body: dict, limits: Limits) -> Call:
-    return _call(body, limits, messages=_messages(body), prompt=None)
+    call = _call(body, limits, messages=_messages(body), prompt=None)
+    tools = _tools(body)
+    if tools is not None and tools.active and call.grammar is not None:
+        raise ApiError(400, "'tools' and 'response_format' cannot be combined: a tool call has its own format",
+                       param="response_format", code="invalid_value")
+    return dataclasses.replace(call, tools=tools)
 
 
 def parse_completion(body: dict, limits: Limits) -> Call:
@@ -124,7 +133,7 @@ def _call(body: dict, limits: Limits, *, messages, prompt) -> Call:
     model = _model(body)
     if _integer(body, "n", 1, 1 << 31, 1) != 1:
         raise ApiError(400, "only n=1 is supported", param="n", code="unsupported_value")
-    for name in ("logprobs", "tools", "functions", "tool_choice"):
+    for name in ("logprobs", "functions", "function_call") + (() if messages is not None else ("tools", "tool_choice")):
         if body.get(name):
             raise ApiError(400, f"'{name}' is not supported by this server", param=name, code="unsupported_parameter")
     stream = _boolean(body, "stream", False)
@@ -172,9 +181,74 @@ def _messages(body: dict) -> list[Message]:
         if reasoning is not None and (role != "assistant" or not isinstance(reasoning, str)):
             raise ApiError(400, f"'{where}.reasoning_content' must be a string, on an assistant message",
                            param=f"{where}.reasoning_content", code="invalid_value")
-        out.append(Message(ROLES[role], _content(m.get("content"), f"{where}.content"),
-                           _text(reasoning or "", f"{where}.reasoning_content")))
+        calls = _tool_calls(m.get("tool_calls"), role, where)
+        content = m.get("content")
+        if content is None and calls:  # an assistant reply that only called tools
+            content = ""
+        message = Message(ROLES[role], _content(content, f"{where}.content"),
+                          _text(reasoning or "", f"{where}.reasoning_content"), calls)
+        if role == "tool":
+            message = _tool_message(m, message, out, where)
+        out.append(message)
     return out
+
+
+def _tool_calls(calls: Any, role: str, where: str) -> tuple[ToolCall, ...]:
+    """An assistant message's tool_calls, OpenAI's shape: [{id, type: function, function: {name, arguments}}],
+    the arguments a JSON object written as a string."""
+    if calls is None:
+        return ()
+    param = f"{where}.tool_calls"
+    if role != "assistant" or not isinstance(calls, list):
+        raise ApiError(400, f"'{param}' must be an array, on an assistant message", param=param, code="invalid_value")
+    out = []
+    for j, c in enumerate(calls):
+        function = c.get("function") if isinstance(c, dict) else None
+        if (not isinstance(function, dict) or not isinstance(c.get("id"), str)
+                or not isinstance(function.get("name"), str) or not isinstance(function.get("arguments"), str)):
+            raise ApiError(400, f"'{param}[{j}]' must be {{id, type: function, function: {{name, arguments}}}} with "
+                           "string id, name and arguments", param=f"{param}[{j}]", code="invalid_type")
+        try:
+            arguments = json.loads(function["arguments"]) if function["arguments"].strip() else {}
+        except ValueError:
+            arguments = None
+        if not isinstance(arguments, dict):
+            raise ApiError(400, f"'{param}[{j}].function.arguments' must be a JSON object, as a string",
+                           param=f"{param}[{j}].function.arguments", code="invalid_value")
+        out.append(ToolCall(c["id"], function["name"], arguments))
+    return tuple(out)
+
+
+def _tool_message(m: dict, message: Message, before: list[Message], where: str) -> Message:
+    """A tool result: it names the call it answers (tool_call_id), one of an earlier assistant message's."""
+    call_id = m.get("tool_call_id")
+    calls = {c.id: c.name for earlier in before for c in earlier.tool_calls}
+    if not isinstance(call_id, str) or call_id not in calls:
+        raise ApiError(400, f"'{where}.tool_call_id' must name a tool call of an earlier assistant message",
+                       param=f"{where}.tool_call_id", code="invalid_value")
+    return dataclasses.replace(message, tool_call_id=call_id, name=calls[call_id])
+
+
+def _tools(body: dict) -> ToolUse | None:
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if tools is None:
+        if choice not in (None, "none", "auto"):
+            raise ApiError(400, "'tool_choice' needs 'tools'", param="tool_choice", code="invalid_value")
+        return None
+    try:
+        specs = specs_from_openai(tools)
+    except ValueError as e:
+        raise ApiError(400, f"'tools': {e}", param="tools", code="invalid_value") from None
+    if isinstance(choice, dict):
+        function = choice.get("function") if choice.get("type") == "function" else None
+        choice = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(choice, str):
+            raise ApiError(400, "'tool_choice' must be none, auto, required or {type: function, function: {name}}",
+                           param="tool_choice", code="invalid_value")
+    try:
+        return ToolUse(specs, "auto" if choice is None else choice)
+    except ValueError as e:
+        raise ApiError(400, f"'tool_choice': {e}", param="tool_choice", code="invalid_value") from None
 
 
 def _content(content: Any, where: str) -> str:

@@ -26,10 +26,13 @@ from app.cli.sampling import (add_grammar_options, add_sampler_options, grammar_
                               sampler_config)
 from app.cli.conversations import find_conversation, open_store
 from app.cli.reply_printer import ReplyPrinter
+from app.cli.tools import TerminalApproval, add_tool_options, show_tool_ran, toolbox_from_args
 from engine.cartridge.build import Attached
 from engine.cartridge.chat_documents import cartridges, carry_over, record
 from engine.chat import ChatOptions, Conversation, TurnResult
 from engine.chat.options import THINK_CHOICES, think_options
+from engine.chat.tool_rounds import ToolRan, send_with_tools
+from engine.chat.tool_use import ToolUse
 from engine.chat.window import POLICIES
 from engine.history.store import HistoryStore
 from engine.kv.cache import KvDtype
@@ -75,14 +78,30 @@ class _Chat:
 class _EphemeralChat(_Chat):
     """A chat that lives only in this process."""
 
-    def __init__(self, model, args, grammar, attachments):
+    def __init__(self, model, args, grammar, attachments, toolbox=None):
+        tools = ToolUse(tuple(toolbox.specs()), args.tool_choice) if toolbox is not None else None
         self.convo = self.target = Conversation.for_model(model, ChatOptions(
             system=args.system, capacity=args.ctx, kv_dtype=args.kv, max_tokens=args.max_tokens,
             sampler=sampler_config(args), speculation=args.spec, grammar=grammar,
-            thinking_budget=args.thinking_budget, **think_options(args.think)),
+            thinking_budget=args.thinking_budget, tools=tools, **think_options(args.think)),
             tokenizer=tokenizer_for(model))
+        self.toolbox = toolbox
+        self.approve = TerminalApproval(args.allow_tools, sys.stdin.isatty())
         if attachments:
             self.convo.attach(attachments)
+
+    def send(self, text: str) -> Iterator[str]:
+        if self.toolbox is None:
+            return self.convo.send(text)
+        return self._rounds(text)
+
+    def _rounds(self, text: str) -> Iterator[str]:
+        """The rounds' replies; calls and results are shown (stderr) as they run."""
+        for piece in send_with_tools(self.convo, text, self.toolbox, approve=self.approve):
+            if isinstance(piece, ToolRan):
+                show_tool_ran(piece)
+            else:
+                yield piece
 
     def reset(self) -> str:
         self.convo.reset()
@@ -203,7 +222,8 @@ def _open_local(args, grammar, stack: contextlib.ExitStack, lines) -> tuple[_Cha
     for result in attached:
         print(f"(attached {describe(result)})", file=sys.stderr)
     if not args.conversation:
-        return _EphemeralChat(model, args, grammar, [a.cartridge for a in attached]), Path(model.file.path).name
+        return (_EphemeralChat(model, args, grammar, [a.cartridge for a in attached], toolbox_from_args(args)),
+                Path(model.file.path).name)
     store = stack.enter_context(open_store())
 
     def open_session(conversation_id, system, sampler, attachments) -> ChatSession:
@@ -249,6 +269,10 @@ class _Input:
 
 def run_chat(args) -> int:
     grammar = grammar_from_args(args)
+    if args.tools and (args.conversation or args.remote):
+        raise SystemExit("error: --tools runs an unsaved local chat (without --conversation or --remote)")
+    if args.tools and grammar is not None:
+        raise SystemExit("error: --tools takes no grammar option: the calls have their own")
     interactive = sys.stdin.isatty()
     lines = _Input(interactive)
     with contextlib.ExitStack() as stack:
@@ -396,4 +420,5 @@ def register(subparsers) -> None:
                    help="the endpoint's model (default: the first it lists)")
     add_sampler_options(p, CHAT_DEFAULTS)
     add_grammar_options(p)
+    add_tool_options(p)
     p.set_defaults(func=run_chat)

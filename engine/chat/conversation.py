@@ -272,10 +272,11 @@ class Conversation:
 
     def user_request(self, user: str) -> TurnRequest:
         """The turn one user message asks for (send, and the lockstep batch's send_batch). A built-in format
-        renders just the new turn, unless its replies reason: then, as with a model's own template, the whole
-        chat is rendered (past replies without the reasoning the format drops) and the cache keeps the
+        renders just the new turn, unless its replies reason or the chat has tools (engine.chat.tool_render):
+        then, as with a model's own template, the whole chat is rendered (past replies without the reasoning the format drops) and the cache keeps the
         longest common prefix, so it holds what a fresh render of the chat holds."""
-        if isinstance(self.template, Template) and self.template.reasoning is None and not self._tool_chat(self.messages):
+        plain = self.template.reasoning is None and not self._tool_chat(self.messages)
+        if isinstance(self.template, Template) and plain:
             first = not self._history
             text = self.template.render_turn(user, system=self.system, first=first,
                                              think_off=self.options.think_off)

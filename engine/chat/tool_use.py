@@ -53,7 +53,8 @@ def specs_from_openai(tools: Any) -> tuple[ToolSpec, ...]:
         raise ValueError("tools must be an array of {type: function, function: {name, description, parameters}}")
     specs = []
     for i, tool in enumerate(tools):
-        function = tool.get("function", tool) if isinstance(tool, dict) and tool.get("type", "function") == "function" else None
+        is_function = isinstance(tool, dict) and tool.get("type", "function") == "function"
+        function = tool.get("function", tool) if is_function else None
         if not isinstance(function, dict):
             raise ValueError(f"tools[{i}] must be an object of type function with a function object")
         name, description = function.get("name"), function.get("description", "")

@@ -35,6 +35,8 @@ import numpy as np
 
 from engine.chat import ChatOptions, Conversation, Message, TurnResult, template_for_model
 from engine.chat.conversation import DecodeStep, common_prefix_len
+from engine.chat.tool_render import render_with_tools
+from engine.chat.tool_use import ToolUse
 from engine.embedding import embed
 from engine.errors import ContextFull, FucinaError
 from engine.kv import persist as kv_persist
@@ -43,6 +45,7 @@ from engine.kv.sidecar_writer import WRITER
 from engine.model_tokenizer import tokenizer_for
 from engine.models.model import Model
 from engine.platform.paths import data_dir
+from engine.tools import ToolCall
 from engine.sampling import CHAT_DEFAULTS, SamplerConfig
 from engine.sampling.grammar import Grammar
 from engine.platform.storage_errors import storage_error
@@ -71,6 +74,7 @@ class GenerationRequest:
     grammar: Grammar | None = None
     speculation: bool = True
     split_reasoning: bool = True  # a chat's reply (reasoning apart); off: a completion's raw text
+    tools: ToolUse | None = None  # tools the reply may call (the prompt was rendered with them)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,13 +90,14 @@ class JobResult:
     error: BaseException | None = None
     schema_warnings: tuple[str, ...] = ()  # a JSON schema reply's post-checked violations
     reasoning: str = ""  # what the reply reasoned before its answer (`text`)
+    tool_calls: tuple[ToolCall, ...] = ()  # the calls the reply made (`text` is what was around them)
 
     @classmethod
     def of_turn(cls, turn: TurnResult) -> "JobResult":
         s = turn.stats
         return cls(turn.text, turn.finish_reason, s.prompt_tokens, s.reused_tokens, s.generated_tokens,
                    s.ttft_ms, s.decode_tps, None if s.spec is None else dataclasses.asdict(s.spec), turn.error,
-                   turn.schema_warnings, turn.reasoning)
+                   turn.schema_warnings, turn.reasoning, turn.tool_calls)
 
 
 T = TypeVar("T")
@@ -258,10 +263,16 @@ class EngineService:
 
     # -- prompts (any thread) ---------------------------------------------------------------------------
 
-    def chat_prompt(self, messages: Sequence[Message], *, reasoning_effort: str | None = None) -> list[int]:
-        """A chat rendered with the model's template, ready to answer, as ids."""
+    def chat_prompt(self, messages: Sequence[Message], *, reasoning_effort: str | None = None,
+                    tools: ToolUse | None = None) -> list[int]:
+        """A chat rendered with the model's template, ready to answer, as ids; with the tools offered where
+        `tools` is active, and with its tool calls and results where it holds any (engine.chat.tool_render)."""
+        offered = tools.tools if tools is not None and tools.active else ()
         with self._render_lock:
-            text = self.template.render_messages(list(messages), reasoning_effort=reasoning_effort)
+            if offered or any(m.role == "tool" or m.tool_calls for m in messages):
+                text = render_with_tools(self.template, list(messages), offered, reasoning_effort=reasoning_effort)
+            else:
+                text = self.template.render_messages(list(messages), reasoning_effort=reasoning_effort)
             return self.tokenizer.encode(text, add_special=True)
 
     def text_prompt(self, text: str) -> list[int]:
@@ -425,7 +436,7 @@ class EngineService:
             slot.convo.reconfigure(ChatOptions(capacity=self.capacity, kv_dtype=self.kv_dtype,
                                                max_tokens=r.max_tokens, sampler=r.sampler, stop_sequences=r.stop,
                                                grammar=r.grammar, speculation=r.speculation,
-                                               split_reasoning=r.split_reasoning))
+                                               split_reasoning=r.split_reasoning, tools=r.tools))
             slot.stream = slot.convo.send_tokens(ids, job.cancel_event, reuse=True, batched=True)
         except Exception as e:
             traceback.print_exc(file=sys.stderr)
