@@ -117,10 +117,11 @@ class Conversation:
             if template.reasoning is not None and options.split_reasoning:  # it holds the answer, not the reasoning
                 processor = AnswerGrammar(template.reasoning, tokenizer, processor)
         if options.tools is not None and options.tools.active:  # free text, each call held to its tool's schema
-            processor = ToolCallConstraint(tool_format_of(template), options.tools, tokenizer,
-                                           stop_token_id(tokenizer, template))
-            if template.reasoning is not None and options.split_reasoning:  # calls are made in the answer
-                processor = AnswerGrammar(template.reasoning, tokenizer, processor)
+            calls = tool_format_of(template)
+            processor = ToolCallConstraint(calls, options.tools, tokenizer, stop_token_id(tokenizer, template))
+            stop |= {processor.closing_id} - {None}
+            if template.reasoning is not None and options.split_reasoning and not calls.in_headers:
+                processor = AnswerGrammar(template.reasoning, tokenizer, processor)  # calls are made in the answer
         if options.thinking_budget is not None and template.reasoning is not None:
             processor = ThinkingBudget(template.reasoning, tokenizer, options.thinking_budget, processor)
         self.sampler = Sampler(options.sampler, processor)

@@ -36,9 +36,10 @@ FREE, OPENING, CALL, AFTER = "free", "opening", "call", "after"
 class ToolCallConstraint(StructuredProcessor):
     def __init__(self, fmt: ToolFormat, use: ToolUse, tokenizer: Tokenizer, stop_id: int):
         self.format, self.use, self.tokenizer, self.stop_id = fmt, use, tokenizer, stop_id
-        closing = tokenizer.token_id(fmt.closer) if fmt.ends_reply and fmt.closer else None
+        # a call that ends the reply on a token of its own (gpt-oss's <|call|>): the reply stops there
+        self.closing_id = tokenizer.token_id(fmt.closer) if fmt.ends_reply and fmt.closer else None
         self._call = grammar_processor(call_grammar(fmt, use.callable, tokenizer), tokenizer,
-                                       stop_id if closing is None else closing)
+                                       stop_id if self.closing_id is None else self.closing_id)
         self._opener_ids = tokenizer.encode(fmt.opener, add_special=False)
         single = tokenizer.token_id(fmt.opener)
         self._opener_token = single if single is not None and self._opener_ids == [single] else None

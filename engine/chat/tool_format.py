@@ -34,6 +34,19 @@ class ToolFormat:
     ends_reply: bool  # a call ends the reply (nothing but the stop follows); else text or more calls may
     pattern: re.Pattern  # one call in a reply's text; its groups are what `_read` takes
     _read: Callable[[re.Match], list[tuple[Any, Any]]]  # (name, arguments) pairs, unchecked
+    # the calls are in message headers (harmony), which the reasoning split consumes: they are read from
+    # the reply's raw text, and the constraint sees every token (not only the answer's)
+    in_headers: bool = False
+
+    def parse_reply(self, raw: str, answer: str) -> "ParsedReply":
+        """The calls of a finished reply, from its raw text or its answer, and the answer less them."""
+        if not self.in_headers:
+            return self.parse(answer)
+        found = self.parse(raw)
+        content = answer
+        for match in self.pattern.finditer(raw) if found.calls else ():
+            content = content.replace(match.group(2), "", 1)  # the call's body, which the split kept as text
+        return ParsedReply(content.strip() if found.calls else answer, found.calls)
 
     def parse(self, text: str) -> "ParsedReply":
         """The calls in a reply's text and the text around them."""
@@ -115,7 +128,7 @@ LLAMA3 = ToolFormat("llama3", '{"name": "', "", True,
                     re.compile(r"\A\s*(?:<\|python_tag\|>)?\s*(\{.*\})\s*\Z", re.DOTALL), _read_llama3)
 HARMONY = ToolFormat("harmony", "to=functions.", "<|call|>", True,
                      re.compile(r"to=functions\.([\w.-]+)[^<]*(?:<\|constrain\|>\s*json\s*)?<\|message\|>(.*?)"
-                                r"(?:<\|call\|>|\Z)", re.DOTALL), _read_harmony)
+                                r"(?:<\|call\|>|\Z)", re.DOTALL), _read_harmony, in_headers=True)
 MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", "", True,
                      re.compile(r"\[TOOL_CALLS\]\s*(?:([\w.-]+)\[ARGS\](\{.*\})|(\[.*\]))\s*\Z", re.DOTALL),
                      _read_mistral)

@@ -63,6 +63,15 @@ def test_harmony_calls_name_the_function_in_the_header():
     assert HARMONY.parse('<|channel|>commentary to=functions.f<|message|>{"oops"').calls == ()
 
 
+def test_harmony_calls_are_read_from_the_raw_reply_whose_headers_the_split_consumed():
+    raw = ('<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary '
+           'to=functions.get_weather <|constrain|>json<|message|>{"city": "Rome"}')  # stopped on <|call|>
+    parsed = HARMONY.parse_reply(raw, answer='{"city": "Rome"}')  # what the split left of it as answer
+    assert [(c.name, c.arguments) for c in parsed.calls] == [("get_weather", {"city": "Rome"})]
+    assert parsed.content == ""
+    assert HERMES.parse_reply("<tool_call>raw only</tool_call>", answer="Hi").content == "Hi"
+
+
 def test_mistral_calls_in_both_forms():
     listed = MISTRAL.parse('[TOOL_CALLS][{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {}}]')
     assert [(c.name, c.arguments) for c in listed.calls] == [("a", {"x": 1}), ("b", {})]
