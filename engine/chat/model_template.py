@@ -10,7 +10,8 @@
 - No template at all (base models such as Gemma 3 270M): the family's format (Gemma's turn markers are in
   its vocabulary, and llama.cpp renders Gemma this way too), else ChatML, the spec's fallback.
 - A built-in format whose GGUF template renders a `tools` variable keeps that template for chats with tools
-  (Qwen2.5's: its tool instructions, calls and results as the model was trained on them).
+  (Qwen2.5's: its tool instructions, calls and results as the model was trained on them), compiled at the
+  first such chat, so a chat without tools never starts the template renderer for it.
 - A template of its own that does not compile, or fails or runs away rendering a one-message chat (a
   broken or hostile GGUF), is treated as no template, with a warning: the model stays usable. One that
   fails only on some later chat fails that turn with its ChatTemplateError; the chat stays as it was.
@@ -19,6 +20,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 
 from engine.chat.jinja_template import JinjaTemplate
@@ -44,18 +46,13 @@ def template_for_model(metadata: dict, tokenizer: Tokenizer, *,
         family = Template(_family_format(str(metadata.get("general.architecture", ""))))
         own = source and _working_own_template(source, tokenizer, family.format)
         return own or family
-    if not default_system and not _mentions_tools(source):
-        return builtin
-    own = _working_own_template(source, tokenizer, builtin.format)
-    if own and own.renders_tools:  # a chat with tools renders through it (engine.chat.tool_render)
-        builtin = dataclasses.replace(builtin, tools_template=own)
+    if "tools" in source:  # a chat with tools renders through it (engine.chat.tool_render), compiled then
+        own_once = functools.cache(lambda: _working_own_template(source, tokenizer, builtin.format))
+        builtin = dataclasses.replace(builtin, tools_template=own_once)
     if not default_system:
         return builtin
+    own = _working_own_template(source, tokenizer, builtin.format)
     return dataclasses.replace(builtin, default_system=own and own_default_system(builtin, own))
-
-
-def _mentions_tools(source: str) -> bool:
-    return "tools" in source  # cheap: only then is the own template compiled for its tools
 
 
 def _working_own_template(source: str, tokenizer: Tokenizer, instead: Format) -> JinjaTemplate | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 from engine.chat.reasoning import ReasoningFormat, reasoning_format
 from engine.errors import ChatTemplateError, EmptyMessages, SystemMidConversation, TrailingAssistantMessage
@@ -92,9 +92,9 @@ class Template:
     # How its replies write their reasoning (Qwen3's ChatML template: <think>); built-in formats drop a
     # past reply's reasoning from renders, as Qwen3's template does before the last user message.
     reasoning: ReasoningFormat | None = None
-    # The model's own template (a JinjaTemplate) where it renders a `tools` variable: chats with tools render
-    # through it, as the model was trained to see them (engine.chat.tool_render).
-    tools_template: Any = field(default=None, compare=False, repr=False)
+    # Gives the model's own template (a JinjaTemplate, made at the first call) where its text names `tools`:
+    # chats with tools render through it, as the model was trained to see them (engine.chat.tool_render).
+    tools_template: Callable[[], Any] | None = field(default=None, compare=False, repr=False)
 
     @staticmethod
     def detect(chat_template: str | None) -> Template | None:

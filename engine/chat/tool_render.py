@@ -28,7 +28,10 @@ _INSTRUCTIONS = ("# Tools\n\nYou may call one or more functions to assist with t
 
 def tool_template(template: Template | JinjaTemplate) -> JinjaTemplate | None:
     """The template that renders a chat's tools itself, if the model has one."""
-    own = template if isinstance(template, JinjaTemplate) else template.tools_template
+    if isinstance(template, JinjaTemplate):
+        own = template
+    else:
+        own = template.tools_template() if template.tools_template is not None else None
     return own if own is not None and own.renders_tools else None
 
 
