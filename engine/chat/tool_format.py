@@ -21,7 +21,7 @@ import json
 import re
 import secrets
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 from engine.tools import ToolCall
 
@@ -37,22 +37,30 @@ class ToolFormat:
     # the calls are in message headers (harmony), which the reasoning split consumes: they are read from
     # the reply's raw text, and the constraint sees every token (not only the answer's)
     in_headers: bool = False
+    # a whole reply that is one call without the format's markers (Qwen2.5-Coder writes Hermes calls so):
+    # read as a call, though no grammar held it, when it names an offered tool
+    bare: re.Pattern | None = None
 
-    def parse_reply(self, raw: str, answer: str) -> "ParsedReply":
-        """The calls of a finished reply, from its raw text or its answer, and the answer less them."""
+    def parse_reply(self, raw: str, answer: str, names: Collection[str] | None = None) -> "ParsedReply":
+        """The calls of a finished reply, from its raw text or its answer, and the answer less them; with
+        `names`, a call to any other tool is no call."""
         if not self.in_headers:
-            return self.parse(answer)
-        found = self.parse(raw)
+            return self.parse(answer, names)
+        found = self.parse(raw, names)
         content = answer
         for match in self.pattern.finditer(raw) if found.calls else ():
             content = content.replace(match.group(2), "", 1)  # the call's body, which the split kept as text
         return ParsedReply(content.strip() if found.calls else answer, found.calls)
 
-    def parse(self, text: str) -> "ParsedReply":
-        """The calls in a reply's text and the text around them."""
+    def parse(self, text: str, names: Collection[str] | None = None) -> "ParsedReply":
+        """The calls in a reply's text and the text around them (with `names`: calls to those tools only)."""
+        if self.bare is not None and (match := self.bare.fullmatch(text)) and names is not None:
+            found = _checked(self._read(match), names)
+            if found is not None:
+                return ParsedReply("", tuple(ToolCall(new_call_id(), n, a) for n, a in found))
         calls, kept, at = [], [], 0
         for match in self.pattern.finditer(text):
-            found = _checked(self._read(match))
+            found = _checked(self._read(match), names)
             if found is None:  # not a call: it stays text
                 continue
             kept.append(text[at:match.start()])
@@ -72,7 +80,7 @@ def new_call_id() -> str:
     return "call_" + secrets.token_hex(12)
 
 
-def _checked(pairs: list[tuple[Any, Any]] | None) -> list[tuple[str, dict]] | None:
+def _checked(pairs: list[tuple[Any, Any]] | None, names: Collection[str] | None) -> list[tuple[str, dict]] | None:
     if not pairs:
         return None
     out = []
@@ -80,6 +88,8 @@ def _checked(pairs: list[tuple[Any, Any]] | None) -> list[tuple[str, dict]] | No
         if isinstance(arguments, str):  # some models write the arguments as a JSON string
             arguments = _json(arguments)
         if not isinstance(name, str) or not name or not isinstance(arguments, dict):
+            return None
+        if names is not None and name not in names:
             return None
         out.append((name, arguments))
     return out
@@ -122,7 +132,8 @@ def _read_mistral(match: re.Match) -> list[tuple[Any, Any]] | None:
 
 
 HERMES = ToolFormat("hermes", "<tool_call>", "</tool_call>", False,
-                    re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL), _read_hermes)
+                    re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL), _read_hermes,
+                    bare=re.compile(r"\s*(\{.*\})\s*", re.DOTALL))
 # the whole reply is the call, so the pattern is anchored at both ends
 LLAMA3 = ToolFormat("llama3", '{"name": "', "", True,
                     re.compile(r"\A\s*(?:<\|python_tag\|>)?\s*(\{.*\})\s*\Z", re.DOTALL), _read_llama3)

@@ -243,7 +243,8 @@ class Turn:
             s.decode_tps = (self._sampled - 1) / max(self._last_at - self._first_at, 1e-9)
         text, calls = "".join(self.parts), ()
         if c.options.tools is not None and c.options.tools.active and reason in ("stop", "length", "length_closed"):
-            parsed = tool_format_of(c.template).parse_reply(self.reply.decode("utf-8", "replace"), text)
+            names = {t.name for t in c.options.tools.callable}
+            parsed = tool_format_of(c.template).parse_reply(self.reply.decode("utf-8", "replace"), text, names)
             text, calls = parsed.content, parsed.calls
         checked = c.options.grammar is not None and reason in ("stop", "length_closed")
         warnings = tuple(map(str, c.options.grammar.check_reply(text))) if checked else ()

@@ -42,6 +42,16 @@ def test_malformed_hermes_text_is_not_a_call_and_stays_text(text):
     assert parsed.calls == () and parsed.content == text
 
 
+def test_a_bare_hermes_call_is_a_call_only_to_an_offered_tool():
+    bare = '{"name": "get_weather", "arguments": {"city": "Paris"}}'  # as Qwen2.5-Coder writes it untagged
+    assert HERMES.parse(bare, names={"get_weather"}).calls[0].arguments == {"city": "Paris"}
+    assert HERMES.parse(bare, names={"get_time"}).calls == ()
+    assert HERMES.parse(bare).calls == ()  # no tools named: nothing to tell a call from JSON
+    assert HERMES.parse("Here: " + bare, names={"get_weather"}).calls == ()  # not the whole reply
+    tagged = f"<tool_call>{bare}</tool_call>"
+    assert HERMES.parse(tagged, names={"get_time"}).content == tagged  # a call to another tool is text
+
+
 def test_hermes_arguments_written_as_a_json_string_are_read():
     parsed = HERMES.parse('<tool_call>{"name": "f", "arguments": "{\\"x\\": 1}"}</tool_call>')
     assert parsed.calls[0].arguments == {"x": 1}
