@@ -28,13 +28,12 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit, prange
 
-from kernels.common.f16 import f16_bits_to_f32
 from kernels.common.formats import ByLanes, switch
 from kernels.common.quant_blocks import (
     BF16, F16, F32, KERNEL, KERNEL_ONCE, MXFP4, N16, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
     bits, idx, join, k_scale_min, load_f16, q3_k_scale, span,
 )
-from kernels.cpu import int8_dot, k_quant_dot, row_lanes
+from kernels.cpu import float_dot, int8_dot, k_quant_dot, row_lanes
 from kernels.cpu.int8_dot import (
     rows_dot_mxfp4, rows_dot_q4_0, rows_dot_q4_1, rows_dot_q5_0, rows_dot_q5_1, rows_dot_q8_0,
 )
@@ -56,24 +55,18 @@ def _sum32(xs, e):
 # --- float formats ----------------------------------------------------------
 
 
+# F32 and F16 rows in float_dot's fixed order of vector lanes: a one-lane chain of adds (the source order,
+# which LLVM may not vectorize) read a MoE router's F32 rows at a quarter of the Q4_K kernels' rate
 @njit(**KERNEL_ONCE)
 def dot_f32(w, x, xs, out, n16):
     for r in range(w.shape[0]):
-        row = w[r].view(np.float32)
-        acc = np.float32(0)
-        for c in range(x.shape[0]):
-            acc += row[idx(c)] * x[idx(c)]
-        out[r] = acc
+        out[r] = float_dot.dot(x, w[r].view(np.float32))
 
 
 @njit(**KERNEL_ONCE)
 def dot_f16(w, x, xs, out, n16):
     for r in range(w.shape[0]):
-        row = w[r].view(np.uint16)
-        acc = np.float32(0)
-        for c in range(x.shape[0]):
-            acc += f16_bits_to_f32(row[idx(c)]) * x[idx(c)]
-        out[r] = acc
+        out[r] = float_dot.dot(x, w[r].view(np.uint16))
 
 
 @njit(**KERNEL_ONCE)
