@@ -19,6 +19,11 @@ from kernels.cpu.expert_rows import Experts, expert_rows
 from kernels.cpu.moe_route import route
 
 _NO_BIAS = np.zeros((0, 0), np.float32)
+# Up to this many rows routed to an expert, prefill multiplies them by the block kernels (int8 activations, as
+# llama.cpp's): the integer GEMM repacks the expert's weights for each call, which costs as much as ~60 rows
+# of the block kernels on an expert of Qwen3-30B-A3B (768 x 2048 Q4_K, 2048 x 768 Q6_K; one thread: block
+# kernels ~29 us a row, the GEMM ~650 us + ~18.5 us a row). A 512-token prompt routes ~32 rows to each.
+PREFILL_BLOCK_ROWS_MAX = 48
 
 
 def kernel_experts(spec: MoeSpec) -> Experts:
@@ -46,12 +51,13 @@ def moe_ffn(spec: MoeSpec, x: np.ndarray, router_logits: np.ndarray, row_wise: b
         experts = kernel_experts(spec)
         expert_rows(formats.of(experts.types), experts, x, logits, quant.threads(), out)
         return out
-    product = quant.rows if row_wise else quant.matmul  # rows: the generic path, each row on its own
     selected, weights = route(logits, spec.n_used, spec.gating, spec.normalize, spec.scale)
     outputs = np.empty((x.shape[0], spec.n_used, out.shape[1]), np.float32)  # row, slot: its expert's output
     for e in np.unique(selected):
         rows, slots = np.nonzero(selected == e)  # a row selects an expert at most once
-        outputs[rows, slots] = _expert(spec, e, x[rows], product)
+        # row-wise: the generic path, each row on its own; prefill: few rows take the block kernels too
+        few = native and rows.size <= PREFILL_BLOCK_ROWS_MAX
+        outputs[rows, slots] = _expert(spec, e, x[rows], quant.rows if row_wise or few else quant.matmul)
     np.multiply(outputs[:, 0], weights[:, :1], out=out)
     for j in range(1, spec.n_used):
         out += outputs[:, j] * weights[:, j : j + 1]
