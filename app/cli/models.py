@@ -8,7 +8,6 @@ import json
 import sys
 
 from app.cli.progress import ProgressBar
-from engine.gguf.reader import open_gguf
 from engine.models import footprint
 from engine.platform import catalog
 
@@ -77,15 +76,12 @@ def _path(args) -> None:
 
 
 def _info(args) -> None:
-    with open_gguf(catalog.resolve_model(args.name)) as file:
-        fp = footprint.footprint(file)
-    memory = footprint.machine_memory()
-    fits = memory is None or fp.needed_bytes <= memory
+    fp = footprint.file_footprint(catalog.resolve_model(args.name))
     if args.json:
-        print(json.dumps(dataclasses.asdict(fp) | {"needed_bytes": fp.needed_bytes, "machine_memory": memory,
-                                                   "fits": fits}, indent=2))
+        print(json.dumps(dataclasses.asdict(fp) | {"needed_bytes": fp.needed_bytes,
+                                                   "machine_memory": footprint.machine_memory(),
+                                                   "fits": footprint.fits(fp)}, indent=2))
         return
     print(footprint.describe(fp))
-    if memory is not None:
-        print(f"needs about {fp.needed_bytes / 1e9:.1f} GB of memory; this machine has {memory / 1e9:.1f} GB: "
-              + ("it fits" if fits else "it does not fit, and loading it is refused"))
+    if verdict := footprint.memory_verdict(fp):
+        print(verdict)

@@ -14,6 +14,8 @@ from PySide6.QtWidgets import (QDialog, QFileDialog, QHBoxLayout, QLabel, QListW
 
 from app.gui.downloader import Download
 from app.gui.remote_endpoint import RemoteEndpointBox
+from engine.errors import FucinaError
+from engine.models import footprint
 from engine.platform.catalog import StarterModel, TransferRate, catalog, model_display_name, starter_of_file
 
 PATH_ROLE = Qt.ItemDataRole.UserRole
@@ -28,6 +30,22 @@ def starter_row(path: str | None) -> int:
     """The starter list's row of the model at `path` (the one in use), else the first's (the best replies)."""
     starter = starter_of_file(path) if path else None
     return list(catalog().values()).index(starter) if starter else 0
+
+
+def _footprint(path: str) -> footprint.Footprint | None:
+    """The model file's footprint from its header (a few milliseconds), None where it is not a GGUF."""
+    try:
+        return footprint.file_footprint(path)
+    except (OSError, FucinaError):
+        return None  # loading it reports what is wrong
+
+
+def _footprint_line(path: str) -> str:
+    """"\nqwen3moe, 30.5B parameters (3.3B per token), 17.3 GB; too large for this machine" for a listed file."""
+    fp = _footprint(path)
+    if fp is None:
+        return ""
+    return f"\n{footprint.describe(fp)}" + ("" if footprint.fits(fp) else "; too large for this machine's memory")
 
 
 class ModelPicker(QDialog):
@@ -58,7 +76,7 @@ class ModelPicker(QDialog):
         self.recent.setAccessibleName("Recent model files")
         for path in recent:
             if Path(path).is_file():
-                item = QListWidgetItem(f"{model_label(path)} — {path}")
+                item = QListWidgetItem(f"{model_label(path)} — {path}{_footprint_line(path)}")
                 item.setData(PATH_ROLE, path)
                 self.recent.addItem(item)
         self.recent.itemActivated.connect(lambda item: self.choose(item.data(PATH_ROLE)))
@@ -113,6 +131,13 @@ class ModelPicker(QDialog):
 
     # -- choosing --------------------------------------------------------------------------------
     def choose(self, path: str) -> None:
+        """Use the model file at `path`, unless this machine's memory cannot hold it (said, not loaded)."""
+        fp = _footprint(path)
+        if fp is not None and not footprint.fits(fp):
+            QMessageBox.warning(self, "Model too large", f"{Path(path).name}: {footprint.describe(fp)}.\n\n"
+                                f"It {footprint.memory_verdict(fp)}. Choose a smaller model or a smaller "
+                                "quantization of it.")
+            return
         self.model_chosen.emit(path)
         self.accept()
 

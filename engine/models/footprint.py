@@ -17,7 +17,7 @@ from pathlib import Path
 
 from engine.errors import ModelTooLarge
 from engine.gguf.meta import meta_value
-from engine.gguf.reader import GGUFFile
+from engine.gguf.reader import GGUFFile, open_gguf
 
 # beside the weights: the KV cache of a long chat, activations, the app and Python itself
 RUNTIME_BYTES = 1 << 30
@@ -85,6 +85,27 @@ def check_fits(file: GGUFFile) -> Footprint:
             f"({fp.weight_bytes / 1e9:.1f} GB of weights and {RUNTIME_BYTES / 1e9:.1f} GB to run), and this "
             f"machine has {memory / 1e9:.1f} GB; choose a smaller model or a smaller quantization of it")
     return fp
+
+
+def file_footprint(path: str | os.PathLike) -> Footprint:
+    """The footprint of the GGUF file at `path`, from its header (GGUFError for a file that is not one)."""
+    with open_gguf(path) as file:
+        return footprint(file)
+
+
+def fits(fp: Footprint) -> bool:
+    """Whether this machine's memory holds the model (True where it cannot tell)."""
+    memory = machine_memory()
+    return memory is None or fp.needed_bytes <= memory
+
+
+def memory_verdict(fp: Footprint) -> str:
+    """"needs about 18.3 GB of memory; this machine has 24.6 GB: it fits" (empty where it cannot tell)."""
+    memory = machine_memory()
+    if memory is None:
+        return ""
+    return (f"needs about {fp.needed_bytes / 1e9:.1f} GB of memory; this machine has {memory / 1e9:.1f} GB: "
+            + ("it fits" if fits(fp) else "it does not fit, and loading it is refused"))
 
 
 def describe(fp: Footprint) -> str:

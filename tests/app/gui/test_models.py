@@ -64,3 +64,29 @@ def test_a_starter_model_changed_on_disk_is_refused_before_loading(tmp_path, mon
     worker.load_model(str(model.path()))  # as a recent model is opened, by its path
     assert len(failed) == 1 and worker.model is None
     assert "has changed since it was downloaded" in failed[0] and f"fucina models pull {MODEL}" in failed[0]
+
+
+def test_the_picker_shows_a_moe_file_s_parameters_and_refuses_one_this_machine_cannot_hold(qtbot, tmp_path,
+                                                                                           monkeypatch):
+    from app.gui.model_picker import ModelPicker
+    from engine.models import footprint
+    from tests.moe_models import write_moe_model
+
+    path = tmp_path / "moe.gguf"
+    write_moe_model(path, "q8_0")
+    described = footprint.describe(footprint.file_footprint(path))
+    picker = ModelPicker([str(path)])
+    qtbot.addWidget(picker)
+    assert "per token" in described and picker.recent.item(0).text().endswith("\n" + described)
+    chosen, warnings = [], []
+    picker.model_chosen.connect(chosen.append)
+    monkeypatch.setattr(QMessageBox, "warning", lambda parent, title, text: warnings.append(text))
+    monkeypatch.setattr(footprint, "machine_memory", lambda: footprint.RUNTIME_BYTES)
+    small = ModelPicker([str(path)])
+    qtbot.addWidget(small)
+    assert small.recent.item(0).text().endswith("; too large for this machine's memory")
+    small.choose(str(path))
+    assert chosen == [] and "does not fit" in warnings[0] and "moe.gguf" in warnings[0]
+    monkeypatch.undo()
+    picker.choose(str(path))
+    assert chosen == [str(path)]
