@@ -1,11 +1,9 @@
-"""The Mixture-of-Experts feed-forward on the CPU (kernels.backend.Backend.moe_ffn).
-
-Row-wise, one kernel call (kernels.cpu.expert_rows), for experts with native kernels; experts of another type
-take the generic row-wise product per expert (kernels.cpu.quant.rows). Prefill groups the rows routed to each
-expert and runs the prefill product (kernels.cpu.quant.matmul) once per selected expert over them, on
-zero-copy views of the expert's rows in the stacked tensors, so its weights are read once per call, as
-ggml_mul_mat_id reads them. The weighted sum runs in the order the experts were selected, in f32, as
-llama.cpp's build_moe_ffn adds its views.
+"""The Mixture-of-Experts feed-forward on the CPU (kernels.backend.Backend.moe_ffn): experts with native kernels
+in one kernel call, row-wise or prefill alike (kernels.cpu.expert_rows). Experts of another type run the
+generic products per selected expert (row-wise: kernels.cpu.quant.rows, each row on its own; prefill:
+kernels.cpu.quant.matmul over the rows routed to it, its weights read once per call, as ggml_mul_mat_id
+reads them) on zero-copy views of the expert's rows in the stacked tensors, and their weighted sum in the
+order the experts were selected, in f32, as llama.cpp's build_moe_ffn adds its views.
 """
 
 from __future__ import annotations
@@ -19,11 +17,6 @@ from kernels.cpu.expert_rows import Experts, expert_rows
 from kernels.cpu.moe_route import route
 
 _NO_BIAS = np.zeros((0, 0), np.float32)
-# Up to this many rows routed to an expert, prefill multiplies them by the block kernels (int8 activations, as
-# llama.cpp's): the integer GEMM repacks the expert's weights for each call, which costs as much as ~60 rows
-# of the block kernels on an expert of Qwen3-30B-A3B (768 x 2048 Q4_K, 2048 x 768 Q6_K; one thread: block
-# kernels ~29 us a row, the GEMM ~650 us + ~18.5 us a row). A 512-token prompt routes ~32 rows to each.
-PREFILL_BLOCK_ROWS_MAX = 48
 
 
 def kernel_experts(spec: MoeSpec) -> Experts:
@@ -46,8 +39,7 @@ def moe_ffn(spec: MoeSpec, x: np.ndarray, router_logits: np.ndarray, row_wise: b
     x = np.ascontiguousarray(x, np.float32)
     logits = np.ascontiguousarray(router_logits, np.float32)
     out = np.empty((x.shape[0], spec.down.out_dim // spec.n_expert), np.float32)
-    native = all(quant.has_native_kernel(w.qtype) for w in (spec.gate, spec.up, spec.down))
-    if row_wise and native:
+    if all(quant.has_native_kernel(w.qtype) for w in (spec.gate, spec.up, spec.down)):
         experts = kernel_experts(spec)
         expert_rows(formats.of(experts.types), experts, x, logits, quant.threads(), out)
         return out
@@ -55,9 +47,7 @@ def moe_ffn(spec: MoeSpec, x: np.ndarray, router_logits: np.ndarray, row_wise: b
     outputs = np.empty((x.shape[0], spec.n_used, out.shape[1]), np.float32)  # row, slot: its expert's output
     for e in np.unique(selected):
         rows, slots = np.nonzero(selected == e)  # a row selects an expert at most once
-        # row-wise: the generic path, each row on its own; prefill: few rows take the block kernels too
-        few = native and rows.size <= PREFILL_BLOCK_ROWS_MAX
-        outputs[rows, slots] = _expert(spec, e, x[rows], quant.rows if row_wise or few else quant.matmul)
+        outputs[rows, slots] = _expert(spec, e, x[rows], quant.rows if row_wise else quant.matmul)
     np.multiply(outputs[:, 0], weights[:, :1], out=out)
     for j in range(1, spec.n_used):
         out += outputs[:, j] * weights[:, j : j + 1]
