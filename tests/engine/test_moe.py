@@ -20,6 +20,7 @@ from kernels.cpu.backend import CpuBackend
 from tests.moe_models import (
     ARCH, GPT_OSS, GPT_OSS_VARIANTS, N_EXPERT, N_FF_EXP, ORACLE_MODELS, TOKENS, VARIANTS, write_moe_model,
 )
+from tests.row_wise import assert_rows_equal_one_at_a_time
 
 ROW_COUNTS = (1, 2, 5, 8, 17)  # one call of each size, in turn, after a short prefilled prompt
 PROMPT = TOKENS[:4]
@@ -38,18 +39,7 @@ def model(request, tmp_path_factory):
 
 
 def test_rows_equal_one_at_a_time(model):
-    tokens = [int(t) for t in np.random.default_rng(1).integers(0, model.vocab_size, sum(ROW_COUNTS))]
-    capacity = len(PROMPT) + len(tokens)
-    one, rows = model.new_cache(capacity), model.new_cache(capacity)
-    np.testing.assert_array_equal(model.forward(PROMPT, one), model.forward(PROMPT, rows))
-    singles = np.stack([model.forward([t], one) for t in tokens])
-    start = 0
-    for m in ROW_COUNTS:
-        np.testing.assert_array_equal(model.forward_rows(tokens[start : start + m], rows), singles[start : start + m],
-                                      err_msg=f"{m} rows in one call")
-        start += m
-    for a, b in zip(one.k + one.v, rows.k + rows.v):
-        np.testing.assert_array_equal(a, b)
+    assert_rows_equal_one_at_a_time(model, row_counts=ROW_COUNTS, prompt=PROMPT)
 
 
 def test_a_batched_decode_step_equals_each_conversation_alone(model):

@@ -13,41 +13,18 @@ import pytest
 from gguf.constants import GGMLQuantizationType as T
 
 from engine.models import load_model
+from tests.row_wise import assert_rows_equal_one_at_a_time, random_tokens
 from tests.synthetic import write_tiny_model
 
 FAMILIES = ["llama", "qwen2", "qwen3", "gemma3"]
 NATIVE = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
-ROW_COUNTS = (1, 2, 5, 8, 17, 33)  # one call of each size, in turn, after a short prefilled prompt
-PROMPT = [3, 17, 59, 5]
-
-
-def _tokens(vocab: int, n: int, seed: int = 0) -> list[int]:
-    return [int(t) for t in np.random.default_rng(seed).integers(0, vocab, n)]
-
-
-def _assert_rows_equal_one_at_a_time(model, kv="f16"):
-    tokens = _tokens(model.vocab_size, sum(ROW_COUNTS))
-    capacity = len(PROMPT) + len(tokens)
-    one, rows = model.new_cache(capacity, kv), model.new_cache(capacity, kv)
-    np.testing.assert_array_equal(model.forward(PROMPT, one), model.forward(PROMPT, rows))
-    singles = np.stack([model.forward([t], one) for t in tokens])
-    start = 0
-    for m in ROW_COUNTS:
-        np.testing.assert_array_equal(model.forward_rows(tokens[start : start + m], rows), singles[start : start + m],
-                                      err_msg=f"{m} rows in one call")
-        start += m
-    assert one.len == rows.len == capacity
-    for a, b in zip(one.k + one.v, rows.k + rows.v):
-        np.testing.assert_array_equal(a, b)
-
-
 @pytest.mark.parametrize("qtype", NATIVE, ids=lambda t: t.name)
 @pytest.mark.parametrize("arch", FAMILIES)
 def test_rows_equal_one_at_a_time_for_every_family_and_format(arch, qtype, tmp_path):
     path = tmp_path / "m.gguf"
     write_tiny_model(path, arch, n_layers=3 if arch == "gemma3" else 2, n_embd=256, n_head=4, n_head_kv=2,
                      n_ff=256, vocab=64, qtype=qtype, window=16, tied=arch != "qwen2")
-    _assert_rows_equal_one_at_a_time(load_model(path))
+    assert_rows_equal_one_at_a_time(load_model(path))
 
 
 def test_rows_equal_one_at_a_time_on_mxfp4_weights_in_the_fused_stack(tmp_path):
@@ -56,7 +33,7 @@ def test_rows_equal_one_at_a_time_on_mxfp4_weights_in_the_fused_stack(tmp_path):
     write_tiny_model(path, "llama", n_embd=256, n_head=4, n_head_kv=2, n_ff=256, vocab=64, qtype=T.MXFP4)
     model = load_model(path)
     assert all(run.stack is not None for run in model._row_runs)
-    _assert_rows_equal_one_at_a_time(model)
+    assert_rows_equal_one_at_a_time(model)
 
 
 @pytest.mark.parametrize("arch", FAMILIES)
@@ -64,14 +41,14 @@ def test_rows_equal_one_at_a_time_on_a_q8_0_cache(arch, tmp_path):
     path = tmp_path / "m.gguf"
     write_tiny_model(path, arch, n_layers=3 if arch == "gemma3" else 2, head_dim=32, n_head=8, n_ff=256, qtype=T.Q4_K, n_embd=256,
                      window=16)
-    _assert_rows_equal_one_at_a_time(load_model(path), "q8_0")
+    assert_rows_equal_one_at_a_time(load_model(path), "q8_0")
 
 
 def test_rows_of_a_model_without_native_kernels_equal_one_at_a_time(tmp_path):
     """IQ4_NL has no native kernel: its rows go one at a time through the prefill path, same bits."""
     path = tmp_path / "m.gguf"
     write_tiny_model(path, "llama", n_embd=256, qtype=T.IQ4_NL)
-    _assert_rows_equal_one_at_a_time(load_model(path))
+    assert_rows_equal_one_at_a_time(load_model(path))
 
 
 def test_a_batched_decode_step_equals_each_conversation_alone(tmp_path):
@@ -96,8 +73,8 @@ def test_a_batched_decode_step_equals_each_conversation_alone(tmp_path):
 @pytest.mark.parametrize("name", ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "gemma-3-270m"])
 def test_rows_equal_one_at_a_time_on_the_starter_models(name, model_path):
     model = load_model(model_path(name))
-    prompt = _tokens(model.vocab_size, 20, seed=1)
-    tokens = _tokens(model.vocab_size, 9, seed=2)
+    prompt = random_tokens(model.vocab_size, 20, seed=1)
+    tokens = random_tokens(model.vocab_size, 9, seed=2)
     one, rows = model.new_cache(40), model.new_cache(40)
     model.forward(prompt, one)
     model.forward(prompt, rows)
