@@ -25,7 +25,7 @@ from numba import njit, prange
 from kernels.common.quant_blocks import KERNEL
 from kernels.cpu import ops
 from kernels.cpu.moe_route import route_row
-from kernels.cpu.quant_dot import PARALLEL_MIN_BYTES, Activations, activations, needs, tiled_product
+from kernels.cpu.quant_dot import PARALLEL_MIN_BYTES, Activations, activations_split, needs, tiled_product
 
 
 class Experts(NamedTuple):
@@ -86,7 +86,7 @@ def _experts_parallel(formats, ws, wtypes, count, width, used, starts, X, act, Y
 @njit(**KERNEL)
 def _experts_products(formats, ws, wtypes, count, width, used, starts, X, Y, threads):
     """Y = each selected expert's products (the first `count` weights of ws) with its rows of X."""
-    act = activations(X, needs(wtypes[:count]))
+    act = activations_split(X, needs(wtypes[:count]), threads)
     nbytes = used.size * count * width * ws[0].shape[1]
     if threads > 1 and nbytes >= PARALLEL_MIN_BYTES:
         _experts_parallel(formats, ws, wtypes, count, width, used, starts, X, act, Y, threads)
@@ -96,14 +96,57 @@ def _experts_products(formats, ws, wtypes, count, width, used, starts, X, Y, thr
 
 
 @njit(**KERNEL)
-def _add_bias(rows, bias, used, starts):
-    """Each selected expert's bias row added to its rows (none when bias is empty)."""
+def _add_bias(rows, bias, used, starts, col0):
+    """Each selected expert's bias row added to its rows' columns from col0 (none when bias is empty)."""
     if bias.shape[0] == 0:
         return
     for g in range(used.size):
         for s in range(starts[g], starts[g + 1]):
-            for c in range(rows.shape[1]):
-                rows[s, c] += bias[used[g], c]
+            for c in range(bias.shape[1]):
+                rows[s, col0 + c] += bias[used[g], c]
+
+
+@njit(**KERNEL)
+def _swiglu_range(gate_up, clamped, hidden, lo, hi):
+    """hidden[p] = the activation of pair p's gate and up products (the two halves of gate_up[p])."""
+    n_ff = hidden.shape[1]
+    for p in range(lo, hi):
+        gate, up = gate_up[p, :n_ff], gate_up[p, n_ff:]
+        if clamped:
+            ops.swiglu_oai_into(gate, up, ops.OAI_ALPHA, ops.OAI_LIMIT, hidden[p])
+        else:
+            ops.gated_range(ops.SILU, gate, up, hidden[p], 0, n_ff)
+
+
+@njit(**KERNEL)
+def _weighted_range(expert_out, pair, weights, out, lo, hi):
+    """out[i] = sum_j weights[i, j] * expert_out[pair[i, j]] for rows [lo, hi), in slot order, in f32."""
+    for i in range(lo, hi):
+        first, w0 = pair[i, 0], weights[i, 0]
+        for c in range(out.shape[1]):
+            out[i, c] = expert_out[first, c] * w0
+        for j in range(1, pair.shape[1]):
+            p, w = pair[i, j], weights[i, j]
+            for c in range(out.shape[1]):
+                out[i, c] += expert_out[p, c] * w
+
+
+@njit(parallel=True, **KERNEL)
+def _swiglu_parallel(gate_up, clamped, hidden, chunks):
+    n = hidden.shape[0]
+    for c in prange(chunks):
+        _swiglu_range(gate_up, clamped, hidden, c * n // chunks, (c + 1) * n // chunks)
+
+
+@njit(parallel=True, **KERNEL)
+def _weighted_parallel(expert_out, pair, weights, out, chunks):
+    n = out.shape[0]
+    for c in prange(chunks):
+        _weighted_range(expert_out, pair, weights, out, c * n // chunks, (c + 1) * n // chunks)
+
+
+# from this many (row, expert) pairs, the elementwise steps pay for parallel launches (a prefill's thousands)
+_PAIRS_PARALLEL = 64
 
 
 @njit(**KERNEL)
@@ -143,24 +186,19 @@ def expert_rows(formats, ex, h, logits, threads, out):
             at[g] += 1
     gate_up = np.empty((m * k, 2 * n_ff), np.float32)
     _experts_products(formats, (ex.gate, ex.up), ex.types[:2], 2, n_ff, used, starts, x, gate_up, threads)
-    gate, up = gate_up[:, :n_ff].copy(), gate_up[:, n_ff:].copy()
-    _add_bias(gate, ex.gate_bias, used, starts)
-    _add_bias(up, ex.up_bias, used, starts)
+    _add_bias(gate_up, ex.gate_bias, used, starts, 0)
+    _add_bias(gate_up, ex.up_bias, used, starts, n_ff)
     hidden = np.empty((m * k, n_ff), np.float32)
-    for p in range(m * k):
-        if ex.clamped:
-            ops.swiglu_oai_into(gate[p], up[p], ops.OAI_ALPHA, ops.OAI_LIMIT, hidden[p])
-        else:
-            ops.gated_range(ops.SILU, gate[p], up[p], hidden[p], 0, n_ff)
     expert_out = np.empty((m * k, n_embd), np.float32)
+    parallel = threads > 1 and m * k >= _PAIRS_PARALLEL
+    if parallel:
+        _swiglu_parallel(gate_up, ex.clamped, hidden, threads)
+    else:
+        _swiglu_range(gate_up, ex.clamped, hidden, 0, m * k)
     _experts_products(formats, (ex.down, ex.down), ex.types[2:], 1, n_embd, used, starts, hidden, expert_out,
                       threads)
-    _add_bias(expert_out, ex.down_bias, used, starts)
-    for i in range(m):
-        first, w0 = pair[i, 0], weights[i, 0]
-        for c in range(n_embd):
-            out[i, c] = expert_out[first, c] * w0
-        for j in range(1, k):
-            p, w = pair[i, j], weights[i, j]
-            for c in range(n_embd):
-                out[i, c] += expert_out[p, c] * w
+    _add_bias(expert_out, ex.down_bias, used, starts, 0)
+    if parallel:
+        _weighted_parallel(expert_out, pair, weights, out, threads)
+    else:
+        _weighted_range(expert_out, pair, weights, out, 0, m)

@@ -305,11 +305,10 @@ def _sized(need, flag, n):
     return n if need & flag else 0
 
 
-@njit(**KERNEL)
-def activations(X, need):
-    """The Activations of the rows of X that formats with needs `need` read."""
-    m, cols = X.shape
-    xs = np.zeros((m, _sized(need, FLOAT_SUMS, cols // 16)), np.float32)
+@njit(**KERNEL_ONCE)
+def _empty_activations(m, cols, need):
+    """Activations for m rows of `cols` values, of the kinds in `need` (the others empty)."""
+    xs = np.empty((m, _sized(need, FLOAT_SUMS, cols // 16)), np.float32)
     xq = np.empty((m, _sized(need, BLOCKS_32, cols // 32 * 32)), np.int8)
     xd = np.empty((m, _sized(need, BLOCKS_32, cols // 32)), np.float32)
     xsum = np.empty((m, _sized(need, BLOCKS_32, cols // 32)), np.int32)
@@ -318,17 +317,56 @@ def activations(X, need):
     kq = np.empty((m, _sized(need, BLOCKS_256, cols // 256 * 256)), np.int8)
     kd = np.empty((m, _sized(need, BLOCKS_256, cols // 256)), np.float32)
     kbsums = np.empty((m, _sized(need, BLOCKS_256, cols // 16)), np.int16)
-    for n in range(m):
-        for c in range(xs.shape[1] * 16):
-            xs[n, c >> 4] += X[n, c]
-        if xq.shape[1]:
-            int8_dot.quantize_into(X[n], xq[n], xd[n], xsum[n])
-        for g in range(xs4.shape[1]):
-            xs4[n, g] = np.int32(xq[n, 4 * g]) + np.int32(xq[n, 4 * g + 1]) + np.int32(xq[n, 4 * g + 2]) \
-                + np.int32(xq[n, 4 * g + 3])
-        if kq.shape[1]:
-            k_quant_dot.quantize_into(X[n], kq[n], kd[n], kbsums[n])
     return Activations(xs, xq, xd, xsum, xs4, kq, kd, kbsums)
+
+
+@njit(**KERNEL)
+def _activate_row(X, act, n):
+    """Row n of act from row n of X. (A function of its own, never inlined: in a parallel loop Numba would
+    take the rows' stores for reductions of the whole arrays.)"""
+    for g in range(act.xs.shape[1]):
+        total = np.float32(0)
+        for c in range(16):
+            total += X[n, 16 * g + c]
+        act.xs[n, g] = total
+    if act.xq.shape[1]:
+        int8_dot.quantize_into(X[n], act.xq[n], act.xd[n], act.xsum[n])
+    for g in range(act.xs4.shape[1]):
+        act.xs4[n, g] = np.int32(act.xq[n, 4 * g]) + np.int32(act.xq[n, 4 * g + 1]) \
+            + np.int32(act.xq[n, 4 * g + 2]) + np.int32(act.xq[n, 4 * g + 3])
+    if act.kq.shape[1]:
+        k_quant_dot.quantize_into(X[n], act.kq[n], act.kd[n], act.kbsums[n])
+
+
+@njit(**KERNEL)
+def activations(X, need):
+    """The Activations of the rows of X that formats with needs `need` read."""
+    act = _empty_activations(X.shape[0], X.shape[1], need)
+    for n in range(X.shape[0]):
+        _activate_row(X, act, n)
+    return act
+
+
+@njit(parallel=True, **KERNEL)
+def _activate_parallel(X, act, chunks):
+    m = X.shape[0]
+    for c in prange(chunks):
+        for n in range(c * m // chunks, (c + 1) * m // chunks):
+            _activate_row(X, act, n)
+
+
+# from this many rows, computing the activations pays for a parallel launch (a prefill's thousands of MoE pairs)
+_ACTIVATIONS_PARALLEL_ROWS = 64
+
+
+@njit(**KERNEL)
+def activations_split(X, need, threads):
+    """activations(X, need), its rows split over `threads` where there are many (the same values)."""
+    if threads > 1 and X.shape[0] >= _ACTIVATIONS_PARALLEL_ROWS:
+        act = _empty_activations(X.shape[0], X.shape[1], need)
+        _activate_parallel(X, act, threads)
+        return act
+    return activations(X, need)
 
 
 # rows of a weight multiplied by every input row in turn: small enough to stay in L2 meanwhile

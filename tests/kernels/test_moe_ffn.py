@@ -100,10 +100,10 @@ def test_rows_are_their_one_row_bits_on_quantized_experts(qtype):
     rng = np.random.default_rng(2)
     backend = CpuBackend()
     spec = _experts(rng, backend, qtype, n_embd=256, n_ff=256)
-    x = rng.standard_normal((17, 256)).astype(np.float32)
-    logits = rng.normal(0, 3, (17, N_EXPERT)).astype(np.float32)
-    alone = np.concatenate([backend.moe_ffn(spec, x[r : r + 1], logits[r : r + 1], row_wise=True) for r in range(17)])
+    x = rng.standard_normal((33, 256)).astype(np.float32)  # 33 rows: 99 (row, expert) pairs, split over threads
+    logits = rng.normal(0, 3, (33, N_EXPERT)).astype(np.float32)
+    alone = np.concatenate([backend.moe_ffn(spec, x[r : r + 1], logits[r : r + 1], row_wise=True) for r in range(33)])
     np.testing.assert_allclose(alone, _reference(spec, x, logits), rtol=0.05, atol=0.05 * np.abs(alone).max())
-    for m in (2, 5, 8, 17):
+    for m in (2, 5, 8, 17, 33):
         together = backend.moe_ffn(spec, x[:m], logits[:m], row_wise=True)
         np.testing.assert_array_equal(together, alone[:m], err_msg=f"{m} rows in one call")
