@@ -66,5 +66,53 @@ def _schema_v3(db: sqlite_utils.Database) -> None:
     db["messages"].enable_fts(["content", "reasoning"], create_triggers=True, replace=True)
 
 
+_MESSAGE_COLUMNS = "id, conversation_id, parent_id, role, content, created_at, meta, reasoning"
+
+
+def _schema_v4(db: sqlite_utils.Database) -> None:
+    # Tool calls are part of a conversation: a reply keeps the calls it made (tool_calls, a JSON list of
+    # {id, name, arguments}) and each result is a message of role 'tool' under it (its content the result's
+    # text, with the call it answers, the tool, whether it failed and how long it ran), so a reopened chat
+    # renders them for the model again. The role CHECK cannot be altered in SQLite, so the table is rebuilt
+    # its documented way (foreign keys off, one transaction): a crash inside leaves the old table and the
+    # next open re-runs this. The index then covers the calls' arguments too.
+    if "tool_calls" not in {c.name for c in db["messages"].columns}:
+        db.execute("PRAGMA foreign_keys = OFF")  # a no-op inside a transaction, so before it
+        try:
+            db.executescript(
+                f"""
+                BEGIN;
+                CREATE TABLE messages_v4 (
+                    id TEXT PRIMARY KEY,
+                    conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+                    parent_id TEXT REFERENCES messages(id) ON DELETE CASCADE,
+                    role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant', 'tool')),
+                    content TEXT NOT NULL,
+                    created_at TEXT NOT NULL,
+                    meta TEXT NOT NULL DEFAULT '{{}}',
+                    reasoning TEXT NOT NULL DEFAULT '',
+                    tool_calls TEXT NOT NULL DEFAULT '[]',
+                    tool_call_id TEXT,
+                    tool_name TEXT,
+                    is_error INTEGER NOT NULL DEFAULT 0,
+                    seconds REAL
+                );
+                INSERT INTO messages_v4 ({_MESSAGE_COLUMNS}) SELECT {_MESSAGE_COLUMNS} FROM messages;
+                DROP TABLE messages;
+                ALTER TABLE messages_v4 RENAME TO messages;
+                CREATE INDEX messages_conversation ON messages(conversation_id);
+                CREATE INDEX messages_parent ON messages(parent_id);
+                COMMIT;
+                """
+            )
+        except BaseException:
+            if db.conn.in_transaction:  # a failing statement leaves the script's transaction open
+                db.conn.rollback()
+            raise
+        finally:
+            db.execute("PRAGMA foreign_keys = ON")
+    db["messages"].enable_fts(["content", "reasoning", "tool_calls"], create_triggers=True, replace=True)
+
+
 # Applied in order on open; the list index + 1 is the schema version. Append, never edit.
-MIGRATIONS = [_schema_v1, _schema_v2, _schema_v3]
+MIGRATIONS = [_schema_v1, _schema_v2, _schema_v3, _schema_v4]

@@ -20,7 +20,8 @@ import sqlite_utils
 from engine.platform.catalog import model_display_name
 from engine.errors import HistoryError
 from engine.history.schema import MIGRATIONS
-from engine.history.validate import EXPORT_FORMAT, ROLES, check_export, check_sampler, check_text
+from engine.history.validate import (EXPORT_FORMAT, EXPORT_VERSION, ROLES, check_export, check_sampler, check_text,
+                                     check_tool_parts)
 from engine.platform.paths import data_dir
 from engine.platform.storage_errors import storage_error
 
@@ -166,14 +167,17 @@ class HistoryStore:
     # -- messages --
 
     def add_message(self, conversation_id: str, role: str, content: str, parent_id=_KEEP,
-                    meta: dict | None = None, reasoning: str = "") -> str:
+                    meta: dict | None = None, reasoning: str = "", tool_calls: list[dict] | None = None,
+                    tool_result: dict | None = None) -> str:
         """Append a message under `parent_id` (default: the active leaf; None: a new root) and make it
         the active leaf. The first user message titles an untitled conversation. `reasoning`: what a reply
-        reasoned before its answer (`content`)."""
+        reasoned before its answer (`content`); `tool_calls`: the calls a reply made ({id, name, arguments});
+        `tool_result`: a tool message's {call_id, name, is_error, seconds} (its content is the result)."""
         if role not in ROLES:
             raise HistoryError(f"message role {role!r} is not one of {', '.join(ROLES)}")
         check_text(content, "message content")
         check_text(reasoning, "message reasoning")
+        tool_calls, tool_result = check_tool_parts(role, tool_calls, tool_result, "message")
         mid = _new_id()
         with self._tx() as conn:
             row = conn.execute("SELECT title, active_leaf FROM conversations WHERE id = ?",
@@ -184,11 +188,9 @@ class HistoryStore:
             parent = leaf if parent_id is _KEEP else parent_id
             if parent is not None:
                 self._message_in(conversation_id, parent)
-            conn.execute(
-                "INSERT INTO messages (id, conversation_id, parent_id, role, content, created_at, meta, reasoning)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (mid, conversation_id, parent, role, content, _now(), json.dumps(meta or {}), reasoning),
-            )
+            _insert_message(conn, {"id": mid, "conversation_id": conversation_id, "parent_id": parent, "role": role,
+                                   "content": content, "created_at": _now(), "meta": meta or {},
+                                   "reasoning": reasoning, "tool_calls": tool_calls, "tool_result": tool_result})
             changes = {"active_leaf": mid}
             if title is None and role == "user" and _NON_SPACE.search(content):
                 changes["title"] = _title_from(content)
@@ -322,10 +324,12 @@ class HistoryStore:
         if conv["system_prompt"]:
             lines += ["## System", "", conv["system_prompt"], ""]
         for msg in self.active_branch(conversation_id):
-            lines += [f"## {msg['role'].capitalize()}", ""]
+            lines += [_markdown_heading(msg), ""]
             if msg["reasoning"]:  # a collapsed block, as chat apps show it
                 lines += ["<details><summary>Thinking</summary>", "", msg["reasoning"], "", "</details>", ""]
             lines += [msg["content"], ""]
+            lines += [f"Tool call: `{call['name']}({json.dumps(call['arguments'], ensure_ascii=False)})`\n"
+                      for call in msg["tool_calls"]]
         return "\n".join(lines)
 
     def export_json(self, conversation_id: str) -> dict:
@@ -335,11 +339,12 @@ class HistoryStore:
             "SELECT * FROM messages WHERE conversation_id = ? ORDER BY created_at, rowid", [conversation_id])]
         return {
             "format": EXPORT_FORMAT,
-            "version": 1,
+            "version": EXPORT_VERSION,
             "conversation": {k: conv[k] for k in ("title", "model", "system_prompt", "sampler", "pinned",
                                                   "created_at", "updated_at", "active_leaf")},
             "messages": [{k: m[k] for k in ("id", "parent_id", "role", "content", "created_at", "meta")}
-                         | ({"reasoning": m["reasoning"]} if m["reasoning"] else {}) for m in messages],
+                         | {k: m[k] for k in ("reasoning", "tool_calls", "tool_result") if m[k]}  # only what it has
+                         for m in messages],
         }
 
     def import_json(self, data: dict) -> str:
@@ -359,12 +364,9 @@ class HistoryStore:
                  conv["created_at"] or now, now, int(conv["pinned"]), new_ids.get(conv["active_leaf"])),
             )
             for m in ordered:
-                conn.execute(
-                    "INSERT INTO messages (id, conversation_id, parent_id, role, content, created_at, meta, reasoning)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (new_ids[m["id"]], cid, new_ids.get(m["parent_id"]), m["role"], m["content"],
-                     m["created_at"] or now, json.dumps(m["meta"]), m["reasoning"] or ""),
-                )
+                _insert_message(conn, m | {"id": new_ids[m["id"]], "conversation_id": cid,
+                                           "parent_id": new_ids.get(m["parent_id"]),
+                                           "created_at": m["created_at"] or now, "reasoning": m["reasoning"] or ""})
         return cid
 
 
@@ -378,6 +380,13 @@ def _title_from(content: str) -> str:
     return line[: TITLE_CHARS - 1].rstrip() + "…"
 
 
+def _markdown_heading(msg: dict) -> str:
+    result = msg["tool_result"]
+    if result is None:
+        return f"## {msg['role'].capitalize()}"
+    return f"## Tool result: {result['name']}" + (" (failed)" if result["is_error"] else "")
+
+
 def _sampler_json(sampler: dict | None) -> str:
     return json.dumps(check_sampler(sampler))
 
@@ -386,8 +395,25 @@ def _conversation(row: dict) -> dict:
     return {**row, "sampler": json.loads(row["sampler"]), "pinned": bool(row["pinned"])}
 
 
+def _insert_message(conn, m: dict) -> None:
+    """One checked message (tool parts as check_tool_parts gives them) into its columns."""
+    result = m["tool_result"] or {}
+    conn.execute(
+        "INSERT INTO messages (id, conversation_id, parent_id, role, content, created_at, meta, reasoning,"
+        " tool_calls, tool_call_id, tool_name, is_error, seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (m["id"], m["conversation_id"], m["parent_id"], m["role"], m["content"], m["created_at"],
+         json.dumps(m["meta"]), m["reasoning"], json.dumps(m["tool_calls"], ensure_ascii=False),
+         result.get("call_id"), result.get("name"), int(result.get("is_error", False)), result.get("seconds")),
+    )
+
+
 def _message(row: dict) -> dict:
-    return {**row, "meta": json.loads(row["meta"])}
+    """A stored row as a message dict: a tool message's columns gathered into `tool_result` (None elsewhere)."""
+    message = {k: v for k, v in row.items() if k not in ("tool_call_id", "tool_name", "is_error", "seconds")}
+    result = {"call_id": row["tool_call_id"], "name": row["tool_name"], "is_error": bool(row["is_error"]),
+              "seconds": row["seconds"]}
+    return message | {"meta": json.loads(row["meta"]), "tool_calls": json.loads(row["tool_calls"]),
+                      "tool_result": result if row["role"] == "tool" else None}
 
 
 def _parents_first(messages: list[dict]) -> list[dict]:

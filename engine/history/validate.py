@@ -18,8 +18,9 @@ from engine.context_policy import POLICIES
 from engine.errors import HistoryError, InvalidGrammar
 from engine.sampling.grammar import Grammar
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 EXPORT_FORMAT = "fucina-conversation"
+EXPORT_VERSION = 2  # 2 added tool calls and tool messages; a version 1 file (which has none) still imports
 
 # key -> (type, lowest, highest). A context beyond 131072 positions is a typo, not a chat: its KV cache
 # would be allocated up front (10**12 positions is hundreds of TiB).
@@ -136,14 +137,59 @@ def _field(obj: dict, key: str, where: str, kind: type, *, required: bool = Fals
     return value
 
 
+def check_tool_calls(calls, where: str) -> list[dict]:
+    """A reply's tool calls (None: none) as a list of {id, name, arguments}, arguments a JSON object."""
+    if calls is None:
+        return []
+    if not isinstance(calls, list):
+        raise HistoryError(f"{where}: expected a list of {{id, name, arguments}}, got {_shown(calls)}")
+    checked = []
+    for i, call in enumerate(calls):
+        at = f"{where}[{i}]"
+        if not isinstance(call, dict):
+            raise HistoryError(f"{at}: expected an object of id, name, arguments, got {_shown(call)}")
+        arguments = call.get("arguments")
+        if not isinstance(arguments, dict):
+            raise HistoryError(f"{at}.arguments: expected an object, got {_shown(arguments)}")
+        _check_json_value(arguments, f"{at}.arguments")
+        checked.append({"id": _field(call, "id", at, str, required=True),
+                        "name": _field(call, "name", at, str, required=True), "arguments": arguments})
+    return checked
+
+
+def check_tool_result(result, where: str) -> dict:
+    """A tool message's {call_id, name, is_error, seconds}: the call it answers, the tool, and how it went."""
+    if not isinstance(result, dict):
+        raise HistoryError(f"{where}: expected an object of call_id, name, is_error, seconds, got {_shown(result)}")
+    seconds = result.get("seconds")
+    return {"call_id": _field(result, "call_id", where, str, required=True),
+            "name": _field(result, "name", where, str, required=True),
+            "is_error": bool(_field(result, "is_error", where, bool)),
+            "seconds": None if seconds is None else _number(seconds, float, 0.0, 1e9, f"{where}.seconds")}
+
+
+def check_tool_parts(role: str, tool_calls, tool_result, where: str) -> tuple[list[dict], dict | None]:
+    """A message's tool parts checked against its role: calls only on a reply, and a tool message (and only
+    it) with the result's details."""
+    calls = check_tool_calls(tool_calls, f"{where}.tool_calls")
+    if calls and role != "assistant":
+        raise HistoryError(f"{where}.tool_calls: only an assistant message makes tool calls, not a {role} one")
+    if role != "tool":
+        if tool_result is not None:
+            raise HistoryError(f"{where}.tool_result: only a tool message carries one, not a {role} one")
+        return calls, None
+    return calls, check_tool_result(tool_result, f"{where}.tool_result")
+
+
 def check_export(data) -> tuple[dict, list[dict]]:
     """The conversation and its messages of an export_json document, every field checked (types, ranges,
     ids unique and referenced ones present), normalised: absent optional fields are None."""
     if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
         raise HistoryError(f"format: not a {EXPORT_FORMAT!r} export (missing or wrong 'format')")
     version = data.get("version")
-    if type(version) is not int or version != 1:
-        raise HistoryError(f"version: unsupported export version {_shown(version)} (this build reads version 1)")
+    if type(version) is not int or not 1 <= version <= EXPORT_VERSION:
+        raise HistoryError(f"version: unsupported export version {_shown(version)} (this build reads versions 1 "
+                           f"to {EXPORT_VERSION})")
     conv, messages = data.get("conversation"), data.get("messages")
     if not isinstance(conv, dict):
         raise HistoryError(f"conversation: expected an object, got {_shown(conv)}")
@@ -175,10 +221,12 @@ def check_export(data) -> tuple[dict, list[dict]]:
         if meta is not None and not isinstance(meta, dict):
             raise HistoryError(f"{where}.meta: expected an object, got {_shown(meta)}")
         _check_json_value(meta, f"{where}.meta")
+        tool_calls, tool_result = check_tool_parts(m["role"], m.get("tool_calls"), m.get("tool_result"), where)
         checked.append({"id": mid, "parent_id": _field(m, "parent_id", where, str), "role": m["role"],
                         "content": _field(m, "content", where, str, required=True),
                         "reasoning": _field(m, "reasoning", where, str),
-                        "created_at": _field(m, "created_at", where, str), "meta": meta or {}})
+                        "created_at": _field(m, "created_at", where, str), "meta": meta or {},
+                        "tool_calls": tool_calls, "tool_result": tool_result})
     for i, m in enumerate(checked):
         if m["parent_id"] is not None and m["parent_id"] not in ids:
             raise HistoryError(f"messages[{i}].parent_id: {m['parent_id']!r} is not in the export")

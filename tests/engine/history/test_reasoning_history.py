@@ -70,7 +70,7 @@ def test_a_version_2_database_keeps_its_chats_and_gains_reasoning(tmp_path, monk
         old.db.conn.commit()
     monkeypatch.undo()
     with HistoryStore(path) as s:
-        assert s.schema_version == 3
+        assert s.schema_version == len(MIGRATIONS)
         assert [(m["content"], m["reasoning"]) for m in s.active_branch(cid)] == [("old question", ""),
                                                                                ("old answer", "")]
         assert [h["message_id"] for h in s.search("old answer")] == ["a"]  # the rebuilt index holds old rows
@@ -79,4 +79,4 @@ def test_a_version_2_database_keeps_its_chats_and_gains_reasoning(tmp_path, monk
         s.delete_message("a")
         assert s.search("old answer") == []  # the index's triggers follow deletes
     with HistoryStore(path) as again:  # reopening migrates nothing twice
-        assert again.schema_version == 3 and len(again.search("anew")) == 1
+        assert again.schema_version == len(MIGRATIONS) and len(again.search("anew")) == 1
