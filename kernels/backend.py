@@ -173,7 +173,8 @@ class RopeScaling:
 
 @dataclass(frozen=True)
 class AttentionSpec:
-    """An attention mixer as a fused row stack reads it. Biases ride on the q/k/v weights."""
+    """An attention mixer as a fused row stack reads it. Biases ride on the q/k/v and output weights; sinks on
+    the shape."""
 
     qkv: tuple[Weight, Weight, Weight]
     out: Weight
@@ -183,6 +184,7 @@ class AttentionSpec:
     rope_dims: int
     rope_neox: bool
     rope_base: float
+    rope_scaling: RopeScaling | None = None
 
 
 @dataclass(frozen=True)

@@ -132,12 +132,9 @@ class Attention:
         out = be.attention(q, k, v, segments, self.layer, self.shape, row_wise)
         return self.wo(out, row_wise)
 
-    def spec(self) -> AttentionSpec | None:
-        """This mixer as a backend's fused row-wise stack reads it (None: with an output bias, sinks or scaled
-        RoPE, which the stacks do not run)."""
+    def spec(self) -> AttentionSpec:
+        """This mixer as a backend's fused row-wise stack reads it."""
         a = self.args
-        if a.out_bias or a.sinks or a.rope_scaling is not None:
-            return None
         return AttentionSpec(qkv=tuple(w.handle for w in self.qkv.parts), out=self.wo.handle, q_norm=self.q_norm,
                              k_norm=self.k_norm, shape=self.shape, rope_dims=a.rope_dims,
-                             rope_neox=bool(a.rope_neox), rope_base=float(a.rope_base))
+                             rope_neox=bool(a.rope_neox), rope_base=float(a.rope_base), rope_scaling=a.rope_scaling)

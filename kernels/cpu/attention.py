@@ -20,9 +20,10 @@ from kernels.cpu.float_dot import as_f32, dot
 
 
 @njit(parallel=True, **KERNEL)
-def decode_heads(q, k, v, n_keys, window, scale, out):
+def decode_heads(q, k, v, n_keys, window, scale, sinks, out):
     """out [heads, d] = attention of one query row q [heads, d] (C-contiguous) over cache rows
-    [0, n_keys) of k, v [positions, kv_heads, d] (f16 bits or float32), heads split over threads."""
+    [0, n_keys) of k, v [positions, kv_heads, d] (f16 bits or float32), heads split over threads; sinks
+    [heads] (or empty): each head's logit in the softmax's denominator."""
     n_head, d = q.shape
     group = n_head // k.shape[1]
     start = 0
@@ -37,11 +38,15 @@ def decode_heads(q, k, v, n_keys, window, scale, out):
             scores[j - start] = s
             if s > m:
                 m = s
+        if sinks.size:
+            m = max(m, sinks[h])
         for j in range(scores.size):  # apart from the sum, so the exp vectorizes
             scores[j] = exp32(scores[j] - m)
         total = np.float32(0.0)
         for j in range(scores.size):
             total += scores[j]
+        if sinks.size:
+            total += exp32(sinks[h] - m)
         acc = np.zeros(d, dtype=np.float32)
         for j in range(start, n_keys):
             p = scores[j - start]
@@ -53,19 +58,19 @@ def decode_heads(q, k, v, n_keys, window, scale, out):
 
 
 @njit(**KERNEL)
-def decode_rows(q, k, v, n_keys, window, scale, out):
+def decode_rows(q, k, v, n_keys, window, scale, sinks, out):
     """out [m, heads, d] = attention of the query rows q [m, heads, d] of one cache, row i over its first
     n_keys[i] rows, one row at a time."""
     for i in range(q.shape[0]):
-        decode_heads(q[i], k, v, n_keys[i], window, scale, out[i])
+        decode_heads(q[i], k, v, n_keys[i], window, scale, sinks, out[i])
 
 
 def attention_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_keys: int, window: int, scale: float,
-                     out: np.ndarray | None = None) -> np.ndarray:
+                     out: np.ndarray | None = None, sinks: np.ndarray | None = None) -> np.ndarray:
     """One query row (q [heads, head_dim]) at position n_keys-1 against cache rows [0, n_keys)."""
     if out is None:
         out = np.empty_like(q)
-    decode_heads(q, k, v, n_keys, window, np.float32(scale), out)
+    decode_heads(q, k, v, n_keys, window, np.float32(scale), _NO_SINKS if sinks is None else sinks, out)
     return out
 
 

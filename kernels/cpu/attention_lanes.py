@@ -138,10 +138,11 @@ def _lane_values(typingctx, p, v, kvh, j0, j1, lanes, out):
 
 
 @njit(parallel=True, **KERNEL)
-def attend_lanes(q, k, v, n_keys, window, scale, out):
+def attend_lanes(q, k, v, n_keys, window, scale, sinks, out):
     """out [m, heads, d] = attention of the query rows q [m, heads, d] of one cache, row i over cache rows
-    [0, n_keys[i]) of k, v [positions, kv_heads, d] (f16 bits or float32), d a multiple of 16. Each kv
-    head's m x group queries go 16 to a vector (row-major, then head), the vectors split over threads."""
+    [0, n_keys[i]) of k, v [positions, kv_heads, d] (f16 bits or float32), d a multiple of 16; sinks [heads]
+    (or empty): each head's logit in the softmax's denominator. Each kv head's m x group queries go 16 to a
+    vector (row-major, then head), the vectors split over threads."""
     m, n_head, d = q.shape
     n_kv = k.shape[1]
     group = n_head // n_kv
@@ -171,6 +172,9 @@ def attend_lanes(q, k, v, n_keys, window, scale, out):
                 seen = (lo[t] <= j0 + j) & (j0 + j < hi[t])
                 x = s[j, t] if seen else np.float32(-np.inf)
                 top[t] = x if x > top[t] else top[t]
+        if sinks.size:
+            for t in range(lanes):
+                top[t] = max(top[t], sinks[kvh * group + (first + t) % group])
         total = np.zeros(LANES, np.float32)
         for j in range(j1 - j0):
             for t in range(LANES):
@@ -179,6 +183,9 @@ def attend_lanes(q, k, v, n_keys, window, scale, out):
                 e = e if seen else np.float32(0)
                 s[j, t] = e
                 total[t] += e
+        if sinks.size:
+            for t in range(lanes):
+                total[t] += exp32(sinks[kvh * group + (first + t) % group] - top[t])
         acc = np.empty((LANES, d), np.float32)
         _lane_values(s, v, kvh, j0, j1, lanes, acc)
         for t in range(lanes):
@@ -189,12 +196,12 @@ def attend_lanes(q, k, v, n_keys, window, scale, out):
 
 
 @njit(**KERNEL)
-def attend_rows(q, k, v, n_keys, window, scale, out):
+def attend_rows(q, k, v, n_keys, window, scale, sinks, out):
     """out [m, heads, d] = attention of the query rows q [m, heads, d] of one cache (row i over its first
     n_keys[i] rows): side by side in lanes when there are enough queries per kv head, else head by head;
     the bits are the same either way."""
     m, n_head, d = q.shape
     if d % LANES == 0 and d <= MAX_HEAD_DIM and m * (n_head // k.shape[1]) >= LANES_MIN_QUERIES:
-        attend_lanes(q, k, v, n_keys, window, scale, out)
+        attend_lanes(q, k, v, n_keys, window, scale, sinks, out)
     else:
-        decode_rows(q, k, v, n_keys, window, scale, out)
+        decode_rows(q, k, v, n_keys, window, scale, sinks, out)

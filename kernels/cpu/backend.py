@@ -222,10 +222,18 @@ def _kernel_layer(spec: LayerSpec) -> KernelLayer | None:
         qkv=qkv, qkv_types=qkv_types, out=out, out_types=out_types, ffn=ffn,
         attn_norm=spec.attn_norm, ffn_norm=spec.ffn_norm, post_attn_norm=_vector(spec.post_attn_norm),
         post_ffn_norm=_vector(spec.post_ffn_norm), q_norm=_vector(attn.q_norm), k_norm=_vector(attn.k_norm),
-        q_bias=_vector(q_bias), k_bias=_vector(k_bias), v_bias=_vector(v_bias),
-        n_head=a.n_head, n_kv=a.n_kv, head_dim=a.head_dim, rope_dims=attn.rope_dims,
-        rope_neox=bool(attn.rope_neox), rope_base=float(attn.rope_base), window=int(a.window),
+        q_bias=_vector(q_bias), k_bias=_vector(k_bias), v_bias=_vector(v_bias), out_bias=_vector(attn.out.bias),
+        sinks=_vector(a.sinks), n_head=a.n_head, n_kv=a.n_kv, head_dim=a.head_dim, rope_dims=attn.rope_dims,
+        rope_neox=bool(attn.rope_neox), rope_base=float(attn.rope_base), **_rope_scaling(attn), window=int(a.window),
         eps=float(spec.eps), attn_scale=float(a.scale))
+
+
+def _rope_scaling(attn: AttentionSpec) -> dict:
+    """The kernel layer's scaled-RoPE fields: an unscaled layer leaves the frequencies to its rope_base."""
+    if attn.rope_scaling is None:
+        return dict(rope_inv=np.zeros(0, np.float64), rope_magnitude=1.0)
+    return dict(rope_inv=ops.scaled_frequencies(attn.rope_dims, attn.rope_base, attn.rope_scaling),
+                rope_magnitude=attn.rope_scaling.magnitude())
 
 
 def _kernel_ffn(spec) -> Mlp | ExpertsFfn | None:

@@ -104,7 +104,7 @@ def rope_inplace(x, positions, n_rot, base, neox):
 
 
 @njit(**OPS)
-def _rope_scaled(x, positions, inv, magnitude, neox):
+def rope_scaled(x, positions, inv, magnitude, neox):
     """rope_inplace with the pairs' inverse frequencies `inv` given (scaled) and cos, sin times magnitude."""
     cos = np.empty(inv.size, np.float32)
     sin = np.empty(inv.size, np.float32)
@@ -140,13 +140,17 @@ def _rope_parallel(x, cos, sin, neox):
         _rotate(x[t], cos[t], sin[t], neox)
 
 
+def scaled_frequencies(n_rot: int, base: float, scaling) -> np.ndarray:
+    """Each rotated pair's inverse frequency (float64 [n_rot / 2]) under a kernels.backend.RopeScaling."""
+    return base ** (-2.0 * np.arange(n_rot // 2) / n_rot) * scaling.angle_factors(n_rot, base)
+
+
 def rope(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float, neox: bool, scaling=None) -> None:
     """Apply rotary position embedding in place to x [n, heads, head_dim]; scaling: a
     kernels.backend.RopeScaling, or None."""
     positions = positions.astype(np.int64, copy=False)
     if scaling is not None:
-        inv = base ** (-2.0 * np.arange(n_rot // 2) / n_rot) * scaling.angle_factors(n_rot, base)
-        _rope_scaled(x, positions, inv, np.float32(scaling.magnitude()), bool(neox))
+        rope_scaled(x, positions, scaled_frequencies(n_rot, base, scaling), np.float32(scaling.magnitude()), bool(neox))
         return
     if x.size < _PARALLEL_ELEMENTS:
         rope_inplace(x, positions, n_rot, float(base), bool(neox))

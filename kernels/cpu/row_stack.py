@@ -88,12 +88,16 @@ class Layer(NamedTuple):
     q_bias: np.ndarray       # q/k/v biases (empty: none)
     k_bias: np.ndarray
     v_bias: np.ndarray
+    out_bias: np.ndarray     # the attention output's bias (empty: none)
+    sinks: np.ndarray        # a logit per head in the softmax's denominator (empty: none)
     n_head: int
     n_kv: int
     head_dim: int
     rope_dims: int
     rope_neox: bool
     rope_base: float
+    rope_inv: np.ndarray     # scaled RoPE: each pair's inverse frequency, float64 (empty: from rope_base)
+    rope_magnitude: float    # scaled RoPE: what cos and sin are multiplied by
     window: int              # sliding window; 0 = global attention
     eps: float
     attn_scale: float
@@ -131,22 +135,32 @@ def _store_rows_overload(rows, dst):
     return store_q8_0
 
 
-def attend(formats, q, kc, vc, n_keys, window, scale, out):
+def attend(formats, q, kc, vc, n_keys, window, scale, sinks, out):
     """Attention of rows q [m, heads, head_dim] of one cache, row i over its rows [0, n_keys[i]): in vector
     lanes where there are enough queries and the format set has the lanes, else head by head (Numba-only)."""
     raise NotImplementedError
 
 
 @overload(attend, inline="always")
-def _attend_overload(formats, q, kc, vc, n_keys, window, scale, out):
+def _attend_overload(formats, q, kc, vc, n_keys, window, scale, sinks, out):
     rows = attend_rows if formats.lanes else decode_rows
     if kc.dtype == types.uint16:
-        return lambda formats, q, kc, vc, n_keys, window, scale, out: rows(q, kc, vc, n_keys, window, scale, out)
+        return lambda formats, q, kc, vc, n_keys, window, scale, sinks, out: rows(q, kc, vc, n_keys, window, scale,
+                                                                                  sinks, out)
 
-    def attend_q8_0(formats, q, kc, vc, n_keys, window, scale, out):  # the values a dequantized cache would hold
+    def attend_q8_0(formats, q, kc, vc, n_keys, window, scale, sinks, out):  # the values a dequantized cache holds
         n = n_keys.max()
-        rows(q, dequantize_rows(kc[:n]), dequantize_rows(vc[:n]), n_keys, window, scale, out)
+        rows(q, dequantize_rows(kc[:n]), dequantize_rows(vc[:n]), n_keys, window, scale, sinks, out)
     return attend_q8_0
+
+
+@njit(**KERNEL)
+def _rope(x, pos, layer):
+    """RoPE on x [1, heads, head_dim] at pos, scaled where the layer's is."""
+    if layer.rope_inv.size:
+        ops.rope_scaled(x, pos, layer.rope_inv, np.float32(layer.rope_magnitude), layer.rope_neox)
+    else:
+        ops.rope_inplace(x, pos, layer.rope_dims, layer.rope_base, layer.rope_neox)
 
 
 # _attention and the feed-forwards stay functions of their own: inlined into forward_rows (one compile unit fewer on
@@ -176,8 +190,8 @@ def _attention(formats, x, layer, li, n_layers, kcs, vcs, slots, positions, thre
             for j in range(n_kv):
                 ops.rmsnorm_row(ki[0, j], layer.k_norm, eps, ki[0, j])
         pos = positions[i : i + 1]
-        ops.rope_inplace(qi, pos, layer.rope_dims, layer.rope_base, layer.rope_neox)
-        ops.rope_inplace(ki, pos, layer.rope_dims, layer.rope_base, layer.rope_neox)
+        _rope(qi, pos, layer)
+        _rope(ki, pos, layer)
         for j in range(n_head):  # element by element: an array copy compiles a shape check and its message
             for c in range(hd):
                 q3[i, j, c] = qi[0, j, c]
@@ -193,10 +207,13 @@ def _attention(formats, x, layer, li, n_layers, kcs, vcs, slots, positions, thre
             i1 += 1
         cache = slots[i0] * n_layers + li
         attend(formats, q3[i0:i1], kcs[cache], vcs[cache], n_keys[i0:i1], layer.window, np.float32(layer.attn_scale),
-               attn[i0:i1])
+               layer.sinks, attn[i0:i1])
         i0 = i1
     attn = attn.reshape(m, n_head * hd)
     products(formats, layer.out_types, layer.out, attn, out, parallel_chunks(layer.out, threads))
+    if layer.out_bias.size:
+        for i in range(m):
+            _add(out[i], layer.out_bias)
     if layer.post_attn_norm.size:
         _norm_rows(out, layer.post_attn_norm, eps, out)
 

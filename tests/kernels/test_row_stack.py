@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType as T
 
+from kernels.backend import RopeScaling
 from kernels.common import formats
 from kernels.cpu import ops, quant
 from kernels.cpu.attention import attention_decode
@@ -17,17 +18,19 @@ from tests.quant_weights import random_weight
 E, HEADS, KV, HD, FF, POS = 64, 4, 2, 16, 96, 9
 # q/k/v of mixed formats stack into one pass; down is a K-quant-free int8 format
 QTYPES = (T.F16, T.Q8_0, T.F32, T.Q4_0, T.Q5_0, T.Q8_0, T.Q4_1)
+YARN = RopeScaling(factor=32.0, yarn=True, n_ctx_orig=4096)
 SHAPES = ((HEADS * HD, E), (KV * HD, E), (KV * HD, E), (E, HEADS * HD), (FF, E), (FF, E), (E, FF))
 
-VARIANTS = {  # name: (activation, window, biases, q/k norms, post norms, neox)
-    "llama": (ops.SILU, 0, False, False, False, False),
-    "qwen2": (ops.SILU, 0, True, False, False, True),
-    "gemma3": (ops.GELU, 4, False, True, True, True),
+VARIANTS = {  # name: (activation, window, biases, q/k norms, post norms, neox, sinks + output bias + YaRN)
+    "llama": (ops.SILU, 0, False, False, False, False, False),
+    "qwen2": (ops.SILU, 0, True, False, False, True, False),
+    "gemma3": (ops.GELU, 4, False, True, True, True, False),
+    "gpt-oss": (ops.SILU, 4, True, False, False, True, True),
 }
 
 
 def _layer(variant, rng):
-    act, window, bias, qk_norm, post, neox = VARIANTS[variant]
+    act, window, bias, qk_norm, post, neox, oss = VARIANTS[variant]
     ws = tuple(quant.kernel_weight(t, random_weight(t, r, c, rng)) for t, (r, c) in zip(QTYPES, SHAPES))
 
     def vec(n, on=True):
@@ -39,8 +42,11 @@ def _layer(variant, rng):
     return Layer(qkv=qkv, qkv_types=qkv_types, out=out, out_types=out_types, ffn=ffn, attn_norm=vec(E),
                  ffn_norm=vec(E), post_attn_norm=vec(E, post), post_ffn_norm=vec(E, post), q_norm=vec(HD, qk_norm),
                  k_norm=vec(HD, qk_norm), q_bias=vec(HEADS * HD, bias), k_bias=vec(KV * HD, bias),
-                 v_bias=vec(KV * HD, bias), n_head=HEADS, n_kv=KV, head_dim=HD, rope_dims=HD, rope_neox=neox,
-                 rope_base=10000.0, window=window, eps=1e-6, attn_scale=0.25)
+                 v_bias=vec(KV * HD, bias), out_bias=vec(E, oss), sinks=vec(HEADS, oss), n_head=HEADS, n_kv=KV,
+                 head_dim=HD, rope_dims=HD, rope_neox=neox, rope_base=10000.0,
+                 rope_inv=ops.scaled_frequencies(HD, 10000.0, YARN) if oss else np.zeros(0),
+                 rope_magnitude=YARN.magnitude(),
+                 window=window, eps=1e-6, attn_scale=0.25)
 
 
 def _reference(x, layer, kc, vc):
@@ -63,10 +69,12 @@ def _reference(x, layer, kc, vc):
     q, k, v = q.reshape(1, HEADS, HD), k.reshape(1, KV, HD), v.reshape(KV, HD)
     if vecs[4].size:
         q, k = ops.rmsnorm(q, vecs[4], eps), ops.rmsnorm(k, vecs[5], eps)
-    ops.rope(q, np.array([POS]), HD, base, neox)
-    ops.rope(k, np.array([POS]), HD, base, neox)
+    scaling = YARN if layer.rope_inv.size else None
+    ops.rope(q, np.array([POS]), HD, base, neox, scaling)
+    ops.rope(k, np.array([POS]), HD, base, neox, scaling)
     kc[POS], vc[POS] = k[0].astype(np.float16).view(np.uint16), v.astype(np.float16).view(np.uint16)
-    a = norm(mv[3](attention_decode(q[0], kc, vc, POS + 1, window, scale).reshape(-1)), vecs[2])
+    o = mv[3](attention_decode(q[0], kc, vc, POS + 1, window, scale, sinks=layer.sinks).reshape(-1))
+    a = norm(o + layer.out_bias if layer.out_bias.size else o, vecs[2])
     x = x + a
     gated = (ops.gelu_mul if act == ops.GELU else ops.silu_mul)(mv[4](norm(x, vecs[1])), mv[5](norm(x, vecs[1])))
     return x + norm(mv[6](gated), vecs[3])
