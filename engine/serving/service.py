@@ -75,6 +75,7 @@ class GenerationRequest:
     speculation: bool = True
     split_reasoning: bool = True  # a chat's reply (reasoning apart); off: a completion's raw text
     tools: ToolUse | None = None  # tools the reply may call (the prompt was rendered with them)
+    thinking_budget: int | None = None  # reasoning tokens before the reasoning is closed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,15 +265,17 @@ class EngineService:
     # -- prompts (any thread) ---------------------------------------------------------------------------
 
     def chat_prompt(self, messages: Sequence[Message], *, reasoning_effort: str | None = None,
-                    tools: ToolUse | None = None) -> list[int]:
+                    tools: ToolUse | None = None, think_off: bool = False) -> list[int]:
         """A chat rendered with the model's template, ready to answer, as ids; with the tools offered where
         `tools` is active, and with its tool calls and results where it holds any (engine.chat.tool_render)."""
         offered = tools.tools if tools is not None and tools.active else ()
         with self._render_lock:
             if offered or any(m.role == "tool" or m.tool_calls for m in messages):
-                text = render_with_tools(self.template, list(messages), offered, reasoning_effort=reasoning_effort)
+                text = render_with_tools(self.template, list(messages), offered, think_off=think_off,
+                                         reasoning_effort=reasoning_effort)
             else:
-                text = self.template.render_messages(list(messages), reasoning_effort=reasoning_effort)
+                text = self.template.render_messages(list(messages), think_off=think_off,
+                                                     reasoning_effort=reasoning_effort)
             return self.tokenizer.encode(text, add_special=True)
 
     def text_prompt(self, text: str) -> list[int]:
@@ -436,7 +439,8 @@ class EngineService:
             slot.convo.reconfigure(ChatOptions(capacity=self.capacity, kv_dtype=self.kv_dtype,
                                                max_tokens=r.max_tokens, sampler=r.sampler, stop_sequences=r.stop,
                                                grammar=r.grammar, speculation=r.speculation,
-                                               split_reasoning=r.split_reasoning, tools=r.tools))
+                                               split_reasoning=r.split_reasoning, tools=r.tools,
+                                               thinking_budget=r.thinking_budget))
             slot.stream = slot.convo.send_tokens(ids, job.cancel_event, reuse=True, batched=True)
         except Exception as e:
             traceback.print_exc(file=sys.stderr)
