@@ -64,11 +64,14 @@ class Call:
     speculation: bool
     reasoning_effort: str | None = None  # how hard a reasoning model thinks, where its template reads it
     tools: ToolUse | None = None  # the tools a chat's reply may call
+    think_off: bool = False  # the prompt closes the reasoning, where the template can
+    thinking_budget: int | None = None  # reasoning tokens before the reasoning is closed
 
     def request(self, ids: list[int]) -> GenerationRequest:
         # a chat's reply comes with its reasoning apart; a completion continues the raw text
         return GenerationRequest(tuple(ids), self.max_tokens, self.sampler, self.stop, self.grammar,
-                                 self.speculation, split_reasoning=self.messages is not None, tools=self.tools)
+                                 self.speculation, split_reasoning=self.messages is not None, tools=self.tools,
+                                 thinking_budget=self.thinking_budget)
 
 
 def parse_json(body: bytes) -> dict:
@@ -77,7 +80,7 @@ def parse_json(body: bytes) -> dict:
     except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser's depth
         raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
     if not isinstance(value, dict):
-        raise ApiError(400, f"the request body must be a JSON object, got {_json_type(value)}", code="invalid_json")
+        raise ApiError(400, f"the request body must be a JSON object, got {json_type(value)}", code="invalid_json")
     return value
 
 
@@ -99,12 +102,12 @@ def parse_completion(body: dict, limits: Limits) -> Call:
                        code="invalid_type" if prompt is not None else "missing_required_parameter")
     if body.get("suffix") is not None or body.get("echo"):
         raise ApiError(400, "'suffix' and 'echo' are not supported", param="suffix" if body.get("suffix") else "echo")
-    return _call(body, limits, messages=None, prompt=_text(prompt, "prompt"))
+    return _call(body, limits, messages=None, prompt=checked_text(prompt, "prompt"))
 
 
 def parse_embeddings(body: dict) -> tuple[str, list[str], bool]:
     """(model, the texts to embed, whether the vectors go as base64 float32 rather than JSON arrays)."""
-    model = _model(body)
+    model = model_field(body)
     texts = body.get("input")
     texts = [texts] if isinstance(texts, str) else texts
     if (not isinstance(texts, list) or not 1 <= len(texts) <= MAX_EMBEDDING_INPUTS
@@ -118,10 +121,10 @@ def parse_embeddings(body: dict) -> tuple[str, list[str], bool]:
     if body.get("dimensions") is not None:
         raise ApiError(400, "'dimensions' is not supported: the vectors have the model's width",
                        param="dimensions", code="unsupported_parameter")
-    return model, [_text(t, "input") for t in texts], encoding == "base64"
+    return model, [checked_text(t, "input") for t in texts], encoding == "base64"
 
 
-def _model(body: dict) -> str:
+def model_field(body: dict) -> str:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise ApiError(400, "'model' must name the served model (GET /v1/models lists it)", param="model",
@@ -130,29 +133,32 @@ def _model(body: dict) -> str:
 
 
 def _call(body: dict, limits: Limits, *, messages, prompt) -> Call:
-    model = _model(body)
-    if _integer(body, "n", 1, 1 << 31, 1) != 1:
+    model = model_field(body)
+    if integer(body, "n", 1, 1 << 31, 1) != 1:
         raise ApiError(400, "only n=1 is supported", param="n", code="unsupported_value")
     for name in ("logprobs", "functions", "function_call") + (() if messages is not None else ("tools", "tool_choice")):
         if body.get(name):
             raise ApiError(400, f"'{name}' is not supported by this server", param=name, code="unsupported_parameter")
-    stream = _boolean(body, "stream", False)
-    options = _object(body, "stream_options") or {}
-    include_usage = _boolean(options, "include_usage", False, label="stream_options.include_usage")
-    max_tokens = _integer(body, "max_completion_tokens", 1, limits.max_tokens, None)
+    stream = boolean(body, "stream", False)
+    options = object_field(body, "stream_options") or {}
+    include_usage = boolean(options, "include_usage", False, label="stream_options.include_usage")
+    max_tokens = integer(body, "max_completion_tokens", 1, limits.max_tokens, None)
     if max_tokens is None:
-        max_tokens = _integer(body, "max_tokens", 1, limits.max_tokens, limits.max_tokens)
-    seed = _integer(body, "seed", 0, MAX_SEED, None)
-    sampler = dataclasses.replace(
-        CHAT_DEFAULTS,
-        temperature=_number(body, "temperature", 0.0, 2.0, CHAT_DEFAULTS.temperature),
-        top_p=_number(body, "top_p", 0.0, 1.0, CHAT_DEFAULTS.top_p),
-        presence_penalty=_number(body, "presence_penalty", -2.0, 2.0, 0.0),
-        freq_penalty=_number(body, "frequency_penalty", -2.0, 2.0, 0.0),
-        seed=secrets.randbits(63) if seed is None else seed)
+        max_tokens = integer(body, "max_tokens", 1, limits.max_tokens, limits.max_tokens)
+    sampler = sampler_of(body, presence_penalty=number(body, "presence_penalty", -2.0, 2.0, 0.0),
+                         freq_penalty=number(body, "frequency_penalty", -2.0, 2.0, 0.0))
     return Call(model, stream, include_usage, messages, prompt, max_tokens, sampler, _stop(body),
-                _response_format(body), _boolean(body, "speculation", limits.speculation),
+                _response_format(body), boolean(body, "speculation", limits.speculation),
                 _reasoning_effort(body))
+
+
+def sampler_of(body: dict, *, max_temperature: float = 2.0, **fields) -> SamplerConfig:
+    """The chat defaults with the body's temperature, top_p and seed (a fresh seed where it names none)."""
+    seed = integer(body, "seed", 0, MAX_SEED, None)
+    return dataclasses.replace(
+        CHAT_DEFAULTS, temperature=number(body, "temperature", 0.0, max_temperature, CHAT_DEFAULTS.temperature),
+        top_p=number(body, "top_p", 0.0, 1.0, CHAT_DEFAULTS.top_p),
+        seed=secrets.randbits(63) if seed is None else seed, **fields)
 
 
 def _reasoning_effort(body: dict) -> str | None:
@@ -185,10 +191,10 @@ def _messages(body: dict) -> list[Message]:
         content = m.get("content")
         if content is None and calls:  # an assistant reply that only called tools
             content = ""
-        message = Message(ROLES[role], _content(content, f"{where}.content"),
-                          _text(reasoning or "", f"{where}.reasoning_content"), calls)
+        message = Message(ROLES[role], content_text(content, f"{where}.content"),
+                          checked_text(reasoning or "", f"{where}.reasoning_content"), calls)
         if role == "tool":
-            message = _tool_message(m, message, out, where)
+            message = tool_message(m.get("tool_call_id"), message, out, f"{where}.tool_call_id")
         out.append(message)
     return out
 
@@ -219,13 +225,12 @@ def _tool_calls(calls: Any, role: str, where: str) -> tuple[ToolCall, ...]:
     return tuple(out)
 
 
-def _tool_message(m: dict, message: Message, before: list[Message], where: str) -> Message:
-    """A tool result: it names the call it answers (tool_call_id), one of an earlier assistant message's."""
-    call_id = m.get("tool_call_id")
+def tool_message(call_id: Any, message: Message, before: list[Message], param: str) -> Message:
+    """A tool result: it names the call it answers (`param` says where), one of an earlier assistant message's."""
     calls = {c.id: c.name for earlier in before for c in earlier.tool_calls}
     if not isinstance(call_id, str) or call_id not in calls:
-        raise ApiError(400, f"'{where}.tool_call_id' must name a tool call of an earlier assistant message",
-                       param=f"{where}.tool_call_id", code="invalid_value")
+        raise ApiError(400, f"'{param}' must name a tool call of an earlier assistant message",
+                       param=param, code="invalid_value")
     return dataclasses.replace(message, tool_call_id=call_id, name=calls[call_id])
 
 
@@ -235,34 +240,39 @@ def _tools(body: dict) -> ToolUse | None:
         if choice not in (None, "none", "auto"):
             raise ApiError(400, "'tool_choice' needs 'tools'", param="tool_choice", code="invalid_value")
         return None
-    try:
-        specs = specs_from_openai(tools)
-    except ValueError as e:
-        raise ApiError(400, f"'tools': {e}", param="tools", code="invalid_value") from None
     if isinstance(choice, dict):
         function = choice.get("function") if choice.get("type") == "function" else None
         choice = function.get("name") if isinstance(function, dict) else None
         if not isinstance(choice, str):
             raise ApiError(400, "'tool_choice' must be none, auto, required or {type: function, function: {name}}",
                            param="tool_choice", code="invalid_value")
+    return tool_use(tools, choice)
+
+
+def tool_use(tools: Any, choice: str | None) -> ToolUse:
+    """OpenAI's function tools (either shape: engine.chat.tool_use) and a choice among them (a tool's name)."""
+    try:
+        specs = specs_from_openai(tools)
+    except ValueError as e:
+        raise ApiError(400, f"'tools': {e}", param="tools", code="invalid_value") from None
     try:
         return ToolUse(specs, "auto" if choice is None else choice)
     except ValueError as e:
         raise ApiError(400, f"'tool_choice': {e}", param="tool_choice", code="invalid_value") from None
 
 
-def _content(content: Any, where: str) -> str:
-    """A message's text: a string, or an array of text parts (joined)."""
+def content_text(content: Any, where: str, kinds: tuple[str, ...] = ("text",)) -> str:
+    """A message's text: a string, or an array of text parts (of the `kinds` types, joined)."""
     if isinstance(content, str):
-        return _text(content, where)
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+        return checked_text(content, where)
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") in kinds
                                          and isinstance(p.get("text"), str) for p in content):
-        return _text("".join(p["text"] for p in content), where)
-    raise ApiError(400, f"'{where}' must be a string or an array of text parts ({{type: text, text}})",
+        return checked_text("".join(p["text"] for p in content), where)
+    raise ApiError(400, f"'{where}' must be a string or an array of text parts ({{type: {'|'.join(kinds)}, text}})",
                    param=where, code="invalid_type")
 
 
-def _text(text: str, where: str) -> str:
+def checked_text(text: str, where: str) -> str:
     """`text`, which must be encodable: JSON may spell a lone UTF-16 surrogate ("\\ud800"), UTF-8 cannot."""
     try:
         text.encode("utf-8")
@@ -281,11 +291,11 @@ def _stop(body: dict) -> tuple[str, ...]:
             or not all(isinstance(s, str) and s for s in stops)):
         raise ApiError(400, f"'stop' must be a non-empty string or an array of 1 to {MAX_STOP_SEQUENCES} of them",
                        param="stop", code="invalid_type")
-    return tuple(_text(s, "stop") for s in stops)
+    return tuple(checked_text(s, "stop") for s in stops)
 
 
 def _response_format(body: dict) -> Grammar | None:
-    rf = _object(body, "response_format")
+    rf = object_field(body, "response_format")
     if rf is None or rf.get("type") == "text":
         return None
     try:
@@ -305,49 +315,49 @@ def _response_format(body: dict) -> Grammar | None:
 
 # -- typed fields: a wrong type or a value out of range names the field --
 
-def _object(body: dict, name: str) -> dict | None:
+def object_field(body: dict, name: str) -> dict | None:
     value = body.get(name)
     if value is not None and not isinstance(value, dict):
-        raise ApiError(400, f"'{name}' must be an object, got {_json_type(value)}", param=name, code="invalid_type")
+        raise ApiError(400, f"'{name}' must be an object, got {json_type(value)}", param=name, code="invalid_type")
     return value
 
 
-def _boolean(body: dict, name: str, default: bool, *, label: str | None = None) -> bool:
+def boolean(body: dict, name: str, default: bool, *, label: str | None = None) -> bool:
     value = body.get(name)
     if value is None:
         return default
     if not isinstance(value, bool):
         label = label or name
-        raise ApiError(400, f"'{label}' must be a boolean, got {_json_type(value)}", param=label,
+        raise ApiError(400, f"'{label}' must be a boolean, got {json_type(value)}", param=label,
                        code="invalid_type")
     return value
 
 
-def _integer(body: dict, name: str, lo: int, hi: int, default):
+def integer(body: dict, name: str, lo: int, hi: int, default):
     value = body.get(name)
     if value is None:
         return default
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool):
-        raise ApiError(400, f"'{name}' must be an integer, got {_json_type(value)}", param=name, code="invalid_type")
+        raise ApiError(400, f"'{name}' must be an integer, got {json_type(value)}", param=name, code="invalid_type")
     if not lo <= value <= hi:
         raise ApiError(400, f"'{name}' must be between {lo} and {hi}, got {value}", param=name, code="invalid_value")
     return value
 
 
-def _number(body: dict, name: str, lo: float, hi: float, default: float) -> float:
+def number(body: dict, name: str, lo: float, hi: float, default: float) -> float:
     value = body.get(name)
     if value is None:
         return default
     if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise ApiError(400, f"'{name}' must be a number, got {_json_type(value)}", param=name, code="invalid_type")
+        raise ApiError(400, f"'{name}' must be a number, got {json_type(value)}", param=name, code="invalid_type")
     if not (math.isfinite(value) and lo <= value <= hi):
         raise ApiError(400, f"'{name}' must be between {lo:g} and {hi:g}, got {value}", param=name,
                        code="invalid_value")
     return float(value)
 
 
-def _json_type(value: Any) -> str:
+def json_type(value: Any) -> str:
     names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
     return names.get(type(value), "a number")
