@@ -1,9 +1,12 @@
 """The server's reasoning fields on a tiny random model with Qwen3's markers and scripted replies (no
 starter model reasons): reasoning_content apart from content in replies and streamed deltas, the same
-whole or streamed, reasoning_effort reaching the template, and completions left raw."""
+whole or streamed, reasoning_effort reaching the template, and completions left raw; the Responses API's
+reasoning item and the Messages API's thinking blocks, read by the official clients."""
 
 import json
 
+import anthropic
+import openai
 import pytest
 from starlette.testclient import TestClient
 
@@ -95,3 +98,30 @@ def test_a_remote_chat_gets_the_reasoning_apart(client):
         pieces = list(reply)
     assert "".join(p for p in pieces if isinstance(p, Thought)) == REASONING
     assert (reply.turn.text, reply.turn.reasoning) == (ANSWER, REASONING)
+
+
+def test_the_responses_api_gives_the_reasoning_as_an_item(client):
+    responses = openai.OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=client,
+                              max_retries=0).responses
+    reply = responses.create(model="thinker", input="2+2?", max_output_tokens=40, reasoning={"effort": "low"})
+    assert [item.type for item in reply.output] == ["reasoning", "message"]
+    assert (reply.output[0].content[0].text, reply.output_text) == (REASONING, ANSWER)
+    with responses.stream(model="thinker", input="2+2?", max_output_tokens=40) as stream:
+        deltas = [e.delta for e in stream if e.type == "response.reasoning_text.delta"]
+        final = stream.get_final_response()
+    assert "".join(deltas) == REASONING and final.output_text == ANSWER
+
+
+def test_the_messages_api_gives_the_reasoning_as_thinking_blocks(client):
+    messages = anthropic.Anthropic(base_url="http://testserver", api_key="unused", http_client=client,
+                                   max_retries=0).messages
+    thinking = {"type": "enabled", "budget_tokens": 39}
+    reply = messages.create(model="thinker", max_tokens=40, messages=USER, thinking=thinking)
+    blocks = [("thinking", REASONING), ("text", ANSWER)]
+    assert [(b.type, getattr(b, "thinking", None) or b.text) for b in reply.content] == blocks
+    with messages.stream(model="thinker", max_tokens=40, messages=USER, thinking=thinking) as stream:
+        final = stream.get_final_message()
+    assert [(b.type, getattr(b, "thinking", None) or b.text) for b in final.content] == blocks
+    off = messages.create(model="thinker", max_tokens=40, messages=USER, thinking={"type": "disabled"})
+    prompt = [r.usage.input_tokens + r.usage.cache_read_input_tokens for r in (reply, off)]
+    assert prompt[1] > prompt[0]  # the prompt closes the reasoning (the scripted reply reasons all the same)
