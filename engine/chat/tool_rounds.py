@@ -27,6 +27,11 @@ class ToolRan:
     call: ToolCall
     result: ToolResult
 
+    @property
+    def message(self) -> Message:
+        """The tool message that gives the model the result."""
+        return Message.tool_result(self.call, self.result)
+
 
 def send_with_tools(convo: Conversation, user: str, toolbox: Toolbox, *,
                     approve: Callable[[ToolCall], bool] | None = None, cancel: threading.Event | None = None,
@@ -34,25 +39,37 @@ def send_with_tools(convo: Conversation, user: str, toolbox: Toolbox, *,
     """Stream every round's reply pieces, and a ToolRan for each call between rounds. The conversation's
     options say which tools are offered (ChatOptions.tools); a tool_choice that forces a call holds the
     first round only, so the rounds can end."""
-    first = convo.options
-    stream = convo.send(user, cancel)
+    return run_tool_rounds(convo, convo.send(user, cancel),
+                           lambda ran: convo.send_tool_results([r.message for r in ran], cancel), toolbox,
+                           approve=approve, cancel=cancel, max_rounds=max_rounds)
+
+
+def run_tool_rounds(convo: Conversation, first: Iterator[str],
+                    answer: Callable[[list[ToolRan]], Iterator[str]], toolbox: Toolbox, *,
+                    approve: Callable[[ToolCall], bool] | None = None, cancel: threading.Event | None = None,
+                    max_rounds: int = MAX_ROUNDS) -> Iterator[str | ToolRan]:
+    """The rounds of send_with_tools over any way to start them: `first` streams the first reply and
+    `answer(the calls that ran)` the reply after a round's calls (a stored chat writes each to its history as it
+    goes); both reply in `convo`, whose last turn holds the calls."""
+    initial = convo.options
+    stream = first
     try:
         for round_ in range(max_rounds):
             yield from stream
             turn = convo.last_turn
             if not turn.tool_calls or turn.finish_reason not in ("stop", "length_closed") or round_ + 1 == max_rounds:
                 return
-            results = []
+            ran = []
             for call in turn.tool_calls:
                 if cancel is not None and cancel.is_set():
                     return
                 allowed = approve is None or approve(call)
                 result = toolbox.run(call) if allowed else ToolResult(call.id, DECLINED, is_error=True)
-                yield ToolRan(call, result)
-                results.append(Message.tool_result(call, result))
-            if first.tools is not None and first.tools.must_call and convo.options is first:
-                convo.reconfigure(dataclasses.replace(first, tools=dataclasses.replace(first.tools, choice="auto")))
-            stream = convo.send_tool_results(results, cancel)
+                ran.append(ToolRan(call, result))
+                yield ran[-1]
+            if initial.tools is not None and initial.tools.must_call and convo.options is initial:
+                convo.reconfigure(dataclasses.replace(initial, tools=dataclasses.replace(initial.tools, choice="auto")))
+            stream = answer(ran)
     finally:
-        if convo.options is not first:
-            convo.reconfigure(first)
+        if convo.options is not initial:
+            convo.reconfigure(initial)

@@ -16,7 +16,8 @@ from typing import Iterator
 from engine.chat import Message, TurnResult
 from engine.history.store import HistoryStore
 from engine.serving.remote import RemoteClient, RemoteReply
-from engine.serving.session import DEFAULT_MAX_TOKENS, OnPrefill, StoredChat
+from engine.chat.tool_render import as_plain_messages
+from engine.serving.session import DEFAULT_MAX_TOKENS, OnPrefill, StoredChat, stored_message
 from engine.errors import RemoteError
 from engine.sampling import CHAT_DEFAULTS
 
@@ -96,7 +97,8 @@ class RemoteChatSession(StoredChat):
         settings = self.settings
         system = settings["system_prompt"]
         messages = [Message("system", system)] if system else []
-        messages += [Message(m["role"], m["content"]) for m in branch]
+        # a chat's past tool calls and results as plain turns: this endpoint is offered no tools
+        messages += as_plain_messages([stored_message(m) for m in branch], ())
         self._reply_stream = self.client.stream_chat(messages, request_params(settings["sampler"]), cancel)
         return iter(self._reply_stream), {}
 

@@ -27,6 +27,8 @@ from typing import Callable, Iterator, Sequence
 from engine.cartridge.cartridge import Cartridge
 from engine.chat import ChatOptions, Conversation, Message, TurnResult
 from engine.chat.options import think_options
+from engine.chat.tool_rounds import ToolRan, run_tool_rounds
+from engine.chat.tool_use import ToolUse
 from engine.chat.window import DEFAULT_POLICY, ContextWindow, check_policy, fit_context, longest_token
 from engine.errors import FucinaError
 from engine.history.store import HistoryStore
@@ -38,6 +40,7 @@ from engine.platform.paths import data_dir
 from engine.sampling import CHAT_DEFAULTS
 from engine.platform.storage_errors import storage_error
 from engine.sampling.grammar import Grammar
+from engine.tools import ToolCall, Toolbox
 
 DEFAULT_CONTEXT = 4096
 DEFAULT_MAX_TOKENS = 1024
@@ -75,10 +78,21 @@ class PendingReply:
     text: str
     meta: dict
     reasoning: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
 
     def save(self, store: HistoryStore) -> None:
+        calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in self.tool_calls]
         store.add_message(self.conversation_id, "assistant", self.text, parent_id=self.parent_id, meta=self.meta,
-                          reasoning=self.reasoning)
+                          reasoning=self.reasoning, tool_calls=calls)
+
+
+def stored_message(m: dict) -> Message:
+    """A history message as the chat template reads it: a reply with its tool calls, a tool message with the
+    call it answers."""
+    calls = tuple(ToolCall(c["id"], c["name"], c["arguments"]) for c in m["tool_calls"])
+    result = m["tool_result"] or {}
+    return Message(m["role"], m["content"], m["reasoning"], calls, result.get("call_id") or "",
+                   result.get("name") or "")
 
 
 def context_policy(settings: dict) -> str:
@@ -175,8 +189,8 @@ class StoredChat:
         try:
             self.save_pending()
             branch = prepare()
-            if not branch or branch[-1]["role"] != "user":
-                raise ValueError("a reply follows a user message")
+            if not branch or branch[-1]["role"] not in ("user", "tool"):
+                raise ValueError("a reply follows a user message (or the results of the last reply's tool calls)")
             before = self._latest_turn()
             stream, reply_meta = self._start(branch, cancel, on_prefill)
         except BaseException:
@@ -212,7 +226,7 @@ class StoredChat:
                     shown = turn.text or turn.reasoning
                     if turn.finish_reason != "error" and (shown or turn.finish_reason != "cancelled"):
                         self._save_reply(PendingReply(self.id, parent_id, turn.text, self._meta(turn) | reply_meta,
-                                                      turn.reasoning))
+                                                      turn.reasoning, turn.tool_calls))
             finally:
                 self._turn_lock.release()
 
@@ -344,7 +358,7 @@ class ChatSession(StoredChat):
         keeps that start while it fits, so the prompt the cache holds is reused)."""
         system = self.settings["system_prompt"]
         messages = [Message("system", system)] if system else []
-        messages += [Message(m["role"], m["content"], m["reasoning"]) for m in branch]
+        messages += [stored_message(m) for m in branch]
         kept_from = next((m["meta"].get("kept_from") for m in reversed(branch) if m["role"] == "assistant"), None)
         ids = [m["id"] for m in branch]
         offset = len(messages) - len(branch)
@@ -370,6 +384,44 @@ class ChatSession(StoredChat):
 
     def _latest_turn(self) -> TurnResult | None:
         return self.convo.last_turn
+
+    # -- tools --
+
+    def with_tools(self, start: Callable[[], Iterator[str]], toolbox: Toolbox, cancel: threading.Event | None = None,
+                   *, choice: str = "auto", on_prefill: OnPrefill | None = None) -> Iterator[str | ToolRan]:
+        """The reply `start` begins (a send, regenerate or edit of this session) with `toolbox`'s tools offered,
+        and the rounds after it (engine.chat.tool_rounds): each reply is stored with its calls, then a tool
+        message per call with its result, and the next reply answers them. The toolbox does its own asking
+        (engine.tools.approval). The stream yields a ToolRan for each call between the replies' pieces."""
+        plain = self.convo.options
+        self.convo.reconfigure(dataclasses.replace(plain, tools=ToolUse(tuple(toolbox.specs()), choice)))
+        try:
+            first = start()  # writes the turn's messages now, as a reply without tools does
+        except BaseException:
+            self.convo.reconfigure(plain)
+            raise
+        rounds = run_tool_rounds(self.convo, first, lambda ran: self._answer_tools(ran, cancel, on_prefill), toolbox,
+                                 cancel=cancel)
+        return self._then_without_tools(plain, rounds)
+
+    def _then_without_tools(self, plain: ChatOptions, rounds: Iterator[str | ToolRan]) -> Iterator[str | ToolRan]:
+        """The rounds' stream; the session's options without tools come back when it ends."""
+        try:
+            yield from rounds
+        finally:
+            rounds.close()
+            self.convo.reconfigure(plain)
+
+    def _answer_tools(self, ran: list[ToolRan], cancel: threading.Event | None,
+                      on_prefill: OnPrefill | None) -> Iterator[str]:
+        """Store the calls' results as tool messages under the reply that made them, and stream the reply to them."""
+        def branch() -> list[dict]:
+            for r in ran:
+                self.store.add_message(self.id, "tool", r.result.content, tool_result={
+                    "call_id": r.call.id, "name": r.call.name, "is_error": r.result.is_error,
+                    "seconds": r.result.seconds})
+            return self.messages()
+        return self._reply(branch, cancel, on_prefill)
 
     def _meta(self, turn: TurnResult) -> dict:
         s = turn.stats
