@@ -7,6 +7,8 @@ the pointer is over the card or the focus is in it."""
 
 from __future__ import annotations
 
+import json
+
 from PySide6.QtCore import QEvent, QObject, Qt, Signal
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (QApplication, QFrame, QGraphicsOpacityEffect, QHBoxLayout, QLabel,
@@ -19,7 +21,7 @@ from app.gui.message_model import is_stopped, response_format
 from app.gui.theme import SPACE_L, SPACE_M, repolish
 from app.gui.thinking_block import ThinkingBlock
 
-ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
+ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System", "tool": "Tool"}
 USER_INDENT_PX = 96          # the user's cards sit to the right, as in other chat apps
 LONG_MESSAGE_CHARS = 3000    # longer messages open collapsed...
 LONG_MESSAGE_LINES = 40
@@ -28,6 +30,23 @@ COLLAPSED_HEIGHT_PX = 320    # ...to this height
 
 def is_long(text: str) -> bool:
     return len(text) > LONG_MESSAGE_CHARS or text.count("\n") >= LONG_MESSAGE_LINES
+
+
+def _author(message: dict) -> str:
+    """Who wrote it, as its card's header says: a tool message names its tool and a failure."""
+    result = message.get("tool_result")
+    if result is None:
+        return ROLE_NAMES.get(message["role"], message["role"])
+    return f"Tool result: {result['name']}" + (" (failed)" if result["is_error"] else "")
+
+
+def _call_label(call: dict) -> QLabel:
+    label = QLabel(f"Called {call['name']}({json.dumps(call['arguments'], ensure_ascii=False)})")
+    label.setTextFormat(Qt.TextFormat.PlainText)
+    label.setWordWrap(True)
+    label.setTextInteractionFlags(SELECTABLE)
+    label.setProperty("tone", "muted")
+    return label
 
 
 class MessageWidget(QWidget):
@@ -56,7 +75,7 @@ class MessageWidget(QWidget):
         self.header = QHBoxLayout()
         self.header.setContentsMargins(0, 0, 0, 0)
         self.header.setSpacing(2)
-        role_label = QLabel(ROLE_NAMES.get(self.role, self.role))
+        role_label = QLabel(_author(message))
         role_label.setObjectName("roleLabel")
         self.header.addWidget(role_label)
         self.header.addSpacing(SPACE_M)
@@ -66,7 +85,7 @@ class MessageWidget(QWidget):
         self.header.addStretch()
         self._add_actions(is_last)
 
-        if self.role == "user":
+        if self.role in ("user", "tool"):  # the user's words and a tool's output, as they were written
             self.body = QLabel(message["content"])
             self.body.setTextFormat(Qt.TextFormat.PlainText)
             self.body.setWordWrap(True)
@@ -86,6 +105,8 @@ class MessageWidget(QWidget):
                 message["reasoning"], None if reasoning_ms is None else reasoning_ms / 1e3,
                 live=self.message_id is None and not message["content"]))
         self.column.addWidget(self.body)
+        for call in message.get("tool_calls") or ():  # a reply's calls; each result is the tool card after it
+            self.column.addWidget(_call_label(call))
         self.expand_button = self._add_expander()
         self.editor: QWidget | None = None
         self.set_branch_actions_enabled(True)

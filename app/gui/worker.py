@@ -37,6 +37,7 @@ from app.gui.document_jobs import DocumentAttacher
 from app.gui.tool_approval import ToolApprovals
 from app.local_server import LocalServer
 from engine.chat.reasoning import Thought
+from engine.chat.tool_rounds import ToolRan
 from engine.platform import warmup
 from engine.platform.catalog import resolve_model
 from engine.errors import FucinaError, HistoryError, RemoteConnectionLost, StoreError
@@ -186,6 +187,7 @@ class EngineWorker(QObject):
         self.documents.fill_changed.connect(self._emit_status)
         self.approvals = ToolApprovals(self)       # tool calls asked about; the UI answers them
         self._tools: ChatToolbox | None = None     # made when the settings first give it servers and switches
+        self.tool_choice = "auto"                  # how replies are offered the tools (engine.chat.tool_use)
 
     @property
     def new_chat_settings(self) -> dict:
@@ -355,13 +357,17 @@ class EngineWorker(QObject):
         try:
             try:
                 session = self._session_for_turn(cancel, text)
-                stream = start(session, progress)  # writes the turn's messages (a StoreError here: nothing was sent)
+                # writes the turn's messages (a StoreError here: nothing was sent)
+                stream = self._offering_tools(session, lambda: start(session, progress), cancel, progress)
             except StoreError as e:
                 self._report(e, unsent=text)
                 return
             with warmup.counting_compiles(compiling):
                 for piece in stream:
-                    batcher.add(piece)
+                    if isinstance(piece, ToolRan):  # shown through the approvals; the next round's text follows
+                        batcher.flush()
+                    else:
+                        batcher.add(piece)
             self._save_unsaved()
             self._stored()
             self._tell_sidecar_failure(session)
@@ -520,6 +526,16 @@ class EngineWorker(QObject):
         return self._chat_tools().asking(
             lambda call: self.approvals.ask(call, turn), on_always=self.tool_allowed_always.emit,
             on_result=lambda call, result: self.approvals.tell_result(call, result, turn))
+
+    def _offering_tools(self, session: StoredChat, start: Callable[[], Iterator[str]], cancel: threading.Event,
+                        progress: OnPrefill) -> Iterator[str | ToolRan]:
+        """The turn `start` begins, offering the switched-on tools where some are (a local model's chats: a
+        remote endpoint's replies are written there): calls, results and the replies after them are stored
+        in the conversation as they come."""
+        if self._tools is None or not self._tools.toolbox.switches.enabled or not isinstance(session, ChatSession):
+            return start()
+        return session.with_tools(start, self.toolbox_for_turn(cancel), cancel, choice=self.tool_choice,
+                                  on_prefill=progress)
 
     def _chat_tools(self) -> ChatToolbox:
         if self._tools is None:
