@@ -53,7 +53,7 @@ def test_calls_and_results_are_stored_as_they_happen(smollm2, home):
     tool = Weather()
     ran = tool_turn(s, tool)
     assert ran and tool.calls and ran[0].call == tool.calls[0]
-    user, calling, result, *rest = s.messages()
+    _, calling, result, *rest = s.messages()
     assert calling["tool_calls"][0] == {"id": ran[0].call.id, "name": "get_weather", "arguments": ran[0].call.arguments}
     assert (result["role"], result["content"], result["tool_result"]["call_id"]) == (
         "tool", "Drizzle, 4 degrees", ran[0].call.id)

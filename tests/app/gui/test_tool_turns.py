@@ -79,6 +79,6 @@ def test_an_allowed_call_runs_and_the_chat_keeps_it(qtbot, tool_window):
 def test_a_denied_call_is_an_error_the_model_reads(qtbot, tool_window):
     block = ask_and_answer(qtbot, tool_window, Decision.DENY)
     assert block.status.text().startswith("Denied")
-    tool, answer = stored_turn(tool_window)
+    tool, _ = stored_turn(tool_window)
     assert tool["tool_result"]["is_error"] and "did not allow" in tool["content"]
     assert "marmalade" not in tool["content"]

@@ -6,6 +6,7 @@ import json
 import re
 
 import pytest
+import sqlite_utils
 
 from engine.errors import HistoryError
 from engine.history import HistoryStore
@@ -110,10 +111,8 @@ def test_a_version_3_database_keeps_its_chats_and_gains_tool_messages(tmp_path, 
         assert again.schema_version == 4
 
 
-def test_a_migration_interrupted_after_the_rebuild_runs_again(tmp_path, monkeypatch):
+def test_a_migration_interrupted_after_the_rebuild_runs_again(tmp_path):
     """A crash after the table was rebuilt but before its version row: the next open finishes the job."""
-    import engine.history.store as history_store
-
     path = tmp_path / "h.db"
     with HistoryStore(path) as s:
         cid = chat_with_a_tool_call(s)
@@ -121,3 +120,30 @@ def test_a_migration_interrupted_after_the_rebuild_runs_again(tmp_path, monkeypa
         s.db.conn.commit()
     with HistoryStore(path) as s:
         assert s.schema_version == 4 and len(s.active_branch(cid)) == 4 and len(s.search("drizzle")) == 1
+
+
+def test_a_rebuild_that_fails_midway_leaves_the_old_table(tmp_path, monkeypatch):
+    """The rebuild is one transaction: a statement failing inside it (here the new table's name is taken)
+    rolls everything back, and once the cause is gone the next open migrates with every message kept."""
+    import engine.history.store as history_store
+
+    path = tmp_path / "h.db"
+    monkeypatch.setattr(history_store, "MIGRATIONS", MIGRATIONS[:3])
+    with HistoryStore(path) as old:
+        cid = old.create_conversation("m")
+        old.db.execute("INSERT INTO messages (id, conversation_id, parent_id, role, content, created_at, reasoning) "
+                       "VALUES ('u', ?, NULL, 'user', 'kept through a failed migration', '2026-01-01', '')", [cid])
+        old.db.execute("UPDATE conversations SET active_leaf = 'u' WHERE id = ?", [cid])
+        old.db.execute("CREATE TABLE messages_v4 (x)")
+        old.db.conn.commit()
+    monkeypatch.undo()
+    with pytest.raises(Exception, match="messages_v4"):
+        HistoryStore(path)
+    raw = sqlite_utils.Database(path)  # the file as it is, without migrating
+    assert "tool_calls" not in {c.name for c in raw["messages"].columns}
+    raw.execute("DROP TABLE messages_v4")
+    raw.conn.commit()
+    raw.close()
+    with HistoryStore(path) as s:
+        assert s.schema_version == 4
+        assert [m["content"] for m in s.active_branch(cid)] == ["kept through a failed migration"]
