@@ -222,7 +222,7 @@ def _open_local(args, grammar, stack: contextlib.ExitStack, lines) -> tuple[_Cha
     for result in attached:
         print(f"(attached {describe(result)})", file=sys.stderr)
     if not args.conversation:
-        return (_EphemeralChat(model, args, grammar, [a.cartridge for a in attached], toolbox_from_args(args)),
+        return (_EphemeralChat(model, args, grammar, [a.cartridge for a in attached], toolbox_from_args(args, stack)),
                 Path(model.file.path).name)
     store = stack.enter_context(open_store())
 
@@ -269,10 +269,10 @@ class _Input:
 
 def run_chat(args) -> int:
     grammar = grammar_from_args(args)
-    if args.tools and (args.conversation or args.remote):
-        raise SystemExit("error: --tools runs an unsaved local chat (without --conversation or --remote)")
-    if args.tools and grammar is not None:
-        raise SystemExit("error: --tools takes no grammar option: the calls have their own")
+    if (args.tools or args.mcp) and (args.conversation or args.remote):
+        raise SystemExit("error: --tools and --mcp run an unsaved local chat (without --conversation or --remote)")
+    if (args.tools or args.mcp) and grammar is not None:
+        raise SystemExit("error: --tools and --mcp take no grammar option: the calls have their own")
     interactive = sys.stdin.isatty()
     lines = _Input(interactive)
     with contextlib.ExitStack() as stack:

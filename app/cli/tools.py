@@ -3,8 +3,9 @@ how calls and results are shown.
 
 `toolbox_from_args` is the seam: `--tools FILE` (an OpenAI `tools` array) gives a toolbox whose tools are
 described only: a tool entry may carry a canned `"result"` text, which its calls return, else a call gets
-an error result saying nothing runs it. Another source of tools (MCP servers) plugs in here as another
-Toolbox; the chat loop knows only the protocol (engine.tools.Toolbox).
+an error result saying nothing runs it. `--mcp FILE` (an `mcpServers` JSON file, as LM Studio's mcp.json or
+Claude Desktop's config) adds its servers' tools; given both, the chat gets every tool of both. The chat loop
+knows only the protocol (engine.tools.Toolbox).
 """
 
 from __future__ import annotations
@@ -15,9 +16,14 @@ import time
 from pathlib import Path
 from typing import Callable, TextIO
 
+from contextlib import ExitStack
+
 from engine.chat.tool_rounds import ToolRan
 from engine.chat.tool_use import CHOICES, ToolUse, specs_from_openai
-from engine.tools import ToolCall, ToolResult, ToolSpec
+from engine.tools import ToolCall, ToolResult, ToolSpec, Toolbox
+from engine.tools.mcp_client import McpToolbox
+from engine.tools.mcp_config import McpConfigError, load_servers
+from engine.tools.toolbox import CombinedToolbox, ToolSwitches
 
 NOT_RUN = "No program runs this tool here: it is only described (fucina chat --tools)."
 _RESULT_SHOWN = 400  # characters of a tool's result shown in the terminal
@@ -57,23 +63,41 @@ def add_tool_options(p) -> None:
     p.add_argument("--tools", metavar="FILE", default=None,
                    help="offer the model the tools of an OpenAI tools JSON file (each may carry a canned "
                         "\"result\"); every call is shown and asked for before it runs")
+    p.add_argument("--mcp", metavar="FILE", default=None,
+                   help="offer the model the tools of the MCP servers in an mcpServers JSON file (LM Studio's "
+                        "mcp.json, Claude Desktop's config); with --tools, the tools of both")
     p.add_argument("--tool-choice", default="auto", metavar="|".join(CHOICES) + "|NAME",
                    help="auto (the model decides), required (a call first), none, or a tool's name")
     p.add_argument("--allow-tools", action="store_true",
                    help="run every tool call without asking (from a pipe, calls are declined without it)")
 
 
-def toolbox_from_args(args):
+def toolbox_from_args(args, stack: ExitStack) -> Toolbox | None:
     """The chat's Toolbox, or None when it has no tools; a file or tool choice that cannot be used ends the
-    command with a message saying why."""
-    if not args.tools:
+    command with a message saying why. MCP servers started for it are stopped when `stack` closes; one that
+    will not start is left out, and said so."""
+    if not args.tools and not args.mcp:
         return None
     try:
-        toolbox = DescribedToolbox.from_file(args.tools)
+        toolbox = DescribedToolbox.from_file(args.tools) if args.tools else None
+        if args.mcp:
+            mcp = McpToolbox(load_servers(args.mcp))
+            stack.callback(mcp.close)
+            toolbox = _every_tool_on([toolbox, mcp] if toolbox is not None else [mcp])
+            for server, why in mcp.failures.items():
+                print(f"(MCP server {server} left out: {why})", file=sys.stderr)
         ToolUse(tuple(toolbox.specs()), args.tool_choice)  # the choice names one of them
-    except ValueError as e:
+    except (ValueError, McpConfigError) as e:
         raise SystemExit(f"error: {e}") from None
     return toolbox
+
+
+def _every_tool_on(parts: list[Toolbox]) -> CombinedToolbox:
+    """The parts as one toolbox, every tool switched on (the command line named them all); a part that raises
+    is an error result, as in the app."""
+    combined = CombinedToolbox(parts)
+    combined.switches = ToolSwitches(frozenset(spec.name for spec in combined.all_specs()))
+    return combined
 
 
 class TerminalApproval:

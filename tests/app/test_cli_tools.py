@@ -44,7 +44,7 @@ def test_a_call_from_a_pipe_is_declined_without_allow_tools(model_path, monkeypa
 @pytest.mark.parametrize("flags, tools, message", [
     (["--tool-choice", "nope"], TOOLS, "tool_choice"),
     ([], [{"type": "function", "function": {"name": "bad name"}}], "tools[0].function.name"),
-    (["--conversation", "new"], TOOLS, "--tools runs an unsaved local chat"),
+    (["--conversation", "new"], TOOLS, "--tools and --mcp run an unsaved local chat"),
 ])
 def test_bad_tool_options_are_refused_with_a_reason(monkeypatch, capsys, tmp_path, flags, tools, message):
     with pytest.raises(SystemExit) as stopped:
