@@ -1,6 +1,10 @@
 """A turn that calls a tool, through the window on the Qwen2.5 starter: the call is shown and waits for the
 user's answer, the tool runs on an Allow (or not, on a Deny), the model answers its result, and the chat keeps
-the call and the result in the history."""
+the call and the result in the history; a tool server that crashes mid-call is a failed result the chat shows
+and goes on after."""
+
+import json
+import sys
 
 import pytest
 from PySide6.QtCore import Qt
@@ -9,6 +13,7 @@ from engine.tools.approval import Decision
 from engine.tools.builtin import READ_FILE
 from engine.tools.toolbox import ToolSwitches
 from tests.app.gui.conftest import TURN_TIMEOUT_MS
+from tests.engine.tools.conftest import SERVER_SCRIPT
 
 SECRET = "The secret word is marmalade."
 ASK = "Read the file notes.txt with the read_file tool and tell me the secret word."
@@ -57,11 +62,11 @@ def ask_and_answer(qtbot, window, decision: Decision):
     return next(iter(panel.column.blocks.values()))
 
 
-def stored_turn(window):
+def stored_turn(window, name=READ_FILE):
     user, calling, tool, *_, answer = window.store.active_branch(window.current_id)
     assert (user["role"], calling["role"], tool["role"], answer["role"]) == ("user", "assistant", "tool", "assistant")
     [call] = calling["tool_calls"]
-    assert call["name"] == READ_FILE and tool["tool_result"]["call_id"] == call["id"]
+    assert call["name"] == name and tool["tool_result"]["call_id"] == call["id"]
     return tool, answer
 
 
@@ -82,3 +87,22 @@ def test_a_denied_call_is_an_error_the_model_reads(qtbot, tool_window):
     tool, _ = stored_turn(tool_window)
     assert tool["tool_result"]["is_error"] and "did not allow" in tool["content"]
     assert "marmalade" not in tool["content"]
+
+
+def test_an_mcp_server_that_crashes_mid_call_is_a_failed_result_and_the_chat_is_kept(qtbot, open_window):
+    window = open_window()
+    window.apply_settings({"system_prompt": None, "sampler": {"temperature": 0.0, "max_tokens": 48}})
+    window.preferences.mcp_servers = json.dumps(
+        {"mcpServers": {"calc": {"command": sys.executable, "args": [str(SERVER_SCRIPT)]}}})
+    window.preferences.tool_switches = ToolSwitches(frozenset({"calc__crash"}), frozenset({"calc__crash"}))
+    window.configure_tools()
+    window.client.worker.tool_choice = "calc__crash"
+    window.composer.input.setPlainText("Crash the calculator.")
+    qtbot.keyClick(window.composer.input, Qt.Key.Key_Return)
+    qtbot.waitUntil(lambda: not window.streaming, timeout=TURN_TIMEOUT_MS)
+    block = next(iter(window.tool_calls.column.blocks.values()))
+    assert block.status.text().startswith("Failed") and 'MCP server "calc"' in block.result.text()
+    tool, answer = stored_turn(window, "calc__crash")
+    assert tool["tool_result"]["is_error"] and 'MCP server "calc"' in tool["content"]
+    shown = [(w.role, w.content) for w in window.chat_view.widgets]
+    assert ("tool", tool["content"]) in shown and answer["role"] == "assistant"
