@@ -19,8 +19,10 @@ keeps the text received and is reported.
 The worker also runs the app's local server (app.local_server): a second adapter over the same service.
 
 It keeps the chats' tools (engine.tools.chat_toolbox: MCP servers, built-in tools) as the settings give
-them, and a turn's tool calls run through toolbox_for_turn(): each call not always allowed is asked about
-through `approvals` (app.gui.tool_approval), and this thread waits for the answer while the UI stays free.
+them. While some are switched on, a local chat's turn offers them (ChatSession.with_tools) and its calls run
+through toolbox_for_turn(): each call not always allowed is asked about through `approvals`
+(app.gui.tool_approval), and this thread waits for the answer while the UI stays free; the calls and
+results are stored with the conversation as they happen.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ the sidecar follows (rewritten from that position, off the decoding thread).
 Store writes are one transaction each: the user message is committed before its reply starts, the reply
 when it ends, so a killed process keeps every finished turn, and a sidecar that resumes a consistent prefix.
 A reply the store refuses (a full disk: StoreError) stays in `pending_reply` and is saved before the next
-write, or by `save_pending`. A turn holds the conversation's lock (engine.platform.locks) while it streams: a turn on
+write, or by `save_pending`. A turn with tools (`with_tools`) stores each round as it ends: the reply with
+its calls, then a tool message per result, which the next reply is rendered with. A turn holds the conversation's lock (engine.platform.locks) while it streams: a turn on
 a conversation another process is streaming into is refused (ConversationBusy) before anything is written.
 """
 
