@@ -101,8 +101,11 @@ def _nibbles(builder, packed, shifts):
 def _low_high(builder, ptr):
     """The 32 4-bit weights packed in 16 bytes: weight j in the low nibble of byte j, j + 16 in its high."""
     packed = builder.load(builder.bitcast(ptr, _vec(_I8, 16).as_pointer()), align=1)
-    packed = builder.shuffle_vector(packed, packed, _const(_I32, [j % 16 for j in range(32)]))
-    return _nibbles(builder, packed, _const(_I8, [0] * 16 + [4] * 16))
+    # each half with one shift for all its bytes, then joined: x86 has no shift of bytes by different counts
+    mask = ir.Constant(_vec(_I8, 16), [15] * 16)
+    low = builder.and_(packed, mask)
+    high = builder.and_(builder.lshr(packed, ir.Constant(_vec(_I8, 16), [4] * 16)), mask)
+    return builder.shuffle_vector(low, high, _const(_I32, range(32)))
 
 
 def _fifth_bits(builder, ptr):
