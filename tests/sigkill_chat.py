@@ -237,7 +237,8 @@ def _compare(report: Report, cid: str, model, session) -> None:
     replies = [i for i, m in enumerate(branch) if m["role"] == "assistant"]
     last_reply = len(prompt(branch[:replies[-1]])) if replies else None
     if not branch or branch[-1]["role"] == "assistant":  # render it as the next message would
-        branch.append({"id": "next", "role": "user", "content": "Next.", "reasoning": None, "meta": {}})
+        branch.append({"id": "next", "role": "user", "content": "Next.", "reasoning": None, "meta": {},
+                       "tool_calls": [], "tool_result": None})
     render = prompt(branch)
     n = min(len(tokens), len(render))
     if tokens[:n] != render[:n]:
