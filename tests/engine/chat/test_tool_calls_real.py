@@ -3,9 +3,11 @@ nested objects, enums, arrays, patterns, formats, required fields), greedy and s
 and every call must parse and validate against its tool's schema. Qwen2.5 renders the tools through its own
 template; SmolLM2's template has no tools, so they are described in its system prompt (Hermes).
 
-Greedy: each case offers its own tool and names it (tool_choice NAME). Seeded: each case offers its tool and
-its two neighbours with tool_choice `required`, so the model also picks the tool. All cases of one model and
-mode decode together in one lockstep batch."""
+Greedy: each case offers its own tool and names it (tool_choice NAME), on both models. Seeded, on Qwen2.5:
+every second case offers its tool and its two neighbours with tool_choice `required`, so the model also picks
+the tool (between them, the offers cover every tool). SmolLM2's Hermes prompt is the same path seeded or greedy,
+and the constraint is the same grammar whatever the sampler, so its seeded pass would repeat the greedy one.
+All cases of one model and mode decode together in one lockstep batch."""
 
 import dataclasses
 import json
@@ -41,22 +43,25 @@ def validator(schema: dict):
     return cls(schema, format_checker=cls.FORMAT_CHECKER)
 
 
-@pytest.mark.parametrize("sampling", ["greedy", "seeded"])
-@pytest.mark.parametrize("name", MODELS)
+def cases(sampling: str) -> range:
+    return range(len(SUITE)) if sampling == "greedy" else range(0, len(SUITE), 2)
+
+
+@pytest.mark.parametrize("name, sampling", [(MODELS[0], "greedy"), (MODELS[1], "greedy"), (MODELS[1], "seeded")])
 def test_every_call_parses_and_validates_against_its_schema(real_model, name, sampling):
     model, tokenizer = real_model(name)
     template = template_for_model(model.file.metadata, tokenizer)
     convos = []
-    for i in range(len(SUITE)):
+    for i in cases(sampling):
         sampler = SamplerConfig() if sampling == "greedy" else dataclasses.replace(CHAT_DEFAULTS, seed=2000 + i)
         options = ChatOptions(capacity=1024, max_tokens=160, sampler=sampler, tools=offered(i, sampling))
         convos.append(Conversation(model, tokenizer, template, options))
-    results = send_batch(convos, [case["prompt"] for case in SUITE])
+    results = send_batch(convos, [SUITE[i]["prompt"] for i in cases(sampling)])
 
     schemas = {s.name: s.parameters for s in SPECS}
     failures = []
-    for i, (case, result) in enumerate(zip(SUITE, results)):
-        use = offered(i, sampling)
+    for i, result in zip(cases(sampling), results):
+        case, use = SUITE[i], offered(i, sampling)
         try:
             # length_closed: a call's arguments were closed to fit the reply's limit, still a whole call
             assert result.finish_reason in ("stop", "length_closed"), f"finish_reason {result.finish_reason}"
