@@ -93,11 +93,6 @@ def _madd_pair(builder, w, x):
     return _call(builder, "llvm.x86.avx512.pmaddw.d.512", i32x16, [pairs, _const(_I16, [1] * 32)])
 
 
-def _nibbles(builder, packed, shifts):
-    """(packed >> shifts) & 15 per byte, shifts a <32 x i8> constant or splat."""
-    return builder.and_(builder.lshr(packed, shifts), _const(_I8, [15] * 32))
-
-
 def _low_high(builder, ptr):
     """The 32 4-bit weights packed in 16 bytes: weight j in the low nibble of byte j, j + 16 in its high."""
     packed = builder.load(builder.bitcast(ptr, _vec(_I8, 16).as_pointer()), align=1)
