@@ -1,13 +1,13 @@
 """The local OpenAI-compatible server: an ASGI app (Starlette) adapting HTTP to engine.serving.service.
 
 Routes: GET /v1/models; POST /v1/chat/completions and /v1/completions, answered whole or streamed as
-server-sent events; POST /v1/responses (OpenAI's Responses API: app.server_responses) and /v1/messages
-(Anthropic's Messages API: app.server_messages), translated to the same chat requests and told by their own
-Reply writers; POST /v1/embeddings (the mean of the model's final hidden states, normalised);
-GET /v1/fucina/status (the service's job counts: what a front end shows as the requests served).
-Replies carry OpenAI's usage, with prompt_tokens_details.cached_tokens (the prompt the slot's KV cache
-already held), and a `fucina` extension field (time to first token, decode speed, the speculative
-decoder's counts).
+server-sent events; POST /v1/responses (OpenAI's Responses API: app.server_responses; GET and DELETE
+/v1/responses/{id} read back or forget a stored reply) and /v1/messages (Anthropic's Messages API:
+app.server_messages), translated to the same chat requests and told by their own Reply writers; POST
+/v1/embeddings (the mean of the model's final hidden states, normalised); GET /v1/fucina/status (the
+service's job counts: what a front end shows as the requests served). Replies carry OpenAI's usage, with
+prompt_tokens_details.cached_tokens (the prompt the slot's KV cache already held), and a `fucina`
+extension field (time to first token, decode speed, the speculative decoder's counts).
 
 Safety: with an API key set, every request needs `Authorization: Bearer KEY` or `x-api-key: KEY` (what
 Anthropic's clients send), compared in constant time; bodies are read up to a bound; no CORS headers are
@@ -37,7 +37,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.concurrency import run_in_threadpool
 
-from app import server_messages
+from app import server_messages, server_responses
 from app.server_requests import ApiError, Call, Limits, parse_chat, parse_completion, parse_embeddings, parse_json
 from app.server_responses import ResponseStore, parse_responses
 from app.server_stream import arguments_json, sse
@@ -62,6 +62,7 @@ def create_app(service: EngineService, model_ids: Sequence[str], *, api_key: str
               Route("/v1/chat/completions", server.chat_completions, methods=["POST"]),
               Route("/v1/completions", server.completions, methods=["POST"]),
               Route("/v1/responses", server.responses, methods=["POST"]),
+              Route("/v1/responses/{response_id}", server.stored_response, methods=["GET", "DELETE"]),
               Route("/v1/messages", server.messages, methods=["POST"]),
               Route("/v1/embeddings", server.embeddings, methods=["POST"]),
               Route("/v1/fucina/status", server.status, methods=["GET"])]
@@ -74,7 +75,7 @@ class _Server:
     def __init__(self, service: EngineService, model_ids: list[str], limits: Limits):
         self.service, self.model_ids, self.limits = service, model_ids, limits
         self.created = int(os.path.getmtime(service.model.file.path))
-        self.stored = ResponseStore()  # the Responses API's past replies, for previous_response_id
+        self.stored = ResponseStore()  # the Responses API's past replies: previous_response_id, GET by id
 
     async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [
@@ -92,6 +93,13 @@ class _Server:
     async def responses(self, request: Request) -> Response:
         return await self._generate(request, lambda body: parse_responses(body, self.limits, self.model_ids[0],
                                                                           self.stored))
+
+    async def stored_response(self, request: Request) -> Response:
+        answer = server_responses.delete if request.method == "DELETE" else server_responses.retrieve
+        try:
+            return JSONResponse(answer(request.path_params["response_id"], self.stored))
+        except ApiError as e:
+            return _error(e, request)
 
     async def messages(self, request: Request) -> Response:
         return await self._generate(request, lambda body: server_messages.parse(body, self.limits, self.model_ids[0]))

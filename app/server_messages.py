@@ -5,7 +5,8 @@ tool_result becoming the tool message that answers its call; `tools` (input_sche
 (auto, any, tool, none) the chat's tools, held to their schemas as on /v1/chat/completions; `thinking`
 (enabled with a budget of tokens, or disabled) the reasoning's budget or its closing in the prompt. A reply
 is a message whose content blocks are its thinking, its text and its tool_use calls, whole or streamed as
-Anthropic's events. Errors take Anthropic's shape: {type: error, error: {type, message}}.
+Anthropic's events; one that a `stop_sequences` entry ended names it (stop_sequence). Errors take
+Anthropic's shape: {type: error, error: {type, message}}.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def parse(body: dict, limits: Limits, model: str) -> tuple[Call, "MessagesReply"
     call = Call(model_field(body), boolean(body, "stream", False), False, _system(body.get("system")) + _messages(body),
                 None, max_tokens, sampler, _stop(body.get("stop_sequences")), None, limits.speculation,
                 tools=_tools(body), think_off=think_off, thinking_budget=budget)
-    return call, MessagesReply(model)
+    return call, MessagesReply(model, call.stop)
 
 
 def _system(system: Any) -> list[Message]:
@@ -155,6 +156,11 @@ def _stop_reason(result: JobResult) -> str:
     return "tool_use" if result.tool_calls else STOP_REASONS[result.finish_reason]
 
 
+def _stop_sequence(result: JobResult, stops: tuple[str, ...]) -> str | None:
+    """The stop sequence that ended the reply (Anthropic names it); None when something else did."""
+    return stops[result.fired_stop] if result.fired_stop is not None and not result.tool_calls else None
+
+
 def _usage(result: JobResult) -> dict:
     """Anthropic counts the prompt the cache held apart from the rest."""
     return {"input_tokens": result.prompt_tokens - result.cached_tokens, "output_tokens": result.completion_tokens,
@@ -173,18 +179,19 @@ def _tool_use(call: ToolCall, arguments: dict) -> dict:
 class MessagesReply(PartStream):
     """One reply as a message, whole or as Anthropic's stream events."""
 
-    def __init__(self, model: str):
+    def __init__(self, model: str, stops: tuple[str, ...]):
         super().__init__()
-        self.model, self.id = model, "msg_" + secrets.token_hex(12)
+        self.model, self.stops, self.id = model, stops, "msg_" + secrets.token_hex(12)
 
-    def _message(self, content: list[dict], stop_reason: str | None, usage: dict) -> dict:
+    def _message(self, content: list[dict], stop_reason: str | None, usage: dict,
+                 stop_sequence: str | None = None) -> dict:
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": content,
-                "stop_reason": stop_reason, "stop_sequence": None, "usage": usage}
+                "stop_reason": stop_reason, "stop_sequence": stop_sequence, "usage": usage}
 
     def whole(self, text: str, result: JobResult) -> dict:
         content = [_block(kind, part) for kind, part in whole_parts(text, result)]
         content += [_tool_use(c, c.arguments) for c in result.tool_calls]
-        return self._message(content, _stop_reason(result), _usage(result))
+        return self._message(content, _stop_reason(result), _usage(result), _stop_sequence(result, self.stops))
 
     @staticmethod
     def _event(kind: str, **fields) -> bytes:
@@ -218,9 +225,9 @@ class MessagesReply(PartStream):
         return frames
 
     def ending(self, result: JobResult) -> bytes:
-        return self.close() + self._event("message_delta", delta={"stop_reason": _stop_reason(result),
-                                                                  "stop_sequence": None},
-                                          usage=_usage(result)) + self._event("message_stop")
+        delta = {"stop_reason": _stop_reason(result), "stop_sequence": _stop_sequence(result, self.stops)}
+        return (self.close() + self._event("message_delta", delta=delta, usage=_usage(result))
+                + self._event("message_stop"))
 
     def failure(self, error: ApiError) -> bytes:
         return self.close() + sse(error_body(error), "error")

@@ -87,10 +87,15 @@ def parse_json(body: bytes) -> dict:
 def parse_chat(body: dict, limits: Limits) -> Call:
     call = _call(body, limits, messages=_messages(body), prompt=None)
     tools = _tools(body)
-    if tools is not None and tools.active and call.grammar is not None:
-        raise ApiError(400, "'tools' and 'response_format' cannot be combined: a tool call has its own format",
-                       param="response_format", code="invalid_value")
+    check_tools_and_format(tools, call.grammar, "response_format")
     return dataclasses.replace(call, tools=tools)
+
+
+def check_tools_and_format(tools: ToolUse | None, grammar: Grammar | None, param: str) -> None:
+    """Active tools and a structured output (`param` names its field) exclude each other."""
+    if tools is not None and tools.active and grammar is not None:
+        raise ApiError(400, f"'tools' and '{param}' cannot be combined: a tool call has its own format",
+                       param=param, code="invalid_value")
 
 
 def parse_completion(body: dict, limits: Limits) -> Call:
@@ -296,21 +301,34 @@ def _stop(body: dict) -> tuple[str, ...]:
 
 def _response_format(body: dict) -> Grammar | None:
     rf = object_field(body, "response_format")
-    if rf is None or rf.get("type") == "text":
+    if rf is None:
         return None
+    spec = rf.get("json_schema") if rf.get("type") == "json_schema" else {}
+    if not isinstance(spec, dict):
+        raise ApiError(400, "'response_format.json_schema' must be an object whose 'schema' is a JSON schema object",
+                       param="response_format.json_schema", code="invalid_type")
+    return output_grammar(rf.get("type"), spec.get("schema", {}), "response_format",
+                          "response_format.json_schema.schema")
+
+
+def output_grammar(kind: Any, schema: Any, param: str, schema_param: str) -> Grammar | None:
+    """The grammar a structured output asks for: none for text, any JSON object for json_object, the
+    `schema`'s documents for json_schema. Chat completions' response_format and Responses' text.format
+    hold these fields in different places: `param` and `schema_param` name them in errors."""
+    if kind == "text":
+        return None
+    if kind == "json_schema" and not isinstance(schema, dict):
+        raise ApiError(400, f"'{schema_param}' must be a JSON schema object", param=schema_param,
+                       code="invalid_type")
     try:
-        if rf.get("type") == "json_object":
+        if kind == "json_object":
             return Grammar.json_object()
-        if rf.get("type") == "json_schema":
-            spec = rf.get("json_schema")
-            if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
-                raise ApiError(400, "'response_format.json_schema' must be an object whose 'schema' is a JSON "
-                               "schema object", param="response_format.json_schema", code="invalid_type")
-            return Grammar("json_schema", json.dumps(spec.get("schema", {})))
+        if kind == "json_schema":
+            return Grammar("json_schema", json.dumps(schema))
     except InvalidGrammar as e:
-        raise ApiError(400, f"'response_format': {e}", param="response_format", code="invalid_value") from None
-    raise ApiError(400, "'response_format.type' must be text, json_object or json_schema",
-                   param="response_format.type", code="invalid_value")
+        raise ApiError(400, f"'{param}': {e}", param=param, code="invalid_value") from None
+    raise ApiError(400, f"'{param}.type' must be text, json_object or json_schema", param=f"{param}.type",
+                   code="invalid_value")
 
 
 # -- typed fields: a wrong type or a value out of range names the field --

@@ -2,11 +2,13 @@
 
 `input` (a string, or items: messages, function_call and function_call_output, reasoning) and
 `instructions` become the chat's messages, `tools` (the flat function shape) and `tool_choice` its tools,
-`reasoning.effort` its reasoning effort ("none" closes the reasoning where the template can). A reply is a
-response object whose output items are its reasoning, its message and its function calls, whole or
-streamed as the Responses events. Replies are kept (unless `store` is false) in a bounded store so that
+`reasoning.effort` its reasoning effort ("none" closes the reasoning where the template can), `text.format`
+(json_object or json_schema) the grammar its answer is held to, as response_format on chat completions. A
+reply is a response object whose output items are its reasoning, its message and its function calls, whole
+or streamed as the Responses events. Replies are kept (unless `store` is false) in a bounded store so that
 `previous_response_id` continues a conversation: its messages are rendered again before the new input, and
-the slot that answered it still holds them in its KV cache, so only the new input is prefilled.
+the slot that answered it still holds them in its KV cache, so only the new input is prefilled. A kept
+reply's response object is also read back (GET /v1/responses/{id}) or forgotten (DELETE).
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ import time
 from typing import Any
 
 from app.server_requests import (
-    ApiError, Call, Limits, ROLES, boolean, checked_text, content_text, integer, model_field, object_field,
-    sampler_of, tool_message, tool_use)
+    ApiError, Call, Limits, ROLES, boolean, check_tools_and_format, checked_text, content_text, integer,
+    model_field, object_field, output_grammar, sampler_of, tool_message, tool_use)
 from app.server_stream import REASONING, TEXT, PartStream, arguments_json, sse, whole_parts
 from engine.chat import Message
 from engine.chat.options import EFFORTS
+from engine.sampling.grammar import Grammar
 from engine.serving.service import JobResult
 from engine.tools import ToolCall
 
@@ -33,24 +36,37 @@ INCOMPLETE = {"length", "length_closed", "context"}  # a reply cut at its token 
 
 
 class ResponseStore:
-    """The last replies' conversations (their messages, the reply included), by response id."""
+    """The last replies by response id: each one's conversation (its messages, the reply included), which
+    previous_response_id continues, and its response object, which GET /v1/responses/{id} returns."""
 
     def __init__(self, size: int = STORED_RESPONSES):
         self.size, self._items = size, collections.OrderedDict()
         self._lock = threading.Lock()  # read on request threads, written on the event loop's
 
-    def get(self, response_id: str) -> list[Message] | None:
+    def _item(self, response_id: str) -> tuple[list[Message], dict] | None:
         with self._lock:
-            messages = self._items.get(response_id)
-            if messages is not None:
+            item = self._items.get(response_id)
+            if item is not None:
                 self._items.move_to_end(response_id)
-            return messages
+            return item
 
-    def put(self, response_id: str, messages: list[Message]) -> None:
+    def get(self, response_id: str) -> list[Message] | None:
+        item = self._item(response_id)
+        return None if item is None else item[0]
+
+    def response(self, response_id: str) -> dict | None:
+        item = self._item(response_id)
+        return None if item is None else item[1]
+
+    def put(self, response_id: str, messages: list[Message], response: dict) -> None:
         with self._lock:
-            self._items[response_id] = messages
+            self._items[response_id] = messages, response
             while len(self._items) > self.size:
                 self._items.popitem(last=False)
+
+    def delete(self, response_id: str) -> bool:
+        with self._lock:
+            return self._items.pop(response_id, None) is not None
 
 
 def parse_responses(body: dict, limits: Limits, model: str, store: ResponseStore) -> tuple[Call, "ResponsesReply"]:
@@ -58,10 +74,6 @@ def parse_responses(body: dict, limits: Limits, model: str, store: ResponseStore
     for name in ("background", "conversation", "prompt"):
         if body.get(name):
             raise ApiError(400, f"'{name}' is not supported by this server", param=name, code="unsupported_parameter")
-    text_format = (object_field(body, "text") or {}).get("format") or {"type": "text"}
-    if text_format.get("type") != "text":
-        raise ApiError(400, "'text.format' must be text: structured outputs are not supported on this endpoint",
-                       param="text.format", code="unsupported_value")
     previous = body.get("previous_response_id")
     history = [] if previous is None else _previous(previous, store)
     conversation = history + _input(body.get("input"), history)
@@ -77,25 +89,57 @@ def parse_responses(body: dict, limits: Limits, model: str, store: ResponseStore
     if body.get("tools") is None and choice not in (None, "none", "auto"):
         raise ApiError(400, "'tool_choice' needs 'tools'", param="tool_choice", code="invalid_value")
     tools = None if body.get("tools") is None else tool_use(body["tools"], choice)
+    text_format, grammar = _text_format(body)
+    check_tools_and_format(tools, grammar, "text.format")
     call = Call(model_field(body), boolean(body, "stream", False), False, system + conversation, None,
                 integer(body, "max_output_tokens", 1, limits.max_tokens, limits.max_tokens), sampler_of(body), (),
-                None, limits.speculation, reasoning_effort=None if effort == "none" else effort, tools=tools,
+                grammar, limits.speculation, reasoning_effort=None if effort == "none" else effort, tools=tools,
                 think_off=effort == "none")
     echo = {"instructions": instructions, "max_output_tokens": body.get("max_output_tokens"),
             "previous_response_id": previous, "reasoning": {"effort": effort, "summary": None},
             "temperature": call.sampler.temperature, "top_p": call.sampler.top_p,
             "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [],
-            "store": boolean(body, "store", True), "metadata": object_field(body, "metadata") or {}}
+            "store": boolean(body, "store", True), "metadata": object_field(body, "metadata") or {},
+            "text": {"format": text_format}}
     return call, ResponsesReply(model, echo, conversation, store if echo["store"] else None)
+
+
+def _text_format(body: dict) -> tuple[dict, Grammar | None]:
+    """`text.format` (text, json_object, or json_schema with its name, schema and strict flat in it, not
+    nested as in chat completions' response_format), and the grammar it holds the reply to."""
+    text_format = (object_field(body, "text") or {}).get("format")
+    text_format = {"type": "text"} if text_format is None else text_format
+    if not isinstance(text_format, dict):
+        raise ApiError(400, "'text.format' must be an object", param="text.format", code="invalid_type")
+    return text_format, output_grammar(text_format.get("type"), text_format.get("schema"), "text.format",
+                                       "text.format.schema")
 
 
 def _previous(response_id: Any, store: ResponseStore) -> list[Message]:
     messages = store.get(response_id) if isinstance(response_id, str) else None
     if messages is None:
-        raise ApiError(404, f"no stored response has the id {response_id!r} (this server keeps the last "
-                       f"{store.size}, and none made with store: false)", param="previous_response_id",
-                       code="previous_response_not_found")
+        raise _not_stored(response_id, store, "previous_response_id", "previous_response_not_found")
     return messages
+
+
+def retrieve(response_id: str, store: ResponseStore) -> dict:
+    """GET /v1/responses/{id}: a stored reply's response object, as the request that made it got it."""
+    response = store.response(response_id)
+    if response is None:
+        raise _not_stored(response_id, store, "response_id", "response_not_found")
+    return response
+
+
+def delete(response_id: str, store: ResponseStore) -> dict:
+    """DELETE /v1/responses/{id}: the reply is forgotten, so previous_response_id can no longer continue it."""
+    if not store.delete(response_id):
+        raise _not_stored(response_id, store, "response_id", "response_not_found")
+    return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+
+def _not_stored(response_id: Any, store: ResponseStore, param: str, code: str) -> ApiError:
+    return ApiError(404, f"no stored response has the id {response_id!r} (this server keeps the last "
+                    f"{store.size}, and none made with store: false)", param=param, code=code)
 
 
 def _choice(choice: Any) -> str | None:
@@ -174,7 +218,7 @@ class ResponsesReply(PartStream):
         return {"id": self.id, "object": "response", "created_at": self.created, "status": status,
                 "model": self.model, "output": output, "error": None,
                 "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-                "parallel_tool_calls": True, "text": {"format": {"type": "text"}}, "truncation": "disabled",
+                "parallel_tool_calls": True, "truncation": "disabled",
                 "usage": None if result is None else _usage(result)} | self.echo
 
     def _item_id(self, prefix: str, index: int) -> str:
@@ -195,16 +239,18 @@ class ResponsesReply(PartStream):
                 "arguments": arguments, "status": status}
 
     def _final(self, parts: list[tuple[str, str]], text: str, result: JobResult) -> dict:
-        """The reply's response, kept for previous_response_id (its reasoning and calls with it)."""
+        """The reply's response, kept with its conversation (its reasoning and calls with it)."""
         output = [self._item(kind, i, part) for i, (kind, part) in enumerate(parts)]
         output += [self._call_item(c, len(parts) + i, arguments_json(c)) for i, c in enumerate(result.tool_calls)]
         incomplete = result.finish_reason in INCOMPLETE and not result.tool_calls
         if incomplete:
             output = [item | {"status": "incomplete"} if item["type"] == "message" else item for item in output]
+        response = self._response("incomplete" if incomplete else "completed", output, result)
         if self.store is not None:
             reasoning = "".join(part for kind, part in parts if kind == REASONING)
-            self.store.put(self.id, self.conversation + [Message("assistant", text, reasoning, result.tool_calls)])
-        return self._response("incomplete" if incomplete else "completed", output, result)
+            self.store.put(self.id, self.conversation + [Message("assistant", text, reasoning, result.tool_calls)],
+                           response)
+        return response
 
     def whole(self, text: str, result: JobResult) -> dict:
         return self._final(whole_parts(text, result), text, result)

@@ -92,13 +92,14 @@ class JobResult:
     schema_warnings: tuple[str, ...] = ()  # a JSON schema reply's post-checked violations
     reasoning: str = ""  # what the reply reasoned before its answer (`text`)
     tool_calls: tuple[ToolCall, ...] = ()  # the calls the reply made (`text` is what was around them)
+    fired_stop: int | None = None  # index into the request's `stop` when one ended the reply
 
     @classmethod
     def of_turn(cls, turn: TurnResult) -> "JobResult":
         s = turn.stats
         return cls(turn.text, turn.finish_reason, s.prompt_tokens, s.reused_tokens, s.generated_tokens,
                    s.ttft_ms, s.decode_tps, None if s.spec is None else dataclasses.asdict(s.spec), turn.error,
-                   turn.schema_warnings, turn.reasoning, turn.tool_calls)
+                   turn.schema_warnings, turn.reasoning, turn.tool_calls, turn.fired_stop)
 
 
 T = TypeVar("T")

@@ -1,7 +1,8 @@
 """Anthropic's Messages API (/v1/messages) on SmolLM2, through the official anthropic client: a plain
 reply, a tool_use call held to its input_schema and answered with a tool_result, streams read with
-`client.messages.stream` (text, and a call's input_json_delta), and errors in Anthropic's shape (a missing
-max_tokens, a bad key, a bad block). Thinking needs a reasoning model: tests/app/test_server_reasoning.py."""
+`client.messages.stream` (text, and a call's input_json_delta), the stop sequence that ended a reply named
+whole and streamed, and errors in Anthropic's shape (a missing max_tokens, a bad key, a bad block).
+Thinking needs a reasoning model: tests/app/test_server_reasoning.py."""
 
 import anthropic
 import jsonschema
@@ -66,6 +67,22 @@ def test_a_streamed_tool_use_comes_as_input_json_deltas(client):
     call = final.content[-1]
     assert final.stop_reason == "tool_use" and call.type == "tool_use" and call.name == "get_weather"
     jsonschema.validate(call.input, WEATHER["input_schema"])
+
+
+def test_the_stop_sequence_that_ended_the_reply_is_named(client):
+    # greedy, SmolLM2 answers "The numbers 1, 2, 3, 4, 5 are ..."; the first sequence never comes
+    count = {"model": SMOLLM2, "max_tokens": 30, "stop_sequences": ["never said", ", 3"],
+             "messages": [{"role": "user", "content": "Write the numbers 1, 2, 3, 4, 5."}]}
+    reply = client.messages.create(**count, **GREEDY)
+    with client.messages.stream(**count, **GREEDY) as stream:
+        deltas = [event.delta for event in stream if event.type == "message_delta"]
+        final = stream.get_final_message()
+    assert reply.stop_reason == "stop_sequence" and reply.stop_sequence == ", 3"
+    assert [(d.stop_reason, d.stop_sequence) for d in deltas] == [("stop_sequence", ", 3")]
+    assert final.stop_sequence == ", 3" and final.content[0].text == reply.content[0].text
+    assert "1, 2" in reply.content[0].text and "3" not in reply.content[0].text
+    plain = client.messages.create(**count | {"stop_sequences": ["never said"], "max_tokens": 4}, **GREEDY)
+    assert plain.stop_reason == "max_tokens" and plain.stop_sequence is None
 
 
 def test_errors_have_anthropics_shape(smollm2_server, client):

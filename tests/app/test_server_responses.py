@@ -1,7 +1,9 @@
 """OpenAI's Responses API (/v1/responses) on SmolLM2, through the official openai client: a plain reply, a
 function call returned whole and answered with a function_call_output, a streamed call read by the client's
 own stream accumulator, previous_response_id continuing from the warm cache with the very reply the whole
-conversation gets, store: false and unknown ids refused, and bad input answered with a 400 naming the field."""
+conversation gets, store: false and unknown ids refused, text.format's structured outputs (json_schema and
+json_object) held to their grammar, a stored response read back by id until deleted, and bad input answered
+with a 400 naming the field."""
 
 import json
 
@@ -15,6 +17,9 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "Get the cu
            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
                           "required": ["city"], "additionalProperties": False}}
 QUESTION = "What is the weather in Paris?"
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+          "properties": {"name": {"type": "string", "maxLength": 24}, "age": {"type": "integer"}}}
+INVENT = "Invent a person. Reply with their name and age as JSON."
 
 
 @pytest.fixture(scope="module")
@@ -85,12 +90,59 @@ def test_a_chained_reply_comes_from_the_warm_cache_and_equals_the_whole_conversa
     assert chained.output_text == whole.output_text and chained.previous_response_id == first.id
 
 
+def test_a_json_schema_format_holds_the_answer_to_its_schema(client):
+    person = {"type": "json_schema", "name": "person", "schema": PERSON, "strict": True}
+    reply = client.responses.create(model=SMOLLM2, input=INVENT, text={"format": person}, max_output_tokens=80,
+                                    temperature=0)
+    jsonschema.validate(json.loads(reply.output_text), PERSON)
+    assert reply.text.format.model_dump(by_alias=True, exclude_none=True) == person  # the request's format, echoed
+    with client.responses.stream(model=SMOLLM2, input=INVENT, text={"format": person}, max_output_tokens=80,
+                                 temperature=0) as stream:
+        streamed = stream.get_final_response()
+    assert streamed.output_text == reply.output_text
+
+
+def test_a_json_object_format_answers_with_an_object(client):
+    reply = client.responses.create(model=SMOLLM2, input=INVENT, text={"format": {"type": "json_object"}},
+                                    max_output_tokens=40, temperature=0)
+    assert isinstance(json.loads(reply.output_text), dict) and reply.text.format.type == "json_object"
+
+
 def test_unstored_and_unknown_responses_cannot_be_continued(client):
     unstored = client.responses.create(model=SMOLLM2, input="Hi", max_output_tokens=1, store=False)
     for previous in (unstored.id, "resp_unknown"):
         with pytest.raises(openai.NotFoundError) as e:
             client.responses.create(model=SMOLLM2, previous_response_id=previous, input="Hi", max_output_tokens=1)
         assert e.value.body["code"] == "previous_response_not_found"
+
+
+def test_a_stored_response_is_read_back_as_created_until_deleted(client, smollm2_server):
+    short = {"instructions": "Answer in one word.", "max_output_tokens": 40, "temperature": 0}  # ends well inside 40
+    created = client.responses.create(model=SMOLLM2, input="Name a colour.", **short)
+    with client.responses.stream(model=SMOLLM2, input="Name a fruit.", **short) as stream:
+        streamed = stream.get_final_response()
+    assert created.status == streamed.status == "completed"
+    assert client.responses.retrieve(created.id).model_dump() == created.model_dump()
+    # the stream's accumulator adds a `parsed` field of its own (None) to the text
+    assert client.responses.retrieve(streamed.id).model_dump(exclude_none=True) == streamed.model_dump(
+        exclude_none=True)
+    assert smollm2_server.get(f"/v1/responses/{created.id}").status_code == 401  # no key: as every route
+
+    unstored = client.responses.create(model=SMOLLM2, input="Hi", max_output_tokens=1, store=False)
+    for missing in (unstored.id, "resp_unknown"):
+        with pytest.raises(openai.NotFoundError) as e:
+            client.responses.retrieve(missing)
+        assert e.value.body["param"] == "response_id" and e.value.body["code"] == "response_not_found"
+
+    deleted = smollm2_server.delete(f"/v1/responses/{created.id}", headers={"Authorization": f"Bearer {API_KEY}"})
+    assert deleted.json() == {"id": created.id, "object": "response.deleted", "deleted": True}
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(created.id)
+    with pytest.raises(openai.NotFoundError):  # nor can it be continued
+        client.responses.create(model=SMOLLM2, previous_response_id=created.id, input="Hi", max_output_tokens=1)
+    client.responses.delete(streamed.id)  # the client's own call
+    with pytest.raises(openai.NotFoundError):
+        client.responses.delete(streamed.id)
 
 
 BAD = {  # name: (fields, the param the error names)
@@ -103,7 +155,15 @@ BAD = {  # name: (fields, the param the error names)
     "an unknown effort": ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
     "a tool of another kind": ({"tools": [{"type": "web_search"}]}, "tools"),
     "tool_choice without tools": ({"tool_choice": "required"}, "tool_choice"),
-    "structured output": ({"text": {"format": {"type": "json_object"}}}, "text.format"),
+    "a format of no known type": ({"text": {"format": {"type": "xml"}}}, "text.format.type"),
+    "a format not an object": ({"text": {"format": "json_object"}}, "text.format"),
+    "a json_schema without its schema": ({"text": {"format": {"type": "json_schema", "name": "p"}}},
+                                         "text.format.schema"),
+    "a schema not an object": ({"text": {"format": {"type": "json_schema", "name": "p", "schema": "x"}}},
+                               "text.format.schema"),
+    "a schema no grammar can hold": ({"text": {"format": {"type": "json_schema", "name": "p",
+                                                          "schema": {"type": "wizard"}}}}, "text.format"),
+    "a format with tools": ({"tools": [WEATHER], "text": {"format": {"type": "json_object"}}}, "text.format"),
     "too many tokens": ({"max_output_tokens": 10**6}, "max_output_tokens"),
 }
 
