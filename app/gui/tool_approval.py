@@ -1,7 +1,8 @@
 """Asking the user before a tool runs, from the engine thread: the worker's tool loop calls `ask(call, turn)`,
 which hands the UI a PendingApproval through a queued signal and waits for its answer on the engine thread,
-never on the UI thread. A turn stopped meanwhile (its cancel event set) is a denial, so Stop never leaves the
-engine waiting for a click that will not come."""
+never on the UI thread. A turn stopped meanwhile (its cancel event set) answers it (Decision.STOP: the call
+does not run, and its result says why), so Stop never leaves the engine waiting for a click that will not
+come."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ class PendingApproval:
     def wait(self) -> Decision:
         while not self._answered.wait(_CANCEL_POLL_S):
             if self.turn.is_set():
-                self.answer(Decision.DENY)
+                self.answer(Decision.STOP)
         return self.decision
 
 

@@ -61,7 +61,8 @@ class ToolCallBlock(QFrame):
         outcome = "Failed" if result.is_error else "Done"
         if result.is_error and self.status.text() == "Denied":
             outcome = "Denied"
-        self.status.setText(f"{outcome} in {result.seconds:.2f} s")
+        stopped = result == ToolResult.stopped(result.call_id)  # it never ran: no time to tell
+        self.status.setText("Stopped" if stopped else f"{outcome} in {result.seconds:.2f} s")
         text = result.content
         self.result.setText(text if len(text) <= RESULT_CHARS else text[:RESULT_CHARS] + "…")
         self.result.show()
@@ -111,9 +112,9 @@ class ToolCallColumn(QWidget):
 
 
 class ToolCallsPanel(QScrollArea):
-    """The tool calls of the reply in progress (or of the last one), between the chat and the composer;
-    hidden while there are none. A call of a newer turn starts the list afresh; one of a stopped turn is
-    not shown (its question was answered by the stop)."""
+    """The tool calls of the reply in progress, between the chat and the composer; hidden while there are
+    none and once the turn ended (the chat shows them). A call of a newer turn starts the list afresh; one
+    of a stopped turn is not shown (its question was answered by the stop)."""
     MAX_HEIGHT_PX = 260
 
     def __init__(self):
@@ -134,6 +135,11 @@ class ToolCallsPanel(QScrollArea):
     def show_result(self, call: ToolCall, result: ToolResult, turn: threading.Event) -> None:
         self._column_for(turn).show_result(call, result, turn)
         self._show_latest()
+
+    def turn_ended(self) -> None:
+        """The chat shows the turn's calls and results now, each after the reply that made it: the panel,
+        which holds the calls while they ask and run, makes way for the chat."""
+        self.hide()
 
     def clear(self) -> None:
         """Another conversation: its calls are not these."""

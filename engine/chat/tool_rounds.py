@@ -4,6 +4,10 @@ the model replies again, until a reply makes no call or the rounds run out.
 Every round is a turn of the conversation, so its reply, its calls and the tool messages are in
 `convo.messages` (and its cache) as they happened. A tool's own failure is a result the model reads, never
 an exception (engine.tools.Toolbox); a call the user declines gets an error result saying so.
+
+A stop (`cancel`) between calls still ends the round whole: the calls it came before get a result saying so
+(ToolResult.stopped) and every result goes back (a stored chat writes them to its history), to a reply the
+stop ends at its start. So a stopped round keeps every call's outcome, as a stopped reply keeps its text.
 """
 
 from __future__ import annotations
@@ -61,10 +65,12 @@ def run_tool_rounds(convo: Conversation, first: Iterator[str],
                 return
             ran = []
             for call in turn.tool_calls:
-                if cancel is not None and cancel.is_set():
-                    return
-                allowed = approve is None or approve(call)
-                result = toolbox.run(call) if allowed else ToolResult(call.id, DECLINED, is_error=True)
+                if cancel is not None and cancel.is_set():  # answered all the same: the chat keeps every call
+                    result = ToolResult.stopped(call.id)
+                elif approve is None or approve(call):
+                    result = toolbox.run(call)
+                else:
+                    result = ToolResult(call.id, DECLINED, is_error=True)
                 ran.append(ToolRan(call, result))
                 yield ran[-1]
             if initial.tools is not None and initial.tools.must_call and convo.options is initial:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+STOPPED = "The turn was stopped before this tool call ran."
+
 
 @dataclass(frozen=True)
 class ToolSpec:
@@ -36,6 +38,11 @@ class ToolResult:
     content: str           # what goes back to the model as the tool message
     is_error: bool = False  # the tool failed: content says how, in words the model and the user can read
     seconds: float = 0.0
+
+    @classmethod
+    def stopped(cls, call_id: str) -> ToolResult:
+        """A call the turn was stopped before: it did not run, and the chat keeps it saying so."""
+        return cls(call_id, STOPPED, is_error=True)
 
 
 class Toolbox(Protocol):

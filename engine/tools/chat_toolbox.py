@@ -48,9 +48,11 @@ class ChatToolbox:
         self.toolbox.switches = switches
 
     def asking(self, ask: Callable[[ToolCall], Decision], *, on_always: Callable[[str], None] | None = None,
-               on_result: Callable[[ToolCall, ToolResult], None] | None = None) -> AskingToolbox:
-        """The switched-on tools for one turn, each call asked about first unless always allowed."""
-        return AskingToolbox(self.toolbox, ask, on_always=on_always, on_result=on_result)
+               on_result: Callable[[ToolCall, ToolResult], None] | None = None,
+               enabled: frozenset[str] | None = None) -> AskingToolbox:
+        """The switched-on tools for one turn (only those in `enabled`, the chat's own, where it is given), each
+        call asked about first unless always allowed."""
+        return AskingToolbox(self.toolbox, ask, on_always=on_always, on_result=on_result, enabled=enabled)
 
     def close(self) -> None:
         self.toolbox.close()

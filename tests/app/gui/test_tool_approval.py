@@ -92,13 +92,14 @@ def test_allow_always_runs_later_calls_without_asking(qtbot):
     assert not column.blocks["c4"].buttons[Decision.ALLOW].isVisible()  # shown as it ran, never asked
 
 
-def test_stopping_the_turn_while_it_asks_denies_the_call(qtbot):
+def test_stopping_the_turn_while_it_asks_stops_the_call(qtbot):
     tool, asking, column, cancel, _ = engine_turn(qtbot)
     thread, results = run_on_engine_thread(asking, ToolCall("c5", "echo", {"text": "x"}))
     qtbot.waitUntil(lambda: "c5" in column.blocks)
     cancel.set()
     qtbot.waitUntil(lambda: not thread.is_alive())
-    assert results[0].is_error and tool.calls == []
+    assert results[0] == ToolResult.stopped("c5") and tool.calls == []
+    qtbot.waitUntil(lambda: column.blocks["c5"].status.text() == "Stopped")
 
 
 def test_the_first_answer_counts():

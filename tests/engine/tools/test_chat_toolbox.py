@@ -3,7 +3,7 @@
 from engine.history.store import HistoryStore
 from engine.tools import ToolCall
 from engine.tools.approval import Decision
-from engine.tools.builtin import READ_DOCUMENT, READ_FILE
+from engine.tools.builtin import READ_DOCUMENT, READ_FILE, SEARCH_CONVERSATIONS
 from engine.tools.chat_toolbox import ChatToolbox
 from engine.tools.toolbox import ToolSwitches
 from tests.engine.tools.conftest import stdio_server
@@ -35,5 +35,21 @@ def test_servers_and_built_ins_behind_the_switches_and_the_question(tmp_path):
         tools.configure({"b": stdio_server("b")}, ToolSwitches(frozenset({"b__echo"}), frozenset({"b__echo"})))
         assert turn.run(ToolCall("4", "b__echo", {"text": "y"})).content == "echo: y"
         assert turn.run(ToolCall("5", "a__echo", {"text": "y"})).is_error  # the server a is gone
+    finally:
+        tools.close()
+
+
+def test_a_turn_offers_only_the_tools_its_chat_keeps_on_and_refuses_the_others_unasked(tmp_path):
+    tools = ChatToolbox(tmp_path / "history.db", lambda: None)
+    asked = []
+    try:
+        tools.configure({}, ToolSwitches(frozenset({READ_FILE, SEARCH_CONVERSATIONS})))
+        tools.picked.pick(str(tmp_path / "notes.txt"))  # read_file is listed once a file is picked
+        turn = tools.asking(lambda call: asked.append(call.name) or Decision.ALLOW, enabled=frozenset({READ_FILE}))
+        assert [s.name for s in turn.specs()] == [READ_FILE]
+        result = turn.run(ToolCall("1", SEARCH_CONVERSATIONS, {"query": "x"}))
+        assert result.is_error and result.content == f"the tool {SEARCH_CONVERSATIONS} is switched off in this chat"
+        assert asked == []
+        assert {s.name for s in tools.asking(asked.append).specs()} == {READ_FILE, SEARCH_CONVERSATIONS}
     finally:
         tools.close()
