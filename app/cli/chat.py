@@ -31,7 +31,9 @@ from engine.cartridge.build import Attached
 from engine.cartridge.chat_documents import cartridges, carry_over, record
 from engine.chat import ChatOptions, Conversation, TurnResult
 from engine.chat.options import THINK_CHOICES, think_options
+from engine.chat.tool_render import tool_format_of
 from engine.chat.tool_rounds import ToolRan, send_with_tools
+from engine.chat.tool_text import without_call_text
 from engine.chat.tool_use import ToolUse
 from engine.chat.window import POLICIES
 from engine.history.store import HistoryStore
@@ -96,8 +98,9 @@ class _EphemeralChat(_Chat):
         return self._rounds(text)
 
     def _rounds(self, text: str) -> Iterator[str]:
-        """The rounds' replies; calls and results are shown (stderr) as they run."""
-        for piece in send_with_tools(self.convo, text, self.toolbox, approve=self.approve):
+        """The rounds' replies, without their calls' markup: calls and results are shown (stderr) as they run."""
+        rounds = send_with_tools(self.convo, text, self.toolbox, approve=self.approve)
+        for piece in without_call_text(rounds, tool_format_of(self.convo.template).opener):
             if isinstance(piece, ToolRan):
                 show_tool_ran(piece)
             else:

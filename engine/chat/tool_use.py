@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from engine.errors import InvalidGrammar
 from engine.sampling.grammar import Grammar
@@ -28,6 +28,15 @@ class ToolUse:
             raise ValueError(f"tool_choice must be one of {', '.join(CHOICES)} or a tool's name, got {self.choice!r}")
         if self.choice == "required" and not self.tools:
             raise ValueError("tool_choice 'required' needs at least one tool")
+
+    @classmethod
+    def available(cls, tools: Sequence[ToolSpec], choice: str) -> ToolUse:
+        """`choice` over the tools a chat has now, where they can honour it: a chat's tools come and go (a file
+        not picked yet, a server down), so a choice naming one not there, or requiring a call with none there,
+        is Auto's."""
+        tools = tuple(tools)
+        missing = choice not in CHOICES and choice not in {t.name for t in tools}
+        return cls(tools, "auto" if missing or (choice == "required" and not tools) else choice)
 
     @property
     def active(self) -> bool:

@@ -12,8 +12,10 @@ Store writes are one transaction each: the user message is committed before its 
 when it ends, so a killed process keeps every finished turn, and a sidecar that resumes a consistent prefix.
 A reply the store refuses (a full disk: StoreError) stays in `pending_reply` and is saved before the next
 write, or by `save_pending`. A turn with tools (`with_tools`) stores each round as it ends: the reply with
-its calls, then a tool message per result, which the next reply is rendered with. A turn holds the conversation's lock (engine.platform.locks) while it streams: a turn on
-a conversation another process is streaming into is refused (ConversationBusy) before anything is written.
+its calls, then a tool message per result, which the next reply is rendered with; a round stopped midway is
+stored as far as it went, every call with its result (engine.chat.tool_rounds). A turn holds the
+conversation's lock (engine.platform.locks) while it streams: a turn on a conversation another process is
+streaming into is refused (ConversationBusy) before anything is written.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from typing import Callable, Iterator, Sequence
 from engine.cartridge.cartridge import Cartridge
 from engine.chat import ChatOptions, Conversation, Message, TurnResult
 from engine.chat.options import think_options
+from engine.chat.tool_render import tool_format_of
 from engine.chat.tool_rounds import ToolRan, run_tool_rounds
+from engine.chat.tool_text import without_call_text
 from engine.chat.tool_use import ToolUse
 from engine.chat.window import DEFAULT_POLICY, ContextWindow, check_policy, fit_context, longest_token
 from engine.errors import FucinaError
@@ -290,12 +294,12 @@ class ChatSession(StoredChat):
     @classmethod
     def open(cls, store: HistoryStore, model: Model, conversation_id: str | None = None, *,
              sidecar_dir=None, system_prompt: str | None = None, sampler: dict | None = None,
-             speculation: bool = False, attachments: Sequence[Cartridge] = (),
+             tools: dict | None = None, speculation: bool = False, attachments: Sequence[Cartridge] = (),
              run_stream: Callable[[Iterator[str]], Iterator[str]] | None = None) -> "ChatSession":
         """Open a stored conversation, or (conversation_id None) a new one with these settings."""
         if conversation_id is None:
             conversation_id = store.create_conversation(os.fspath(model.file.path), system_prompt=system_prompt,
-                                                        sampler=sampler)
+                                                        sampler=sampler, tools=tools)
         return cls(store, model, conversation_id, sidecar_dir=sidecar_dir, speculation=speculation,
                    attachments=attachments, run_stream=run_stream)
 
@@ -393,9 +397,10 @@ class ChatSession(StoredChat):
         """The reply `start` begins (a send, regenerate or edit of this session) with `toolbox`'s tools offered,
         and the rounds after it (engine.chat.tool_rounds): each reply is stored with its calls, then a tool
         message per call with its result, and the next reply answers them. The toolbox does its own asking
-        (engine.tools.approval). The stream yields a ToolRan for each call between the replies' pieces."""
+        (engine.tools.approval); `choice` holds where its tools now can honour it (ToolUse.available). The
+        stream yields a ToolRan for each call between the replies' pieces."""
         plain = self.convo.options
-        self.convo.reconfigure(dataclasses.replace(plain, tools=ToolUse(tuple(toolbox.specs()), choice)))
+        self.convo.reconfigure(dataclasses.replace(plain, tools=ToolUse.available(toolbox.specs(), choice)))
         try:
             first = start()  # writes the turn's messages now, as a reply without tools does
         except BaseException:
@@ -403,7 +408,8 @@ class ChatSession(StoredChat):
             raise
         rounds = run_tool_rounds(self.convo, first, lambda ran: self._answer_tools(ran, cancel, on_prefill), toolbox,
                                  cancel=cancel)
-        return self._then_without_tools(plain, rounds)
+        # the calls show from the stored reply (its tool_calls), not as the markup the model writes
+        return self._then_without_tools(plain, without_call_text(rounds, tool_format_of(self.convo.template).opener))
 
     def _then_without_tools(self, plain: ChatOptions, rounds: Iterator[str | ToolRan]) -> Iterator[str | ToolRan]:
         """The rounds' stream; the session's options without tools come back when it ends."""

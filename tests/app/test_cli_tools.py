@@ -33,6 +33,7 @@ def test_an_allowed_call_runs_and_its_result_is_shown(model_path, monkeypatch, c
     assert code == 0, out.err
     assert '[tool call] get_weather({"city": ' in out.err
     assert '[tool result] get_weather: {"temperature_c": 18, "sky": "cloudy"}' in out.err
+    assert "tool_call>" not in out.out  # the call is shown once, as the line above, not as the model's markup
 
 
 def test_a_call_from_a_pipe_is_declined_without_allow_tools(model_path, monkeypatch, capsys, tmp_path):

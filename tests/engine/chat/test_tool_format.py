@@ -11,7 +11,9 @@ from engine.chat.jinja_template import JinjaTemplate
 from engine.chat.tool_format import HARMONY, HERMES, LLAMA3, MISTRAL, detect_tool_format
 from engine.chat.tool_grammar import call_grammar
 from engine.chat.tool_render import as_plain_messages, render_with_tools, tool_format_of
-from engine.chat.tool_text import CallTextFilter
+from engine.chat.reasoning import Thought
+from engine.chat.tool_rounds import ToolRan
+from engine.chat.tool_text import CallTextFilter, without_call_text
 from engine.chat.tool_use import ToolUse, specs_from_openai
 from engine.tools import ToolCall, ToolResult, ToolSpec
 
@@ -157,6 +159,13 @@ def test_tool_choice_and_openai_tools_are_checked():
         specs_from_openai({"name": "f"})
 
 
+def test_a_chats_choice_its_tools_now_cannot_honour_is_auto():
+    assert ToolUse.available([WEATHER], "get_weather") == ToolUse((WEATHER,), "get_weather")
+    assert ToolUse.available([WEATHER], "get_time").choice == "auto"  # a tool not there now (a server down)
+    assert ToolUse.available([], "required") == ToolUse((), "auto")  # nothing to call: no call required
+    assert ToolUse.available([WEATHER], "required").must_call and not ToolUse.available([WEATHER], "none").active
+
+
 # -- streamed text -----------------------------------------------------------------------------------------
 
 def test_streamed_text_is_held_back_from_the_call_opener_on():
@@ -165,6 +174,30 @@ def test_streamed_text_is_held_back_from_the_call_opener_on():
     assert "".join(shown) == "Sure, " and f.calling
     g = CallTextFilter("<tool_call>")
     assert g.push("a <to") == "a " and g.push("y") == "<toy" and g.push(" <") == " " and g.finish() == "<"
+
+
+def test_a_tool_turns_stream_shows_each_replys_text_without_its_calls():
+    """Every round's reply is held back from its call's opener on; reasoning, the calls that ran and the
+    next round's text pass, and a reply without a call keeps its whole text."""
+    call = ToolCall("c1", "get_weather", {"city": "Rome"})
+    ran = ToolRan(call, ToolResult("c1", "21 C"))
+    closed = []
+
+    def rounds():
+        try:
+            yield from [Thought("the user asks"), "Let me check. <tool", '_call>\n{"name": "get_weather"}',
+                        "</tool_call>", ran, Thought("it is warm"), "It is 21 ", "degrees <"]
+        finally:
+            closed.append(True)
+
+    shown = list(without_call_text(rounds(), "<tool_call>"))
+    assert shown == [Thought("the user asks"), "Let me check. ", ran, Thought("it is warm"), "It is 21 ", "degrees ",
+                     "<"]
+    assert [type(p) for p in shown[:4]] == [Thought, str, ToolRan, Thought]
+    stream = without_call_text(rounds(), "<tool_call>")
+    next(stream)
+    stream.close()  # a stopped turn: the rounds end now, restoring what they changed
+    assert closed == [True, True]
 
 
 # -- call grammars ----------------------------------------------------------------------------------------
