@@ -210,6 +210,15 @@ class ChatView(QScrollArea):
         if self.thinking is not None and isValid(self.thinking):
             self.thinking.set_wait(text)
 
+    def reasoning_ended(self, *_) -> None:
+        """The reply being written stopped reasoning with no answer text to say so (it calls a tool, whose
+        markup is not shown): its thinking block says how long it thought."""
+        row = self.model.reply_row
+        if row is not None and self._first <= row < self._last:
+            block = self.widgets[row - self._first].thinking_block
+            if block is not None:
+                block.finish()
+
     def _sync_thinking(self) -> None:
         """The thinking mark sits in the card of the reply being written until its first text (reasoning,
         whose own block then says it thinks, or answer)."""

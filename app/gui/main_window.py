@@ -31,6 +31,7 @@ from app.gui.status_line import StatusLine, describe_kernel_wait
 from app.gui.storage_banner import StorageBanner
 from app.gui.theme import SPACE_L, SPACE_M, THEMES, apply_theme
 from app.gui.tool_call_block import ToolCallsPanel
+from app.gui.tool_choice import ToolChoiceButton
 from app.gui.welcome import WelcomeScreen
 from app.gui.worker import EngineClient
 from engine.platform.catalog import catalog, starter_of_file
@@ -100,6 +101,7 @@ class MainWindow(QMainWindow):
         self.attachment_bar = AttachmentBar()
         self.tool_calls = ToolCallsPanel()  # a reply's tool calls, each asked about before it runs
         self.attach_button = paperclip_button()
+        self.tool_choice = ToolChoiceButton(self.preferences.tool_choice)  # how replies use the tools switched on
         self.file_drops = FileDrops(self)
         self._build_layout()
         self._build_menus()
@@ -107,6 +109,7 @@ class MainWindow(QMainWindow):
         if self.preferences.geometry is not None:
             self.restoreGeometry(self.preferences.geometry)
         self.client.set_speculation(self.preferences.speculation)
+        self.client.set_tool_choice(self.preferences.tool_choice)
         self.documents.set_disk_budget(self.preferences.disk_budget)
         self.configure_tools()
         self.open_conversation(conversation_id or self.preferences.last_conversation)
@@ -155,6 +158,7 @@ class MainWindow(QMainWindow):
         window_column.addWidget(splitter, 1)
         self.setCentralWidget(central)
         self.composer.tools.addWidget(self.attach_button)
+        self.composer.tools.addWidget(self.tool_choice)
         self.statusBar().addWidget(self.status_line, 1)
         self.statusBar().addPermanentWidget(self.load_progress)
         self.statusBar().addPermanentWidget(self.kernel_warmup.bar)
@@ -218,6 +222,8 @@ class MainWindow(QMainWindow):
         self.storage_banner.retry_requested.connect(self.client.save_pending)
         self.sidebar.storage_failed.connect(lambda message: self.storage_banner.show_failure(message, None))
         self.attach_button.clicked.connect(self.choose_documents)
+        self.tool_choice.chosen.connect(self.set_tool_choice)
+        self.tool_choice.chat_tools_changed.connect(self.client.set_chat_tools)
         self.file_drops.dropped.connect(self.attach_files)
         self.attachment_bar.remove_requested.connect(self.documents.remove)
         self.client.worker.documents.chips_changed.connect(self.attachment_bar.show_chips)
@@ -246,6 +252,9 @@ class MainWindow(QMainWindow):
         worker.tool_allowed_always.connect(self._tool_allowed_always)
         worker.approvals.requested.connect(self.tool_calls.ask)
         worker.approvals.finished.connect(self.tool_calls.show_result)
+        # a call asked about or run ends the reply's reasoning, though no answer text (the call's) is shown
+        worker.approvals.requested.connect(self.chat_view.reasoning_ended)
+        worker.approvals.finished.connect(self.chat_view.reasoning_ended)
 
     def _siblings(self, message_id: str) -> list[str]:
         return [m["id"] for m in self.store.siblings(message_id)]
@@ -274,6 +283,7 @@ class MainWindow(QMainWindow):
             self.chat_model.clear()
         else:  # another conversation's branch resets the chat once
             self._refresh_if_current(conversation_id)
+        self.tool_choice.show_chat(conversation_id and self.store.get_conversation(conversation_id)["tools"])
         self.sidebar.select(conversation_id)
         self.composer.input.setFocus()
 
@@ -359,6 +369,7 @@ class MainWindow(QMainWindow):
     def _end_turn(self) -> None:
         held, self._held_turn = self._held_turn, None
         self.chat_model.end_reply()
+        self.tool_calls.turn_ended()
         self.composer.set_busy(False)
         if held is None:
             return
@@ -579,8 +590,18 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage(f"Tools may read {Path(path).name} in this chat", 5000)
 
     def configure_tools(self) -> None:
-        """The tools' settings (saved by app.gui.tools_dialog) to the engine thread."""
+        """The tools' settings (saved by app.gui.tools_dialog) to the engine thread, and the tools switched on
+        to the tool choice."""
         self.client.configure_tools(self.preferences.mcp_servers, self.preferences.tool_switches)
+        self.tool_choice.show_tools(sorted(self.preferences.tool_switches.enabled))
+
+    def set_tool_choice(self, choice: str) -> None:
+        """The app's default choice: shown on the tool choice button while the open chat has none of its own,
+        remembered for the next start, and used from the next turn on in the chats without their own."""
+        self.tool_choice.set_default(choice)
+        if choice != self.preferences.tool_choice:
+            self.preferences.tool_choice = choice
+            self.client.set_tool_choice(choice)
 
     def _tool_allowed_always(self, name: str) -> None:
         self.preferences.tool_switches = self.preferences.tool_switches.allowed_always(name)

@@ -37,7 +37,9 @@ def _author(message: dict) -> str:
     result = message.get("tool_result")
     if result is None:
         return ROLE_NAMES.get(message["role"], message["role"])
-    return f"Tool result: {result['name']}" + (" (failed)" if result["is_error"] else "")
+    seconds = result.get("seconds")
+    took = "" if seconds is None else f" · {seconds:.2f} s"
+    return f"Tool result: {result['name']}" + (" (failed)" if result["is_error"] else "") + took
 
 
 def _call_label(call: dict) -> QLabel:

@@ -2,9 +2,9 @@
 conversation and model, recently used model files, named settings presets, whether replies decode
 speculatively, the documents' disk budget, where the model runs, the remote endpoint (its URL, API key and
 model, and whether the app uses it rather than a local model), the local server's port and API key, and the
-MCP servers and the tools switched on. One INI file next to the history database, so a data directory
-(`FUCINA_HOME`) carries everything; the API keys are kept there in plain text like every other setting (the
-file is the user's, in their data directory)."""
+MCP servers, the tools switched on and how replies are offered them. One INI file next to the history
+database, so a data directory (`FUCINA_HOME`) carries everything; the API keys are kept there in plain text
+like every other setting (the file is the user's, in their data directory)."""
 
 from __future__ import annotations
 
@@ -164,3 +164,13 @@ class Preferences:
     @tool_switches.setter
     def tool_switches(self, switches: ToolSwitches) -> None:
         self._settings.setValue("tools/switches", switches.to_json())
+
+    @property
+    def tool_choice(self) -> str:
+        """How replies are offered the tools switched on (app.gui.tool_choice): "auto" unless chosen,
+        "required", "none" or a tool's name."""
+        return self._settings.value("tools/choice", "auto")
+
+    @tool_choice.setter
+    def tool_choice(self, choice: str) -> None:
+        self._settings.setValue("tools/choice", choice)

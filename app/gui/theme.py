@@ -100,6 +100,9 @@ QToolButton {{ border: none; border-radius: 6px; padding: {SPACE_S}px; }}
 QToolButton:hover {{ background: {c.raised}; }}
 QToolButton:disabled {{ color: {c.muted}; }}
 QToolButton#modelButton {{ font-weight: 600; padding: 5px 10px; }}
+QToolButton#toolChoice {{ padding-right: 10px; }}
+QToolButton#toolChoice::menu-indicator {{ subcontrol-origin: padding; subcontrol-position: center right;
+    right: 2px; }}
 
 QScrollArea {{ border: none; background: {c.window}; }}
 QScrollBar:vertical {{ background: transparent; width: 10px; margin: 2px; }}

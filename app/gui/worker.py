@@ -19,10 +19,12 @@ keeps the text received and is reported.
 The worker also runs the app's local server (app.local_server): a second adapter over the same service.
 
 It keeps the chats' tools (engine.tools.chat_toolbox: MCP servers, built-in tools) as the settings give
-them. While some are switched on, a local chat's turn offers them (ChatSession.with_tools) and its calls run
-through toolbox_for_turn(): each call not always allowed is asked about through `approvals`
-(app.gui.tool_approval), and this thread waits for the answer while the UI stays free; the calls and
-results are stored with the conversation as they happen.
+them. While some are switched on, a local chat's turn offers them (ChatSession.with_tools) as `tool_choice`
+says (the UI's: app.gui.tool_choice; "none" offers none), or only those the chat keeps on, as its own choice
+says, where it has its own tool setting (set_chat_tools); its calls run through toolbox_for_turn(): each
+call not always allowed is asked about through `approvals` (app.gui.tool_approval), and this thread waits
+for the answer while the UI stays free; the calls and results are stored with the conversation as they
+happen.
 """
 
 from __future__ import annotations
@@ -516,27 +518,56 @@ class EngineWorker(QObject):
             servers = {}
         self._chat_tools().configure(servers, switches)
 
+    @Slot(str)
+    def set_tool_choice(self, choice: str) -> None:
+        """From the next turn on: "auto", "required", "none" or a switched-on tool's name (engine.chat.tool_use)."""
+        self.tool_choice = choice
+
     @Slot(object)
     def pick_file(self, path: str | None) -> None:
         """The one file the read_file tool may read in this chat (None: none)."""
         if path is not None or self._tools is not None:
             self._chat_tools().picked.pick(path)
 
-    def toolbox_for_turn(self, turn: threading.Event) -> AskingToolbox:
-        """The switched-on tools for the turn, each call asked about first unless always allowed (the UI
-        shows it; a stopped turn is a denial)."""
+    @Slot(object)
+    def set_chat_tools(self, tools: dict | None) -> None:
+        """The open chat's own tool setting ({"enabled": [names], "choice": ...}; None: the app's defaults),
+        stored with it, or with a new chat once its first message makes it."""
+        if self._conversation_id is None:
+            self._pending_settings["tools"] = tools
+            return
+        try:
+            self.store.update_settings(self._conversation_id, tools=tools)
+        except FucinaError as e:
+            self._report(e)
+
+    def _chat_tool_setting(self) -> dict | None:
+        """The open chat's own tool setting (None: it follows the app's)."""
+        if self._conversation_id is None:
+            return self._pending_settings.get("tools")
+        return self.store.get_conversation(self._conversation_id)["tools"]
+
+    def toolbox_for_turn(self, turn: threading.Event, enabled: frozenset[str] | None = None) -> AskingToolbox:
+        """The switched-on tools for the turn (only those in `enabled`, the chat's own, where given), each call
+        asked about first unless always allowed (the UI shows it; a stopped turn is a denial)."""
         return self._chat_tools().asking(
             lambda call: self.approvals.ask(call, turn), on_always=self.tool_allowed_always.emit,
-            on_result=lambda call, result: self.approvals.tell_result(call, result, turn))
+            on_result=lambda call, result: self.approvals.tell_result(call, result, turn), enabled=enabled)
 
     def _offering_tools(self, session: StoredChat, start: Callable[[], Iterator[str]], cancel: threading.Event,
                         progress: OnPrefill) -> Iterator[str | ToolRan]:
-        """The turn `start` begins, offering the switched-on tools where some are (a local model's chats: a
-        remote endpoint's replies are written there): calls, results and the replies after them are stored
-        in the conversation as they come."""
-        if self._tools is None or not self._tools.toolbox.switches.enabled or not isinstance(session, ChatSession):
+        """The turn `start` begins, offering the tools on in this chat where some are (a local model's chats: a
+        remote endpoint's replies are written there) as its choice says (the app's where the chat keeps
+        none): calls, results and the replies after them are stored in the conversation as they come."""
+        if self._tools is None or not isinstance(session, ChatSession):
             return start()
-        return session.with_tools(start, self.toolbox_for_turn(cancel), cancel, choice=self.tool_choice,
+        own = self._chat_tool_setting()
+        switched_on = self._tools.toolbox.switches.enabled
+        enabled = switched_on & frozenset(own["enabled"]) if own else switched_on
+        choice = own["choice"] if own else self.tool_choice
+        if not enabled or choice == "none":
+            return start()
+        return session.with_tools(start, self.toolbox_for_turn(cancel, enabled), cancel, choice=choice,
                                   on_prefill=progress)
 
     def _chat_tools(self) -> ChatToolbox:
@@ -602,6 +633,8 @@ class EngineClient(QObject):
     _set_speculation = Signal(bool)
     _save_pending = Signal()
     _configure_tools = Signal(str, object)
+    _set_tool_choice = Signal(str)
+    _set_chat_tools = Signal(object)
     _pick_file = Signal(object)
     _shutdown = Signal()
 
@@ -613,7 +646,8 @@ class EngineClient(QObject):
         self.worker.moveToThread(self.thread)
         for name in ("load_model", "use_remote", "open_conversation", "send", "regenerate", "edit", "switch",
                      "delete_message", "delete_conversation", "update_settings", "set_speculation", "save_pending",
-                     "start_server", "stop_server", "configure_tools", "pick_file", "shutdown"):
+                     "start_server", "stop_server", "configure_tools", "set_tool_choice", "set_chat_tools",
+                     "pick_file", "shutdown"):
             getattr(self, f"_{name}").connect(getattr(self.worker, name))
         self._cancel = threading.Event()
         self.thread.start()
@@ -682,6 +716,14 @@ class EngineClient(QObject):
     def configure_tools(self, servers_json: str, switches: ToolSwitches) -> None:
         """The tools' settings (app.gui.tools_dialog), from the next tool call on."""
         self._configure_tools.emit(servers_json, switches)
+
+    def set_tool_choice(self, choice: str) -> None:
+        """How the next turns are offered the tools (app.gui.tool_choice)."""
+        self._set_tool_choice.emit(choice)
+
+    def set_chat_tools(self, tools: dict | None) -> None:
+        """The open chat's own tools and choice, kept with it (None: the app's defaults)."""
+        self._set_chat_tools.emit(tools)
 
     def pick_file(self, path: str | None) -> None:
         """The file the read_file tool may read in the open chat, and no other."""

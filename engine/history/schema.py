@@ -114,5 +114,13 @@ def _schema_v4(db: sqlite_utils.Database) -> None:
     db["messages"].enable_fts(["content", "reasoning", "tool_calls"], create_triggers=True, replace=True)
 
 
+def _schema_v5(db: sqlite_utils.Database) -> None:
+    # A conversation may keep its own tool setting (JSON {"enabled": [names], "choice": ...}: the tools on in
+    # it and how they are offered); NULL, as every older row has, follows the app's defaults. Column checked
+    # first: a crash between ALTER and the version row re-runs this.
+    if "tools" not in {c.name for c in db["conversations"].columns}:
+        db.execute("ALTER TABLE conversations ADD COLUMN tools TEXT")
+
+
 # Applied in order on open; the list index + 1 is the schema version. Append, never edit.
-MIGRATIONS = [_schema_v1, _schema_v2, _schema_v3, _schema_v4]
+MIGRATIONS = [_schema_v1, _schema_v2, _schema_v3, _schema_v4, _schema_v5]

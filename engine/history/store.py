@@ -21,7 +21,7 @@ from engine.platform.catalog import model_display_name
 from engine.errors import HistoryError
 from engine.history.schema import MIGRATIONS
 from engine.history.validate import (EXPORT_FORMAT, EXPORT_VERSION, ROLES, check_export, check_sampler, check_text,
-                                     check_tool_parts)
+                                     check_tool_parts, check_tools)
 from engine.platform.paths import data_dir
 from engine.platform.storage_errors import storage_error
 
@@ -101,13 +101,14 @@ class HistoryStore:
     # -- conversations --
 
     def create_conversation(self, model: str, title: str | None = None, system_prompt: str | None = None,
-                            sampler: dict | None = None) -> str:
+                            sampler: dict | None = None, tools: dict | None = None) -> str:
+        """`tools`: its own tool setting (validate.check_tools; None: the app's defaults)."""
         cid, now = _new_id(), _now()
         with self._tx() as conn:
             conn.execute(
-                "INSERT INTO conversations (id, title, model, system_prompt, sampler, created_at, updated_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (cid, title, model, system_prompt, _sampler_json(sampler), now, now),
+                "INSERT INTO conversations (id, title, model, system_prompt, sampler, tools, created_at, updated_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (cid, title, model, system_prompt, _sampler_json(sampler), _tools_json(tools), now, now),
             )
         return cid
 
@@ -142,11 +143,15 @@ class HistoryStore:
         with self._tx():
             self._update_conversation(conversation_id, pinned=int(bool(pinned)))
 
-    def update_settings(self, conversation_id: str, *, model=_KEEP, system_prompt=_KEEP, sampler=_KEEP) -> None:
-        """Change only the settings passed; None clears system_prompt or sampler."""
+    def update_settings(self, conversation_id: str, *, model=_KEEP, system_prompt=_KEEP, sampler=_KEEP,
+                        tools=_KEEP) -> None:
+        """Change only the settings passed; None clears system_prompt, sampler or tools (back to the app's
+        defaults)."""
         changes = {"model": model, "system_prompt": system_prompt}
         if sampler is not _KEEP:
             changes["sampler"] = _sampler_json(sampler)
+        if tools is not _KEEP:
+            changes["tools"] = _tools_json(tools)
         with self._tx():
             self._update_conversation(conversation_id, **{k: v for k, v in changes.items() if v is not _KEEP})
 
@@ -340,7 +345,7 @@ class HistoryStore:
         return {
             "format": EXPORT_FORMAT,
             "version": EXPORT_VERSION,
-            "conversation": {k: conv[k] for k in ("title", "model", "system_prompt", "sampler", "pinned",
+            "conversation": {k: conv[k] for k in ("title", "model", "system_prompt", "sampler", "tools", "pinned",
                                                   "created_at", "updated_at", "active_leaf")},
             "messages": [{k: m[k] for k in ("id", "parent_id", "role", "content", "created_at", "meta")}
                          | {k: m[k] for k in ("reasoning", "tool_calls", "tool_result") if m[k]}  # only what it has
@@ -359,9 +364,11 @@ class HistoryStore:
         new_ids = {m["id"]: _new_id() for m in messages}
         with self._tx() as conn:
             conn.execute(
-                "INSERT INTO conversations VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO conversations (id, title, model, system_prompt, sampler, tools, created_at, updated_at,"
+                " pinned, active_leaf) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (cid, conv["title"], conv["model"], conv["system_prompt"], json.dumps(conv["sampler"]),
-                 conv["created_at"] or now, now, int(conv["pinned"]), new_ids.get(conv["active_leaf"])),
+                 _tools_json(conv["tools"]), conv["created_at"] or now, now, int(conv["pinned"]),
+                 new_ids.get(conv["active_leaf"])),
             )
             for m in ordered:
                 _insert_message(conn, m | {"id": new_ids[m["id"]], "conversation_id": cid,
@@ -391,8 +398,14 @@ def _sampler_json(sampler: dict | None) -> str:
     return json.dumps(check_sampler(sampler))
 
 
+def _tools_json(tools: dict | None) -> str | None:
+    checked = check_tools(tools)
+    return None if checked is None else json.dumps(checked, ensure_ascii=False)
+
+
 def _conversation(row: dict) -> dict:
-    return {**row, "sampler": json.loads(row["sampler"]), "pinned": bool(row["pinned"])}
+    tools = row["tools"] and json.loads(row["tools"])
+    return {**row, "sampler": json.loads(row["sampler"]), "tools": tools, "pinned": bool(row["pinned"])}
 
 
 def _insert_message(conn, m: dict) -> None:

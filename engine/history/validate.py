@@ -1,8 +1,9 @@
 """Checks on what the history store is asked to keep, made before anything is written.
 
 One validator for sampler settings, whether they come from the app's settings dialog, the CLI's flags or an
-imported file, and one for a whole imported document. Errors are HistoryErrors naming the JSON path of the
-offending field: "conversation.sampler.ctx: expected an integer between 16 and 131072, got 'abc'".
+imported file, one for a conversation's own tool setting, and one for a whole imported document. Errors are
+HistoryErrors naming the JSON path of the offending field: "conversation.sampler.ctx: expected an integer between
+16 and 131072, got 'abc'".
 """
 
 from __future__ import annotations
@@ -78,6 +79,23 @@ def check_sampler(sampler, where: str = "sampler") -> dict:
             value = _number(value, *SAMPLER_RANGES[key], f"{where}.{key}")
         checked[key] = value
     return checked
+
+
+def check_tools(tools, where: str = "tools") -> dict | None:
+    """A conversation's own tool setting, {"enabled": [tool names], "choice": "auto" | "required" | "none" | a
+    tool's name}, checked and returned with its names sorted once each (None: the app's defaults)."""
+    if tools is None:
+        return None
+    if not isinstance(tools, dict) or set(tools) != {"enabled", "choice"}:
+        raise HistoryError(f"{where}: expected an object of enabled, choice, got {_shown(tools)}")
+    enabled = tools["enabled"]
+    if not isinstance(enabled, list):
+        raise HistoryError(f"{where}.enabled: expected a list of tool names, got {_shown(enabled)}")
+    names = [check_text(name, f"{where}.enabled[{i}]") for i, name in enumerate(enabled)]
+    choice = check_text(tools["choice"], f"{where}.choice")
+    if not choice:
+        raise HistoryError(f"{where}.choice: expected auto, required, none or a tool's name, got ''")
+    return {"enabled": sorted(set(names)), "choice": choice}
 
 
 def _number(value, kind: type, low: float, high: float, where: str):
@@ -202,6 +220,7 @@ def check_export(data) -> tuple[dict, list[dict]]:
         "title": _field(conv, "title", "conversation", str),
         "system_prompt": _field(conv, "system_prompt", "conversation", str),
         "sampler": check_sampler(conv.get("sampler"), "conversation.sampler"),
+        "tools": check_tools(conv.get("tools"), "conversation.tools"),
         "pinned": bool(_field(conv, "pinned", "conversation", bool)),
         "created_at": _field(conv, "created_at", "conversation", str),
         "active_leaf": _field(conv, "active_leaf", "conversation", str),

@@ -74,10 +74,12 @@ class RemoteChatSession(StoredChat):
 
     @classmethod
     def open(cls, store: HistoryStore, client: RemoteClient, conversation_id: str | None = None, *,
-             system_prompt: str | None = None, sampler: dict | None = None) -> "RemoteChatSession":
+             system_prompt: str | None = None, sampler: dict | None = None,
+             tools: dict | None = None) -> "RemoteChatSession":
         """Open a stored conversation, or (conversation_id None) a new one with these settings."""
         if conversation_id is None:
-            conversation_id = store.create_conversation(client.name, system_prompt=system_prompt, sampler=sampler)
+            conversation_id = store.create_conversation(client.name, system_prompt=system_prompt, sampler=sampler,
+                                                        tools=tools)
         return cls(store, client, conversation_id)
 
     @property

@@ -50,6 +50,22 @@ def test_a_streaming_reply_shows_its_reasoning_open_then_folded_with_its_duratio
     assert block.expanded and block.body.isVisibleTo(card)
 
 
+def test_a_reply_that_calls_a_tool_after_reasoning_folds_it_though_no_answer_text_came(qtbot):
+    """A call's markup is not shown as the reply's text, so its start cannot end the thinking block: a
+    call asked about (or run) does."""
+    model = MessageModel(lambda _id: [])
+    view = ChatView(model)
+    qtbot.addWidget(view)
+    view.show()
+    model.begin_reply(0, "What is the weather in Rome?")
+    model.append_reasoning("The user wants the weather: call get_weather.")
+    block = view.widgets[-1].thinking_block
+    assert block.toggle.text() == "Thinking…"
+    view.reasoning_ended()
+    assert not block.expanded and block.toggle.text().startswith("Thought for ")
+    assert view.widgets[-1].content == ""
+
+
 def test_a_card_built_while_the_reply_reasons_shows_it_live(qtbot):
     model = MessageModel(lambda _id: [])
     model.begin_reply(0, "Hi")

@@ -7,6 +7,7 @@ import pytest
 
 from engine.history import HistoryStore
 from engine.history.schema import MIGRATIONS
+from tests.engine.history.conftest import old_conversation
 
 REASONING = "The user wants a colour; blue is calm."
 
@@ -61,7 +62,7 @@ def test_a_version_2_database_keeps_its_chats_and_gains_reasoning(tmp_path, monk
     monkeypatch.setattr(history_store, "MIGRATIONS", MIGRATIONS[:2])
     with HistoryStore(path) as old:
         assert "reasoning" not in {c.name for c in old.db["messages"].columns}
-        cid = old.create_conversation("m")
+        cid = old_conversation(old.db)
         old.db.execute("INSERT INTO messages (id, conversation_id, parent_id, role, content, created_at) "
                        "VALUES ('u', ?, NULL, 'user', 'old question', '2026-01-01T00:00:00+00:00')", [cid])
         old.db.execute("INSERT INTO messages (id, conversation_id, parent_id, role, content, created_at) "

@@ -12,6 +12,7 @@ import pytest
 from engine.errors import FucinaError
 from engine.history import HistoryError, HistoryStore
 from engine.history.schema import MIGRATIONS
+from tests.engine.history.conftest import old_conversation
 
 
 @pytest.fixture
@@ -192,7 +193,7 @@ def test_a_version_1_database_keeps_its_attachments_and_gains_their_document_col
     path = tmp_path / "h.db"
     monkeypatch.setattr(history_store, "MIGRATIONS", MIGRATIONS[:1])
     with HistoryStore(path) as s:
-        cid = s.create_conversation("m")
+        cid = old_conversation(s.db)
         s.db.execute("INSERT INTO attachments VALUES ('a', ?, 'notes.txt', 'text', 'notes.txt', '2000-01-01T00:00:00+00:00')", [cid])
         s.db.conn.commit()
     monkeypatch.undo()
