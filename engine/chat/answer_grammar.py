@@ -7,7 +7,9 @@ ReasoningSplitter:
 
 - where the reply may still open its reasoning (Qwen3: right after the assistant's opener), its choices are
   the grammar's and the opening marker (when that is one token); any other token starts the answer;
-- while the reply reasons, or writes a harmony header, nothing is masked and the grammar sees no token;
+- while the reply reasons, or writes a harmony header, the grammar sees no token and nothing is masked but
+  the tokens that would end the reply where the grammar cannot end empty (a JSON document, a required tool
+  call): a reply that must answer is not ended inside its reasoning (a thinking budget then closes it);
 - once the answer starts, the grammar starts afresh, with the reply's token limit less what went before.
 """
 
@@ -23,8 +25,11 @@ from engine.tokenize import Tokenizer
 
 
 class AnswerGrammar(ReasoningAware):
-    def __init__(self, fmt: ReasoningFormat, tokenizer: Tokenizer, grammar: StructuredProcessor):
-        self.format, self.tokenizer, self.grammar = fmt, tokenizer, grammar
+    def __init__(self, fmt: ReasoningFormat, tokenizer: Tokenizer, grammar: StructuredProcessor,
+                 ends: frozenset[int] = frozenset()):
+        """`ends`: the tokens that end the reply (its stop marker, every end-of-generation token)."""
+        self.format, self.tokenizer, self.grammar, self.ends = fmt, tokenizer, grammar, ends
+        self._unanswered: np.ndarray | None = None  # of `ends`, those the grammar refuses at its start
         opener = tokenizer.encode(fmt.opener, add_special=False)
         self._opener = opener[0] if len(opener) == 1 else None
         self._limit: int | None = None
@@ -56,11 +61,13 @@ class AnswerGrammar(ReasoningAware):
             opener = logits[self._opener]
             self.grammar.process(logits, history)
             logits[self._opener] = opener
+        else:
+            logits[self._refused_ends(logits.shape[0])] = -np.inf
 
     def vet(self, token: int) -> int | None:
         if self._answering or (self._tracker.may_open and token != self._opener):
             return self.grammar.vet(token)
-        return token
+        return None if token in self._refused_ends(self.tokenizer.vocab_size) else token
 
     def commit(self, token: int) -> None:
         if self._answering:
@@ -83,4 +90,17 @@ class AnswerGrammar(ReasoningAware):
     def valid_prefix_len(self, tokens: Sequence[int]) -> int:
         if self._answering:
             return self.grammar.valid_prefix_len(tokens)
-        return 0 if self._tracker.may_open else len(tokens)  # reasoning is free text
+        if self._tracker.may_open:
+            return 0
+        refused = self._refused_ends(self.tokenizer.vocab_size)  # reasoning is free text but for these
+        return next((i for i, token in enumerate(tokens) if token in refused), len(tokens))
+
+    def _refused_ends(self, vocab: int) -> np.ndarray:
+        """The end tokens the grammar refuses as an answer's first token (its start is the same every turn:
+        the mask of a grammar that has seen no token, a pure lookup)."""
+        if self._unanswered is None:
+            start = np.zeros(vocab, dtype=np.float32)
+            self.grammar.process(start, [])
+            self._unanswered = np.array(sorted(t for t in self.ends if t < vocab and start[t] == -np.inf),
+                                        dtype=np.int64)
+        return self._unanswered

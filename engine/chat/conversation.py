@@ -109,24 +109,29 @@ class Conversation:
 
     def _apply_reply_options(self) -> None:
         tokenizer, template, options = self.tokenizer, self.template, self.options
-        # the template's stop marker (else EOS), every end-of-generation token, and the caller's extras
+        # the template's stop marker (else EOS)
         stop = {stop_token_id(tokenizer, template)} - {None}
         processor = options.processor
         if options.grammar is not None:  # built here, where the stop marker is known
             processor = grammar_processor(options.grammar, tokenizer, stop_token_id(tokenizer, template))
             if template.reasoning is not None and options.split_reasoning:  # it holds the answer, not the reasoning
-                processor = AnswerGrammar(template.reasoning, tokenizer, processor)
+                processor = AnswerGrammar(template.reasoning, tokenizer, processor, self._ends(stop))
         if options.tools is not None and options.tools.active:  # free text, each call held to its tool's schema
             calls = tool_format_of(template)
             processor = ToolCallConstraint(calls, options.tools, tokenizer, stop_token_id(tokenizer, template))
             stop |= {processor.closing_id} - {None}
             if template.reasoning is not None and options.split_reasoning and not calls.in_headers:
-                processor = AnswerGrammar(template.reasoning, tokenizer, processor)  # calls are made in the answer
+                # calls are made in the answer
+                processor = AnswerGrammar(template.reasoning, tokenizer, processor, self._ends(stop))
         if options.thinking_budget is not None and template.reasoning is not None:
             processor = ThinkingBudget(template.reasoning, tokenizer, options.thinking_budget, processor)
         self.sampler = Sampler(options.sampler, processor)
-        self._stop_ids = frozenset(tokenizer.eog_ids) | stop | set(options.extra_stop_ids)
+        self._stop_ids = self._ends(stop)
         self._stop_sequences = [s.encode("utf-8") for s in options.stop_sequences]
+
+    def _ends(self, stop: set[int]) -> frozenset[int]:
+        """The tokens that end a reply: `stop`, every end-of-generation token and the caller's extras."""
+        return frozenset(self.tokenizer.eog_ids) | stop | set(self.options.extra_stop_ids)
 
     # -- state ----------------------------------------------------------------------------------------
     @property

@@ -11,8 +11,10 @@ import pytest
 from engine.chat import ChatOptions, Conversation, Format, JinjaTemplate, Message, Template, template_for_model
 from engine.chat.reasoning import HARMONY, THINK, Thought
 from engine.chat.thinking_budget import ThinkingBudget
+from engine.chat.tool_use import ToolUse
 from engine.sampling.grammar import Grammar
 from engine.speculative import stream
+from engine.tools import ToolSpec
 from engine.tokenize import load_tokenizer
 from tests.engine.chat.conftest import Script
 from tests.engine.chat.reasoning_model import QWEN3_LIKE_TEMPLATE, write_reasoning_model
@@ -222,3 +224,30 @@ def test_a_reply_that_may_open_its_reasoning_is_the_grammars_or_the_opener(think
     assert opener in allowed and tok.token_id("{") in allowed and tok.token_id("x") not in allowed
     reasoning, answer = split(answer_grammar.send("hi"))
     assert isinstance(json.loads(answer), dict)
+
+
+WEATHER = ToolSpec("get_weather", "Get the weather", {"type": "object", "properties": {"city": {"type": "string"}},
+                                                       "required": ["city"]})
+
+
+@pytest.mark.parametrize("answer, must_answer", [
+    ({"grammar": Grammar.json_object()}, True),
+    ({"tools": ToolUse((WEATHER,), "required")}, True),
+    ({"tools": ToolUse((WEATHER,), "auto")}, False),
+], ids=["json", "required_call", "auto_tools"])
+def test_a_reply_that_must_answer_is_not_ended_inside_its_reasoning(thinker, answer, must_answer):
+    """Inside the reasoning the prompt opened, the reply's end (its stop marker) is refused where the answer
+    cannot be empty (a JSON document, a required call): by the mask, by vet, and in a draft's valid prefix.
+    Where the answer may be nothing (tools offered, tool_choice auto), the reasoning may end the reply."""
+    model, tok = thinker
+    c = Conversation(model, tok, JinjaTemplate(R1_LIKE, isolated=False), ChatOptions(max_tokens=48, **answer))
+    processor, end, word = c.sampler.processor, tok.token_id("<|im_end|>"), tok.token_id("x")
+    processor.reset()
+    processor.set_budget(48)
+    processor.begin("<|im_start|>assistant\n<think>\n")
+    logits = np.zeros(tok.vocab_size, dtype=np.float32)
+    processor.process(logits, [])
+    assert np.isfinite(logits[word])
+    assert np.isfinite(logits[end]) != must_answer
+    assert (processor.vet(end) is None) == must_answer
+    assert processor.valid_prefix_len([word, end, word]) == (1 if must_answer else 3)
