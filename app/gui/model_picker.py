@@ -6,9 +6,11 @@ model: loading it (and reporting a bad one) is the engine's."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
+from typing import Callable
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from PySide6.QtWidgets import (QDialog, QFileDialog, QHBoxLayout, QLabel, QListWidget, QListWidgetItem,
                                QMessageBox, QProgressBar, QPushButton, QVBoxLayout, QWidget)
 
@@ -33,7 +35,8 @@ def starter_row(path: str | None) -> int:
 
 
 def _footprint(path: str) -> footprint.Footprint | None:
-    """The model file's footprint from its header (a few milliseconds), None where it is not a GGUF."""
+    """The model file's footprint from its header, None where it is not a GGUF. Reading a header parses the
+    tokenizer's string arrays: about 0.2 s for a 150k-token vocabulary, so never on the UI thread."""
     try:
         return footprint.file_footprint(path)
     except (OSError, FucinaError):
@@ -46,6 +49,26 @@ def _footprint_line(path: str) -> str:
     if fp is None:
         return ""
     return f"\n{footprint.describe(fp)}" + ("" if footprint.fits(fp) else "; too large for this machine's memory")
+
+
+class _Described(QObject):
+    """Carries each recent file's footprint line from the thread that reads the headers to the dialog (a
+    signal emitted there is delivered on the UI thread, and not at all once the dialog is gone)."""
+    line = Signal(str, str)  # path, its line
+
+
+def describe_in_background(paths: list[str], show: Callable[[str, str], None]) -> threading.Thread:
+    """`show(path, line)` on the UI thread for each file, as its header is read on a thread of its own."""
+    described = _Described()
+    described.line.connect(show)
+
+    def run() -> None:
+        for path in paths:
+            described.line.emit(path, _footprint_line(path))
+
+    thread = threading.Thread(target=run, name="fucina-model-headers", daemon=True)
+    thread.start()
+    return thread
 
 
 class ModelPicker(QDialog):
@@ -76,9 +99,11 @@ class ModelPicker(QDialog):
         self.recent.setAccessibleName("Recent model files")
         for path in recent:
             if Path(path).is_file():
-                item = QListWidgetItem(f"{model_label(path)} — {path}{_footprint_line(path)}")
+                item = QListWidgetItem(f"{model_label(path)} — {path}")
                 item.setData(PATH_ROLE, path)
                 self.recent.addItem(item)
+        listed = [self.recent.item(i).data(PATH_ROLE) for i in range(self.recent.count())]
+        self.headers = describe_in_background(listed, self._show_footprint)  # the dialog opens at once
         self.recent.itemActivated.connect(lambda item: self.choose(item.data(PATH_ROLE)))
         self.use_button = QPushButton("Download and use")
         self.use_button.clicked.connect(self.use_starter)
@@ -114,6 +139,12 @@ class ModelPicker(QDialog):
         layout.addWidget(self.remote)
         if first_run:  # the first command of the README starts the app on a model: the first offered downloads
             QTimer.singleShot(0, self.use_starter)
+
+    def _show_footprint(self, path: str, line: str) -> None:
+        for i in range(self.recent.count()):
+            item = self.recent.item(i)
+            if item.data(PATH_ROLE) == path:
+                item.setText(f"{model_label(path)} — {path}{line}")
 
     @staticmethod
     def _starter_item(model: StarterModel, speed: float | None) -> QListWidgetItem:

@@ -1,6 +1,8 @@
 """Choosing models in the window: a corrupt file is refused with a dialog and the app keeps working on the
 model it had; switching models mid-conversation re-renders the history for the new one."""
 
+import threading
+
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 
 from app.gui.worker import EngineWorker
@@ -75,16 +77,22 @@ def test_the_picker_shows_a_moe_file_s_parameters_and_refuses_one_this_machine_c
     path = tmp_path / "moe.gguf"
     write_moe_model(path, "q8_0")
     described = footprint.describe(footprint.file_footprint(path))
+    read_on = []  # the threads that read a header: never the UI thread (a large vocabulary takes ~0.2 s)
+    real_footprint = footprint.file_footprint
+    monkeypatch.setattr(footprint, "file_footprint",
+                        lambda p: read_on.append(threading.current_thread()) or real_footprint(p))
     picker = ModelPicker([str(path)])
     qtbot.addWidget(picker)
-    assert "per token" in described and picker.recent.item(0).text().endswith("\n" + described)
+    qtbot.waitUntil(lambda: picker.recent.item(0).text().endswith("\n" + described))
+    assert "per token" in described and read_on and threading.main_thread() not in read_on
+    monkeypatch.undo()
     chosen, warnings = [], []
     picker.model_chosen.connect(chosen.append)
     monkeypatch.setattr(QMessageBox, "warning", lambda parent, title, text: warnings.append(text))
     monkeypatch.setattr(footprint, "machine_memory", lambda: footprint.RUNTIME_BYTES)
     small = ModelPicker([str(path)])
     qtbot.addWidget(small)
-    assert small.recent.item(0).text().endswith("; too large for this machine's memory")
+    qtbot.waitUntil(lambda: small.recent.item(0).text().endswith("; too large for this machine's memory"))
     small.choose(str(path))
     assert chosen == [] and "does not fit" in warnings[0] and "moe.gguf" in warnings[0]
     monkeypatch.undo()
