@@ -2,8 +2,9 @@
 
 Measured once per model, thread count and build of the kernels at first use -- a short run of
 `measure_verify_costs` over a scratch cache, m = 1..MAX_ROWS -- and kept in the user cache dir under those,
-so later processes read it back (new kernels change the costs: they are measured again). The table only steers the gate (when speculation runs), never what is committed,
-so a stale or unreadable file is simply measured again.
+so later processes read it back (new kernels change the costs: they are measured again). The table only
+steers the gate (when speculation runs), never what is committed, so a stale or unreadable file is simply
+measured again.
 """
 
 from __future__ import annotations

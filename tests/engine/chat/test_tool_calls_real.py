@@ -3,11 +3,10 @@ nested objects, enums, arrays, patterns, formats, required fields), greedy and s
 and every call must parse and validate against its tool's schema. Qwen2.5 renders the tools through its own
 template; SmolLM2's template has no tools, so they are described in its system prompt (Hermes).
 
-Greedy: each case offers its own tool and names it (tool_choice NAME), on both models. Seeded, on Qwen2.5:
-every second case offers its tool and its two neighbours with tool_choice `required`, so the model also picks
-the tool (between them, the offers cover every tool). SmolLM2's Hermes prompt is the same path seeded or greedy,
-and the constraint is the same grammar whatever the sampler, so its seeded pass would repeat the greedy one.
-All cases of one model and mode decode together in one lockstep batch."""
+Greedy: each case offers its own tool and names it (tool_choice NAME). Seeded: every second case offers its
+tool and its two neighbours with tool_choice `required`, so the model also picks the tool (between them, the
+offers cover every tool). Both models, both modes. All cases of one model and mode decode together in one
+lockstep batch."""
 
 import dataclasses
 import json
@@ -47,7 +46,8 @@ def cases(sampling: str) -> range:
     return range(len(SUITE)) if sampling == "greedy" else range(0, len(SUITE), 2)
 
 
-@pytest.mark.parametrize("name, sampling", [(MODELS[0], "greedy"), (MODELS[1], "greedy"), (MODELS[1], "seeded")])
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("sampling", ["greedy", "seeded"])
 def test_every_call_parses_and_validates_against_its_schema(real_model, name, sampling):
     model, tokenizer = real_model(name)
     template = template_for_model(model.file.metadata, tokenizer)
