@@ -55,11 +55,12 @@ OP_TAKE_ROWS = "take_rows"
 OP_MOE_FFN = "moe_ffn"
 OP_ATTENTION_SINKS = "attention_sinks"
 OP_ROPE_SCALED = "rope_scaled"
+OP_LATENT_ATTENTION = "latent_attention"
 # Ops that are a method above called with an argument a backend may not have kernels for: the method's name
 OP_VARIANTS = {OP_ATTENTION_SINKS: OP_ATTENTION,  # AttentionShape.sinks
                OP_ROPE_SCALED: OP_ROPE}  # a RopeScaling
 OPS = frozenset((OP_EMBED, OP_LINEAR, OP_RMSNORM, OP_ROPE, OP_GATED, OP_ADD, OP_ATTENTION, OP_TAKE_ROWS,
-                 OP_MOE_FFN, *OP_VARIANTS))
+                 OP_MOE_FFN, OP_LATENT_ATTENTION, *OP_VARIANTS))
 
 
 class BackendUnavailable(RuntimeError):
@@ -140,6 +141,11 @@ class RopeScaling:
     attn_factor: float = 1.0
     beta_fast: float = 32.0
     beta_slow: float = 1.0
+    # YaRN's magnitude as a ratio get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dims) where a family
+    # sets mscale_all_dims (llama.cpp's rope_yarn_log_mul: DeepSeek-V2's, whose mscale is the same, so 1);
+    # mscale_all_dims 0: get_mscale(factor, 1)
+    mscale: float = 1.0
+    mscale_all_dims: float = 0.0
 
     def angle_factors(self, n_rot: int, base: float) -> np.ndarray:
         """Each rotated pair's angle multiplier (float64 [n_rot / 2]): ggml's freq_scale, mixed by YaRN's ramp
@@ -166,7 +172,14 @@ class RopeScaling:
             return float(self.attn_factor)
         f32 = np.float32
         factor = f32(1) / (f32(1) / f32(self.factor))
-        mscale = f32(0.1) * np.log(factor) + f32(1) if factor > 1 else f32(1)
+
+        def get_mscale(m):
+            return f32(0.1) * f32(m) * np.log(factor) + f32(1) if factor > 1 else f32(1)
+
+        if self.mscale_all_dims:
+            mscale = get_mscale(self.mscale) / get_mscale(self.mscale_all_dims)
+        else:
+            mscale = get_mscale(1.0)
         mscale = mscale * (f32(1) / (f32(1) + f32(0.1) * np.log(factor))) * f32(self.attn_factor)
         return float(mscale * (f32(1) + f32(0.1) * np.log(factor)))
 
@@ -188,6 +201,29 @@ class AttentionSpec:
 
 
 @dataclass(frozen=True)
+class LatentAttentionSpec:
+    """Multi-head latent attention (DeepSeek-V2/V3's MLA) in its absorbed form, as `latent_attention` reads it.
+    Each position caches one row, its compressed latent (normed) then its RoPE'd key part: rank + rope_dims
+    values, read as both key and value. Each head's query is its non-RoPE part times k_b[head] (absorbed into
+    the latent space) then its RoPE'd part; attention over the cached rows gives a latent per head, which
+    v_b[head] takes to the head's value width."""
+
+    n_head: int
+    rank: int  # the latent's width (kv_lora_rank)
+    nope: int  # each head's query dims without RoPE
+    rope_dims: int  # each head's query dims with RoPE, and the key's
+    v_dim: int  # each head's value width
+    kv_norm: Any  # the latent's RMSNorm weight [rank], resident
+    k_b: tuple[Weight, ...]  # per head [rank, nope]
+    v_b: tuple[Weight, ...]  # per head [v_dim, rank]
+    shape: AttentionShape  # n_head heads over one cached head of rank + rope_dims values
+    rope_base: float
+    rope_neox: bool
+    eps: float
+    rope_scaling: RopeScaling | None = None
+
+
+@dataclass(frozen=True)
 class GatedMlpSpec:
     gate_up: tuple[Weight, Weight]
     down: Weight
@@ -199,6 +235,7 @@ class Gating(str, Enum):
 
     SOFTMAX = "softmax"  # softmax over every expert, then the top k of it (qwen3moe, mixtral)
     SOFTMAX_WEIGHT = "softmax_weight"  # the top k logits, then a softmax over those k (gpt-oss)
+    SIGMOID = "sigmoid"  # a sigmoid of every logit, then the top k of it (DeepSeek-V3, GLM-4.5)
 
 
 SWIGLU, SWIGLU_OAI = "silu", "swiglu_oai"  # the experts' activations: silu(gate) * up; gpt-oss's clamped one
@@ -223,6 +260,13 @@ class MoeSpec:
     gate_bias: Any = field(default=None, compare=False)
     up_bias: Any = field(default=None, compare=False)
     down_bias: Any = field(default=None, compare=False)
+    # float32 [n_expert] added to the gated probabilities to choose the experts, not to weight them
+    # (DeepSeek-V3's exp_probs_b: a load-balancing correction); None: none
+    selection_bias: Any = field(default=None, compare=False)
+    # group-limited routing (DeepSeek-V3): the experts in n_groups runs, the k chosen within the groups_used
+    # runs whose two best scores sum highest; 0: none
+    n_groups: int = 0
+    groups_used: int = 0
 
 
 @dataclass(frozen=True)
@@ -281,9 +325,11 @@ class Backend(Protocol):
     def upload_vector(self, v: np.ndarray) -> Any:
         """A float32 vector (norm weight) kept resident."""
 
-    def kv_store(self, kv_heads: Sequence[int], head_dims: Sequence[int], capacity: int, dtype: str) -> KvStore:
+    def kv_store(self, kv_heads: Sequence[int], head_dims: Sequence[int], capacity: int, dtype: str,
+                 value_is_key: Sequence[bool] | None = None) -> KvStore:
         """Storage for `capacity` positions of every layer (zeroed); UnsupportedKvDtype for a dtype this backend
-        does not keep."""
+        does not keep. value_is_key: per layer, whether its V rows are its K rows (latent attention caches one
+        row, read as both): kept once."""
 
     # -- ops on activations
     def embed(self, w: Weight, ids: np.ndarray, scale: float) -> Act:
@@ -312,6 +358,12 @@ class Backend(Protocol):
         """Write each segment's k/v rows [rows, n_kv * head_dim] (post-RoPE) to its store at pos0.., then
         causal (and windowed) attention of its q rows over its store: [rows, n_head * head_dim] (with the
         shape's sinks: the op OP_ATTENTION_SINKS)."""
+
+    def latent_attention(self, spec: LatentAttentionSpec, q: Act, kv: Act, segments: Sequence[Segment],
+                         positions: np.ndarray, layer: int, row_wise: bool) -> Act:
+        """The op OP_LATENT_ATTENTION: from the query rows q [rows, n_head * (nope + rope_dims)] and the
+        compressed rows kv [rows, rank + rope_dims] (the latent before its norm, the key's RoPE part before its
+        rotation), write each segment's cache rows at pos0.. and attend: [rows, n_head * v_dim]."""
 
     def take_rows(self, x: Act, rows: Sequence[int]) -> Act:
         """x[rows] (each segment's last row before the output head)."""

@@ -1,6 +1,7 @@
 """The row-wise contract, asserted: m token rows in one call give, bit for bit, the logits and KV rows of
-feeding the tokens one at a time (tests/engine/test_row_wise.py for the dense families, test_moe.py for the
-experts' ones)."""
+feeding the tokens one at a time (tests/engine/test_row_wise.py for the dense families, test_moe.py and
+test_deepseek2.py for the experts' ones); so a batched decode step is each conversation's step alone, and
+speculative decoding yields the plain ids."""
 
 import numpy as np
 
@@ -26,3 +27,33 @@ def assert_rows_equal_one_at_a_time(model, kv="f16", row_counts=ROW_COUNTS, prom
     assert one.len == rows.len == capacity
     for a, b in zip(one.k + one.v, rows.k + rows.v):
         np.testing.assert_array_equal(a, b)
+
+
+def assert_same_cache(a, b):
+    """Two caches hold the same positions, bit for bit."""
+    assert a.len == b.len
+    for x, y in zip(a.k + a.v, b.k + b.v):
+        np.testing.assert_array_equal(x[: a.len], y[: a.len])
+
+
+def assert_batched_step_equals_each_alone(model, prompts, step):
+    """One decode step of several conversations (the tokens `step`, after `prompts`) in one call."""
+    alone, batched = [model.new_cache(16) for _ in prompts], [model.new_cache(16) for _ in prompts]
+    for p, a, b in zip(prompts, alone, batched):
+        model.forward(p, a)
+        model.forward(p, b)
+    expected = np.stack([model.forward([t], c) for t, c in zip(step, alone)])
+    np.testing.assert_array_equal(model.decode_batch(step, batched), expected)
+
+
+def assert_speculative_yields_the_plain_ids(model, prompt, config, monkeypatch, n=40):
+    """Speculative decoding, its drafts always worth verifying, samples what plain decoding samples."""
+    from engine import generate
+    from engine.sampling import Sampler
+    from engine.speculative import Stats, stream
+
+    monkeypatch.setattr(stream, "verify_cost_table", lambda model: {m: 1.0 for m in range(1, 18)})  # drafts pay
+    plain = list(generate.sample(model, prompt, n, Sampler(config)))
+    stats = Stats()
+    assert list(generate.sample_speculative(model, prompt, n, Sampler(config), stats=stats)) == plain
+    assert stats.spec_steps > 0

@@ -34,15 +34,14 @@ def write_tiny_model(path, arch: str = "llama", *, n_layers: int = 2, n_embd: in
                      fill: dict | None = None, family_metadata: dict | None = None,
                      expert_qtype: T | None = None, block_scales: tuple[float, float] = (1e-3, 1e-1),
                      std: dict | None = None, tokenizer_pre: str = "gpt2") -> None:
-    """`qtype`: the matrices' format, `expert_qtype` the stacked experts' (default: qtype); `block_scales`:
-    the range of random K-quant blocks' scales; `std`: the spread of the matrices named by their name
-    after "blk.N." (the others: 0.5 for the embedding, 0.08); `family_metadata`: keys beyond the standard
-    ones that the family reads (values as Python ints, floats, strings or lists); `metadata` maps keys to
-    (value, GGUFValueType), added last so they override the standard ones (hostile values: the tensors
-    written are those of the standard ones); `tokenizer` adds CHATML_TOKENIZER (and sizes the vocabulary for
-    it) with the pre-tokenizer `tokenizer_pre` (llama.cpp refuses "gpt2": a model it loads says "qwen2");
-    `fill` sets tensors to a constant after their values are drawn (a NaN norm, an overflow, a zero matrix
-    of a type gguf.quants makes)."""
+    """`qtype`: the matrices' format, `expert_qtype` the stacked experts' (default: qtype); `block_scales`: the range
+    of random K-quant blocks' scales; `std`: the spread of the tensors named by their name after "blk.N." (the other
+    matrices: 0.5 for the embedding, 0.08; the other vectors 0.05 around 1 or 0); `family_metadata`: keys beyond the
+    standard ones that the family reads (values as Python ints, floats, strings or lists); `metadata` maps keys to
+    (value, GGUFValueType), added last so they override the standard ones (hostile values: the tensors written are
+    those of the standard ones); `tokenizer` adds CHATML_TOKENIZER (and sizes the vocabulary for it) with the
+    pre-tokenizer `tokenizer_pre` (llama.cpp refuses "gpt2": a model it loads says "qwen2"); `fill` sets tensors to
+    a constant after their values are drawn (a NaN norm, an overflow, a zero matrix of a type gguf.quants makes)."""
     rng = np.random.default_rng(seed)
     if tokenizer:
         vocab = len(CHATML_TOKENS)
@@ -63,13 +62,14 @@ def write_tiny_model(path, arch: str = "llama", *, n_layers: int = 2, n_embd: in
         w.add_key_value(k, v[0], v[1])
 
     for spec in tiny.tensors(arch, meta):  # the family's own table, in its order (the draws follow it)
-        if spec.name in skip_tensors or (not spec.required and tied):
+        if spec.name in skip_tensors or (spec.name == "output.weight" and tied):
             continue
         if spec.role in (MATRIX, EXPERTS):
             default = 0.5 if spec.name == "token_embd.weight" else 0.08
             values = rng.normal(0, (std or {}).get(re.sub(r"^blk\.\d+\.", "", spec.name), default), spec.shape)
         else:
-            values = ((1.0 if spec.role == NORM else 0.0) + rng.normal(0, 0.05, spec.shape)).astype(np.float32)
+            spread = (std or {}).get(re.sub(r"^blk\.\d+\.", "", spec.name), 0.05)
+            values = ((1.0 if spec.role == NORM else 0.0) + rng.normal(0, spread, spec.shape)).astype(np.float32)
         if spec.name in (fill or {}):
             values[:] = fill[spec.name]
         if spec.role in (MATRIX, EXPERTS):

@@ -8,7 +8,8 @@ import json
 import sys
 
 from app.cli.progress import ProgressBar
-from engine.models import footprint
+from engine.gguf.reader import open_gguf
+from engine.models import footprint, kv_bytes_per_token
 from engine.platform import catalog
 
 
@@ -29,7 +30,8 @@ def register(subparsers) -> None:
     path.add_argument("name", help="starter model name or path to a .gguf file")
     path.set_defaults(func=_path)
 
-    info = actions.add_parser("info", help="a model's family, parameters and size, and whether it fits this machine")
+    info = actions.add_parser("info", help="a model's family, parameters, size and KV cache per token, and whether "
+                                           "it fits this machine")
     info.add_argument("name", help="starter model name or path to a .gguf file")
     info.add_argument("--json", action="store_true", help="machine-readable output")
     info.set_defaults(func=_info)
@@ -76,12 +78,15 @@ def _path(args) -> None:
 
 
 def _info(args) -> None:
-    fp = footprint.file_footprint(catalog.resolve_model(args.name))
+    with open_gguf(catalog.resolve_model(args.name)) as file:
+        fp, kv = footprint.footprint(file), kv_bytes_per_token(file)
     if args.json:
         print(json.dumps(dataclasses.asdict(fp) | {"needed_bytes": fp.needed_bytes,
                                                    "machine_memory": footprint.machine_memory(),
-                                                   "fits": footprint.fits(fp)}, indent=2))
+                                                   "fits": footprint.fits(fp), "kv_bytes_per_token": kv}, indent=2))
         return
     print(footprint.describe(fp))
+    if kv is not None:  # what makes one model hold a longer chat than another in the same memory
+        print(f"KV cache: {kv / 1024:.1f} KB per token of context (f16), {kv * 4096 / 1e6:.0f} MB for 4,096 tokens")
     if verdict := footprint.memory_verdict(fp):
         print(verdict)

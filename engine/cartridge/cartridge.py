@@ -42,8 +42,10 @@ class Cartridge:
         """The rows [0, cache.len) of a cache that a prefill of `tokens` filled."""
         if len(tokens) != cache.len:
             raise ValueError(f"{len(tokens)} tokens do not describe the cache's {cache.len} rows")
-        rows = [cache.read_rows(layer, 0, cache.len) for layer in range(cache.n_layers)]
-        return cls([k.copy() for k, _ in rows], [v.copy() for _, v in rows], cache.dtype,
+        k = [cache.read_rows(layer, 0, cache.len)[0].copy() for layer in range(cache.n_layers)]
+        v = [k[layer] if cache.value_is_key[layer] else cache.read_rows(layer, 0, cache.len)[1].copy()
+             for layer in range(cache.n_layers)]  # a layer whose V rows are its K rows keeps them once
+        return cls(k, v, cache.dtype,
                    np.asarray(tokens, dtype=np.int64), fingerprint, document, cache.head_dims, name,
                    model)
 
@@ -60,7 +62,7 @@ class Cartridge:
         return (self.dtype.value, tuple(k.shape[1] for k in self.k), tuple(self.head_dims))
 
     def byte_size(self) -> int:
-        return sum(a.nbytes for a in self.k + self.v)
+        return sum(a.nbytes for a in {id(a): a for a in self.k + self.v}.values())  # shared rows once
 
     def append_to_cache(self, cache: KvCache) -> None:
         """Write the rows at the cache's end and advance it past them."""

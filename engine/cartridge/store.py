@@ -2,7 +2,8 @@
 
 A file is named by its cartridge's id (document hash, model fingerprint, cache type) and holds the spec's
 state dict: `layers.<i>.k` and `layers.<i>.v` ([rows, kv_heads, head_dim] f16, or [rows, kv_heads, row
-bytes] u8 of q8_0 blocks: the cache's storage form, so a load is bitwise the rows that were saved), and
+bytes] u8 of q8_0 blocks: the cache's storage form, so a load is bitwise the rows that were saved; no
+`layers.<i>.v` where the layer's V rows are its K rows, as latent attention's), and
 `draft_reference` (i64 token ids). Its metadata records the format, the model fingerprint, the geometry,
 the document's hash and name, and a CRC-32 of the tensor bytes.
 
@@ -50,7 +51,9 @@ def save(cart: Cartridge, directory: str | os.PathLike | None = None) -> Path:
     path = path_for(cart.id, directory)
     tensors = {}
     for i, (k, v) in enumerate(zip(cart.k, cart.v)):
-        tensors[f"layers.{i}.k"], tensors[f"layers.{i}.v"] = _tensor(cart.dtype, k), _tensor(cart.dtype, v)
+        tensors[f"layers.{i}.k"] = _tensor(cart.dtype, k)
+        if v is not k:  # a layer whose V rows are its K rows (Cartridge.from_cache) keeps them once
+            tensors[f"layers.{i}.v"] = _tensor(cart.dtype, v)
     tensors["draft_reference"] = cart.draft_reference.astype(np.int64)
     metadata = {"format": FORMAT, "fingerprint": cart.fingerprint.hex(), "kv_dtype": cart.dtype.value,
                 "kv_heads": json.dumps([k.shape[1] for k in cart.k]), "head_dims": json.dumps(list(cart.head_dims)),
@@ -95,13 +98,14 @@ def load(path: str | os.PathLike, like: KvCache, fingerprint: bytes) -> Cartridg
         tensors = safetensors.numpy.load(data)
     except Exception as e:  # safetensors raises its own error type for every kind of damage
         raise CartridgeRefused(f"the cartridge {path} is damaged: {e}") from None
-    n = like.n_layers
-    want = {f"layers.{i}.{kv}" for i in range(n) for kv in "kv"} | {"draft_reference"}
+    n, shared = like.n_layers, like.value_is_key
+    want = ({f"layers.{i}.k" for i in range(n)} | {f"layers.{i}.v" for i in range(n) if not shared[i]}
+            | {"draft_reference"})
     if set(tensors) != want:
         raise CartridgeRefused(f"the cartridge {path} does not hold the {n} layers of this model's KV cache")
     tokens = tensors["draft_reference"]
     k = [_rows(like, path, tensors[f"layers.{i}.k"], i, len(tokens)) for i in range(n)]
-    v = [_rows(like, path, tensors[f"layers.{i}.v"], i, len(tokens)) for i in range(n)]
+    v = [k[i] if shared[i] else _rows(like, path, tensors[f"layers.{i}.v"], i, len(tokens)) for i in range(n)]
     if tokens.dtype != np.int64 or tokens.ndim != 1 or not len(tokens) or meta.get("rows") != str(len(tokens)):
         raise CartridgeRefused(f"the cartridge {path} has no valid draft_reference")
     if meta.get("crc32") != str(tensors_crc(tensors)):

@@ -5,7 +5,8 @@ mmap) plus its GGML type, uploaded once to the model's backend (kernels.backend)
 whose kernels read the blocks directly. Nothing is widened to f32 at load. A
 `LinearGroup` holds several weights that share an input (q/k/v, gate/up); the
 backend runs them as one pass. `load_experts` binds a stacked experts tensor as one weight, every expert's
-rows in turn (the kernels read an expert's rows in place).
+rows in turn (the kernels read an expert's rows in place); `load_heads` a stacked per-head tensor as a weight
+per head.
 """
 
 from __future__ import annotations
@@ -70,6 +71,15 @@ def load_experts(file: GGUFFile, name: str, n_expert: int, out_dim: int, in_dim:
     in its own format (expert e is rows [e * out_dim, (e + 1) * out_dim)): a view of the file's bytes."""
     info = _checked_tensor(file, name, (n_expert, out_dim, in_dim), "(expert, out, in)", backend)
     return backend.upload_weight(info.ggml_type, file.raw(info), n_expert * out_dim, in_dim)
+
+
+def load_heads(file: GGUFFile, name: str, n_head: int, out_dim: int, in_dim: int, backend: Backend) -> list[Weight]:
+    """A tensor of one matrix per attention head [n_head, out_dim, in_dim] (MLA's attn_k_b, attn_v_b) as a
+    weight per head, each a view of the file's bytes."""
+    info = _checked_tensor(file, name, (n_head, out_dim, in_dim), "(head, out, in)", backend)
+    raw = file.raw(info)
+    return [backend.upload_weight(info.ggml_type, raw[h * out_dim : (h + 1) * out_dim], out_dim, in_dim)
+            for h in range(n_head)]
 
 
 def _checked_tensor(file: GGUFFile, name: str, shape: tuple[int, ...], axes: str, backend: Backend):

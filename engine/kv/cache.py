@@ -32,9 +32,15 @@ class KvCache:
     composable = True  # cartridges' rows are placed in it (engine.cartridge)
 
     def __init__(self, kv_heads: Sequence[int], head_dims: Sequence[int], capacity: int,
-                 dtype: KvDtype | str = KvDtype.F16, backend: Backend | None = None):
+                 dtype: KvDtype | str = KvDtype.F16, backend: Backend | None = None,
+                 value_is_key: Sequence[bool] | None = None):
         if len(kv_heads) != len(head_dims):
             raise KvCacheShapeMismatch(f"{len(kv_heads)} kv_heads entries but {len(head_dims)} head_dims entries")
+        # per layer: its V rows are its K rows (latent attention's one row per position), held once
+        shared = (False,) * len(kv_heads) if value_is_key is None else tuple(bool(s) for s in value_is_key)
+        if len(shared) != len(kv_heads):
+            raise KvCacheShapeMismatch(f"{len(kv_heads)} kv_heads entries but {len(shared)} value_is_key entries")
+        self.value_is_key = shared
         if capacity <= 0:
             raise KvCacheShapeMismatch(f"capacity must be positive, got {capacity}")
         self.dtype = KvDtype(dtype)
@@ -50,7 +56,8 @@ class KvCache:
                 )
         self.backend = backend or cpu_backend()
         try:
-            self.store = self.backend.kv_store(self.kv_heads, self.head_dims, self.capacity, self.dtype.value)
+            self.store = self.backend.kv_store(self.kv_heads, self.head_dims, self.capacity, self.dtype.value,
+                                               self.value_is_key)
         except UnsupportedKvDtype as e:
             raise KvDtypeUnsupported(f"{e}: use the f16 KV cache (--kv f16) or the cpu backend") from None
 
@@ -73,6 +80,7 @@ class KvCache:
         return self.store.v
 
     def geometry(self) -> tuple:
+        """(dtype, kv heads per layer, head size per layer); which layers share V with K follows the model."""
         return (self.dtype.value, self.kv_heads, self.head_dims)
 
     def row_layout(self, layer: int) -> tuple[np.dtype, tuple[int, int]]:
@@ -124,7 +132,8 @@ class KvCache:
 
     def copy_rows(self, src: "KvCache", start: int, end: int) -> None:
         """Copy positions [start, end) of a same-geometry cache to the same positions here."""
-        if src.geometry() != self.geometry() or src.backend is not self.backend:
+        same = src.geometry() == self.geometry() and src.value_is_key == self.value_is_key
+        if not same or src.backend is not self.backend:
             raise KvCacheShapeMismatch("copy_rows between caches of different dtype, geometry or backend")
         if self.len != start:
             raise KvCacheShapeMismatch(f"copy_rows must append in order: cache len is {self.len}, start is {start}")

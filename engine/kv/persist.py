@@ -9,14 +9,15 @@ Byte layout (format 3), little-endian. Header:
     20   32    model fingerprint (model_fingerprint: SHA-256)
     52   4     u32 dtype (0 = f16, 1 = q8_0)
     56   4     u32 n_layers
-    60   8*n   per layer: u32 kv_heads, u32 row bytes (one head's row: head_dim*2 for f16, 34 per 32 for q8_0)
+    60   8*n   per layer: u32 kv_heads, u32 row bytes (one head's row: head_dim*2 for f16, 34 per 32 for q8_0);
+               kv_heads' top bit set: the layer's V rows are its K rows (latent attention), stored once
     60+8n 8    u64 prefix_rows (0 without a preloaded prefix)
 
 then one record per cache position, prefix included: u32 token id (0xFFFFFFFF for a prefix row, which has no
-token), then per layer its K rows (kv_heads * row bytes) and its V rows, in storage form, then a u32 CRC-32
-of the record's other bytes, started from the record's position (zlib.crc32(bytes, position)), so a record
-moved to another position fails too. bytes_per_token(cache) is the record size:
-8 + n_layers * 2 * kv_heads * row bytes.
+token), then per layer its K rows (kv_heads * row bytes) and its V rows (none where they are the K rows), in
+storage form, then a u32 CRC-32 of the record's other bytes, started from the record's position
+(zlib.crc32(bytes, position)), so a record moved to another position fails too. bytes_per_token(cache) is the
+record size: 8 + the layers' (2, or 1 where V is K) * kv_heads * row bytes.
 
 Integrity. Records are written and fsynced before the count that covers them, so a torn append is
 invisible; the header CRC refuses a damaged header (the count included) rather than misload it; the
@@ -53,6 +54,7 @@ _DTYPE_CODES = {KvDtype.F16: 0, KvDtype.Q8_0: 1}
 _COUNT = struct.Struct("<QI")  # record count, header CRC (at offset 8)
 _FIXED = struct.Struct("<32sII")  # fingerprint, dtype, n_layers (at offset 20)
 _CRC = 4  # bytes of a record's trailing CRC
+_VALUE_IS_KEY = 1 << 31  # in a layer's kv_heads field
 _SAMPLES, _SAMPLE_BYTES = 16, 4096
 
 
@@ -219,7 +221,8 @@ def load(path, cache: KvCache, fingerprint: bytes) -> Loaded | None:
             or np.any(tokens[prefix_rows:] == PREFIX_TOKEN):
         return None
     for layer in range(cache.n_layers):
-        cache.write_rows(layer, 0, records[f"k{layer}"], records[f"v{layer}"])
+        k = records[f"k{layer}"]
+        cache.write_rows(layer, 0, k, k if cache.value_is_key[layer] else records[f"v{layer}"])
     cache.len = len(records)
     return Loaded([int(t) for t in tokens[prefix_rows:]], prefix_rows)
 
@@ -229,7 +232,8 @@ def _header(cache: KvCache, fingerprint: bytes, prefix_rows: int, count: int) ->
         raise ValueError("a sidecar needs a 32-byte model fingerprint and a non-negative prefix_rows")
     body = _FIXED.pack(fingerprint, _DTYPE_CODES[cache.dtype], cache.n_layers)
     layouts = (cache.row_layout(layer) for layer in range(cache.n_layers))
-    body += b"".join(struct.pack("<II", heads, width * dtype.itemsize) for dtype, (heads, width) in layouts)
+    body += b"".join(struct.pack("<II", heads | (_VALUE_IS_KEY if shared else 0), width * dtype.itemsize)
+                     for (dtype, (heads, width)), shared in zip(layouts, cache.value_is_key))
     body += struct.pack("<Q", prefix_rows)
     return _with_count(MAGIC + _COUNT.pack(0, 0) + body, count)
 
@@ -276,7 +280,9 @@ def _record_dtype(cache: KvCache) -> np.dtype:
     fields = [("token", "<u4")]
     for layer in range(cache.n_layers):
         dtype, shape = cache.row_layout(layer)
-        fields += [(f"k{layer}", dtype.newbyteorder("<"), shape), (f"v{layer}", dtype.newbyteorder("<"), shape)]
+        fields.append((f"k{layer}", dtype.newbyteorder("<"), shape))
+        if not cache.value_is_key[layer]:
+            fields.append((f"v{layer}", dtype.newbyteorder("<"), shape))
     return np.dtype(fields + [("crc", "<u4")])
 
 
@@ -287,7 +293,10 @@ def _records(cache: KvCache, tokens: Sequence[int], prefix_rows: int, start: int
     ids[prefix_rows:] = tokens
     out["token"] = ids[start:]
     for layer in range(cache.n_layers):
-        out[f"k{layer}"], out[f"v{layer}"] = cache.read_rows(layer, start, cache.len)
+        k, v = cache.read_rows(layer, start, cache.len)
+        out[f"k{layer}"] = k
+        if not cache.value_is_key[layer]:
+            out[f"v{layer}"] = v
     return out
 
 

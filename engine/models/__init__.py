@@ -11,7 +11,7 @@ from typing import Callable, Mapping
 
 from engine.errors import SlowWeightTypeWarning, UnsupportedArchitecture, UnsupportedOnBackend
 from engine.gguf.reader import GGUFFile, open_gguf
-from engine.models import gemma3, gpt_oss, llama, qwen2, qwen3, qwen3moe
+from engine.models import deepseek2, gemma3, gpt_oss, llama, qwen2, qwen3, qwen3moe
 from engine.models.args import ModelArgs
 from engine.models.footprint import check_fits
 from engine.models.model import Model
@@ -21,7 +21,7 @@ from engine.runtime import model_backend
 from kernels.backend import Backend
 
 FAMILIES: dict[str, Callable[[Mapping], ModelArgs]] = {
-    m.ARCH: m.model_args for m in (llama, qwen2, qwen3, qwen3moe, gemma3, gpt_oss)}
+    m.ARCH: m.model_args for m in (llama, qwen2, qwen3, qwen3moe, gemma3, gpt_oss, deepseek2)}
 
 
 def register_family(arch: str, model_args: Callable[[Mapping], ModelArgs]) -> None:
@@ -71,6 +71,17 @@ def warn_generic_types(file: GGUFFile, backend: Backend) -> None:
             f"multiplies through its generic path (dequantized tiles): correct, but several times slower than a "
             f"format with its own kernels (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, MXFP4); a quantization in one of those "
             f"runs faster"), stacklevel=3)
+
+
+def kv_bytes_per_token(file: GGUFFile) -> int | None:
+    """What each position of a chat takes in an f16 KV cache, from the family's args (latent attention keeps
+    one row where attention keeps a key and a value per KV head); None for an architecture not supported."""
+    model_args = FAMILIES.get(file.architecture)
+    if model_args is None:
+        return None
+    args = model_args(file.metadata)
+    heads, dims = args.kv_geometry()
+    return sum(h * d * 2 * (1 if shared else 2) for h, d, shared in zip(heads, dims, args.kv_value_is_key()))
 
 
 def load_model(path: str | os.PathLike, backend: Backend | None = None) -> Model:

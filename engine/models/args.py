@@ -51,6 +51,10 @@ class ModelArgs:
         heads, dims = zip(*(layer.mixer.kv_geometry() for layer in self.layers))
         return list(heads), list(dims)
 
+    def kv_value_is_key(self) -> list[bool]:
+        """Per layer, whether its cached V rows are its K rows (KvCache's value_is_key)."""
+        return [layer.mixer.VALUE_IS_KEY for layer in self.layers]
+
 
 def vocab_size(meta: Mapping, arch: str) -> int:
     n = meta_int_opt(meta, arch, "vocab_size")

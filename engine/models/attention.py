@@ -24,6 +24,7 @@ from kernels.backend import (
 
 @dataclass(frozen=True)
 class AttentionArgs:
+    VALUE_IS_KEY = False  # keys and values are cached apart
 
     n_head: int
     n_kv: int

@@ -4,9 +4,10 @@ weights; the selected experts' SwiGLU outputs, weighted, are summed (the backend
 
 The experts' matrices stay in the stacked GGUF tensors ffn_{gate,up,down}_exps, in their own block format,
 bound as one weight each (engine.gguf.weights.load_experts): a zero-copy view whose e-th run of rows is
-expert e's. Shared experts, when a
-family has them, are a dense part added beside this one. gpt-oss adds biases to the router and to every
-expert's products (ffn_*.bias: one row per expert) and its clamped SwiGLU.
+expert e's. gpt-oss adds biases to the router and to every expert's products (ffn_*.bias: one row per expert)
+and its clamped SwiGLU. The DeepSeek lineage adds shared experts (a gated MLP every row runs, ffn_*_shexp, its
+output added to the experts'), sigmoid gating, and a bias added to the probabilities to choose the experts
+but not to weight them (exp_probs_b).
 """
 
 from __future__ import annotations
@@ -16,15 +17,15 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from engine.gguf.reader import GGUFFile
-from engine.gguf.weights import LinearWeight, load_experts, load_vectors
-from engine.models.layout import TensorSpec, bias, experts, matrix
+from engine.gguf.weights import LinearWeight, load_experts, load_vector, load_vectors
+from engine.models.feed_forward import GatedMlp, GatedMlpArgs
+from engine.models.layout import BIAS, TensorSpec, bias, experts, matrix
 from engine.models.parts import first_problem, shown
 from kernels.backend import OP_LINEAR, OP_MOE_FFN, SWIGLU, SWIGLU_OAI, Backend, Gating, MoeFfnSpec, MoeSpec
 
 
 @dataclass(frozen=True)
 class MoeArgs:
-    OPS = (OP_LINEAR, OP_MOE_FFN)  # the backend ops the part runs on
     n_expert: int
     n_used: int  # experts per row (top k)
     n_ff: int  # each expert's feed-forward width
@@ -33,6 +34,32 @@ class MoeArgs:
     scale: float = 1.0  # then multiplied by this
     activation: str = SWIGLU  # or SWIGLU_OAI (kernels.backend)
     biases: bool = False  # on the router and on each expert's gate, up and down products
+    selection_bias: bool = False  # the file may hold exp_probs_b, added to the gated probabilities to choose
+                                  # the experts (llama.cpp: TENSOR_NOT_REQUIRED)
+    n_shared_ff: int = 0  # the shared experts' width together (ffn_*_shexp); 0: none
+    n_groups: int = 0  # group-limited routing (kernels.backend.MoeSpec): expert groups, 0 for none
+    groups_used: int = 0
+
+    @property
+    def OPS(self) -> tuple[str, ...]:
+        """The backend ops the part runs on."""
+        return (OP_LINEAR, OP_MOE_FFN, *(GatedMlpArgs.OPS if self.n_shared_ff else ()))
+
+    @property
+    def shared(self) -> GatedMlpArgs | None:
+        return GatedMlpArgs(self.n_shared_ff, suffix="_shexp") if self.n_shared_ff else None
+
+    def groups_fit(self) -> bool:
+        """Group-limited routing's groups: equal runs of two or more experts, the used ones holding k experts."""
+        if not self.n_groups:
+            return True
+        per_group = self.n_expert // self.n_groups
+        return (self.n_expert % self.n_groups == 0 and per_group >= 2 and 1 <= self.groups_used <= self.n_groups
+                and self.n_used <= self.groups_used * per_group)
+
+    @staticmethod
+    def selection_bias_name(p: str) -> str:
+        return p + "exp_probs_b.bias"
 
     @staticmethod
     def names(p: str, kind: str = "weight") -> tuple[str, str, str, str]:
@@ -48,6 +75,10 @@ class MoeArgs:
         if self.biases:
             router_b, gate_b, up_b, down_b = self.names(p, "bias")
             tensors += [bias(router_b, e), bias(gate_b, e, f), bias(up_b, e, f), bias(down_b, e, n_embd)]
+        if self.selection_bias:
+            tensors.append(TensorSpec(self.selection_bias_name(p), (e,), BIAS, required=False))
+        if self.shared is not None:
+            tensors += self.shared.tensors(p, n_embd)
         return tensors
 
     def build(self, file: GGUFFile, p: str, layer: int, n_embd: int, backend: Backend) -> "MoeFfn":
@@ -64,6 +95,11 @@ class MoeArgs:
             (all(math.isfinite(f.scale) and f.scale > 0 for f in layers),
              f"{arch}: the experts' weights scale must be positive"),
             (all(f.activation in (SWIGLU, SWIGLU_OAI) for f in layers), f"{arch}: an unknown experts' activation"),
+            (all(f.n_shared_ff >= 0 for f in layers), f"{arch}: the shared experts' width must not be negative"),
+            (all(f.groups_fit() for f in layers),
+             f"{arch}.expert_group_count {shown([f.n_groups for f in layers])} must split the experts into groups of "
+             f"two or more, and expert_group_used_count ({shown([f.groups_used for f in layers])}) must be between 1 "
+             f"and it, its groups holding the experts used"),
         ])
 
 
@@ -83,10 +119,22 @@ class MoeFfn:
                                down=load_experts(file, down, e, n_embd, f, backend),
                                n_expert=e, n_used=args.n_used, gating=args.gating, normalize=args.normalize,
                                scale=args.scale, activation=args.activation, gate_bias=expert_biases(gate_b, f),
-                               up_bias=expert_biases(up_b, f), down_bias=expert_biases(down_b, n_embd))
+                               up_bias=expert_biases(up_b, f), down_bias=expert_biases(down_b, n_embd),
+                               selection_bias=self._selection_bias(args, file, p), n_groups=args.n_groups,
+                               groups_used=args.groups_used)
+        self.shared = None if args.shared is None else GatedMlp(args.shared, file, p, n_embd, backend)
+
+    @staticmethod
+    def _selection_bias(args: MoeArgs, file: GGUFFile, p: str):
+        name = args.selection_bias_name(p)
+        return load_vector(file, name, args.n_expert) if args.selection_bias and name in file.tensors else None
 
     def __call__(self, h, row_wise: bool):
-        return self.backend.moe_ffn(self.experts, h, self.router(h, row_wise), row_wise)
+        out = self.backend.moe_ffn(self.experts, h, self.router(h, row_wise), row_wise)
+        if self.shared is not None:  # llama.cpp adds the shared experts' output to the routed ones'
+            out = self.backend.add(out, self.shared(h, row_wise))
+        return out
 
-    def spec(self) -> MoeFfnSpec:
-        return MoeFfnSpec(router=self.router.handle, experts=self.experts)
+    def spec(self) -> MoeFfnSpec | None:
+        """The fused row stack's form; shared experts have none yet (the layer runs through the composed ops)."""
+        return MoeFfnSpec(router=self.router.handle, experts=self.experts) if self.shared is None else None

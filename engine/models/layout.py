@@ -17,7 +17,8 @@ MATRIX, EXPERTS, NORM, BIAS = "matrix", "experts", "norm", "bias"
 class TensorSpec:
     name: str
     shape: tuple[int, ...]  # (out, in) for a matrix, as the loader checks it; (n_expert, out, in) for stacked
-                            # experts' matrices; (n,) for a vector, (n_expert, n) for one per expert
+                            # experts' matrices ((n_head, out, in): per-head ones); (n,) for a vector,
+                            # (n_expert, n) for one per expert
     role: str               # MATRIX, EXPERTS, NORM (values near 1) or BIAS (values near 0): what a writer
                             # fills it with
     required: bool = True   # False: the model does without it (an untied output matrix)
@@ -30,6 +31,12 @@ def matrix(name: str, rows: int, cols: int, required: bool = True) -> TensorSpec
 def experts(name: str, n_expert: int, rows: int, cols: int) -> TensorSpec:
     """One matrix [rows, cols] per expert, stacked in one tensor (llama.cpp's *_exps)."""
     return TensorSpec(name, (n_expert, rows, cols), EXPERTS)
+
+
+def heads(name: str, n_head: int, rows: int, cols: int) -> TensorSpec:
+    """One matrix [rows, cols] per attention head, stacked in one tensor (MLA's attn_k_b, attn_v_b): written and
+    quantized as a matrix."""
+    return TensorSpec(name, (n_head, rows, cols), MATRIX)
 
 
 def norm(name: str, n: int) -> TensorSpec:

@@ -49,6 +49,8 @@ class PartArgs(Protocol):
 
 
 class MixerArgs(PartArgs, Protocol):
+    VALUE_IS_KEY: bool  # the layer's cached V rows are its K rows (kept once)
+
     def kv_geometry(self) -> tuple[int, int]:
         """What the layer keeps per position in the KV cache: (kv heads, head size)."""
 

@@ -72,7 +72,7 @@ class Transformer:
         return self.args.n_layers
 
     def new_cache(self, capacity: int, dtype: KvDtype | str = KvDtype.F16) -> KvCache:
-        return KvCache(*self.args.kv_geometry(), capacity, dtype, self.backend)
+        return KvCache(*self.args.kv_geometry(), capacity, dtype, self.backend, self.args.kv_value_is_key())
 
     # -- the model interface ----------------------------------------------------------------------------
 
@@ -170,7 +170,8 @@ class Transformer:
 
     def _check_cache(self, cache: KvCache) -> None:
         kv_heads, head_dims = self.args.kv_geometry()
-        if cache.kv_heads != tuple(kv_heads) or cache.head_dims != tuple(head_dims):
+        if (cache.kv_heads != tuple(kv_heads) or cache.head_dims != tuple(head_dims)
+                or cache.value_is_key != tuple(self.args.kv_value_is_key())):
             raise KvCacheShapeMismatch("the KV cache was made for a different model geometry")
         if cache.backend is not self.backend:
             raise KvCacheShapeMismatch(f"the KV cache lives on the {cache.backend.name} backend; this model runs "

@@ -13,12 +13,13 @@ from typing import Sequence
 import numpy as np
 
 from kernels.backend import (
-    OPS, Q8_0_BLOCK, Q8_0_BLOCK_BYTES, AttentionShape, AttentionSpec, GatedMlpSpec, LayerSpec, MoeFfnSpec, MoeSpec,
-    Segment,
+    OPS, Q8_0_BLOCK, Q8_0_BLOCK_BYTES, AttentionShape, AttentionSpec, GatedMlpSpec, LatentAttentionSpec, LayerSpec,
+    MoeFfnSpec, MoeSpec, Segment,
 )
 from kernels.common import gguf_weights, kv_rows, q8_0
 from kernels.cpu import moe, ops, quant, quant_dot
 from kernels.cpu.attention import attention_prefill
+from kernels.cpu.latent_attention import latent_attention
 from kernels.cpu.row_stack import ExpertsFfn, Layer as KernelLayer, Mlp, RowArgs, forward_rows
 from kernels.cpu.row_variants import RowVariants
 from kernels.cpu.typed_lists import typed_list
@@ -38,10 +39,14 @@ class CpuWeight:
 class CpuKvStore:
     """Per layer, K and V as [capacity, kv_heads, width] arrays: f16 bit patterns (uint16) or q8_0 blocks."""
 
-    def __init__(self, kv_heads: Sequence[int], head_dims: Sequence[int], capacity: int, dtype: str):
+    def __init__(self, kv_heads: Sequence[int], head_dims: Sequence[int], capacity: int, dtype: str,
+                 value_is_key: Sequence[bool] | None = None):
         self.dtype = dtype
         self.k = [self._alloc(capacity, h, d) for h, d in zip(kv_heads, head_dims)]
-        self.v = [self._alloc(capacity, h, d) for h, d in zip(kv_heads, head_dims)]
+        shared = value_is_key or [False] * len(self.k)
+        # a layer whose V rows are its K rows holds one array for both (writes of V write the same rows)
+        self.v = [k if same else self._alloc(capacity, h, d)
+                  for k, same, h, d in zip(self.k, shared, kv_heads, head_dims)]
         self._views = {}  # per run of layers, its arrays as the row-wise kernel takes them, built on first use
 
     def _alloc(self, capacity: int, kv_heads: int, head_dim: int) -> np.ndarray:
@@ -72,7 +77,7 @@ class CpuKvStore:
             dst_l[start:end] = src_l[start:end]
 
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.k + self.v)
+        return sum(a.nbytes for a in {id(a): a for a in self.k + self.v}.values())
 
     def kernel_views(self, first: int, end: int) -> tuple:
         """Layers [first, end)'s K and V arrays as typed lists (what the row-wise kernel takes)."""
@@ -137,8 +142,8 @@ class CpuBackend:
     def upload_vector(self, v: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(v, dtype=np.float32)
 
-    def kv_store(self, kv_heads, head_dims, capacity, dtype) -> CpuKvStore:
-        return CpuKvStore(kv_heads, head_dims, capacity, dtype)
+    def kv_store(self, kv_heads, head_dims, capacity, dtype, value_is_key=None) -> CpuKvStore:
+        return CpuKvStore(kv_heads, head_dims, capacity, dtype, value_is_key)
 
     def embed(self, w: CpuWeight, ids: np.ndarray, scale: float) -> np.ndarray:
         x = quant.gather_rows(w.qtype, w.raw, np.asarray(ids, dtype=np.int64))
@@ -184,6 +189,10 @@ class CpuBackend:
                 out[a:b] = attention_prefill(q3[a:b], store.decode(keys), store.decode(values), pos0,
                                              shape.window, shape.scale, threads=quant.threads(), sinks=shape.sinks)
         return out.reshape(n, -1)
+
+    def latent_attention(self, spec: LatentAttentionSpec, q, kv, segments: Sequence[Segment], positions: np.ndarray,
+                         layer: int, row_wise: bool) -> np.ndarray:
+        return latent_attention(self, spec, q, kv, segments, positions, layer, row_wise)
 
     def take_rows(self, x: np.ndarray, rows: Sequence[int]) -> np.ndarray:
         return x[list(rows)]

@@ -40,7 +40,10 @@ class Experts(NamedTuple):
     down_bias: np.ndarray   # [n_expert, n_embd]
     n_expert: int
     n_used: int
-    softmax_first: bool     # Gating.SOFTMAX (else SOFTMAX_WEIGHT)
+    gating: int             # kernels.cpu.moe_route's code of the spec's Gating
+    selection_bias: np.ndarray  # float32 [n_expert] added to choose the experts; [0]: none
+    n_groups: int           # group-limited routing's expert groups (0: none) and the groups used
+    groups_used: int
     normalize: bool
     scale: float
     clamped: bool           # gpt-oss's clamped SwiGLU (else silu(gate) * up)
@@ -159,7 +162,8 @@ def expert_rows(formats, ex, h, logits, threads, out):
     selected = np.empty((m, k), np.int64)
     weights = np.empty((m, k), np.float32)
     for i in range(m):
-        route_row(logits[i], k, ex.softmax_first, ex.normalize, np.float32(ex.scale), selected[i], weights[i])
+        route_row(logits[i], k, ex.gating, ex.selection_bias, ex.n_groups, ex.groups_used, ex.normalize,
+                  np.float32(ex.scale), selected[i], weights[i])
     # the (row, slot) pairs grouped by expert, experts in the order first selected
     group = np.full(ex.n_expert, -1, np.int64)
     used = np.empty(m * k, np.int64)

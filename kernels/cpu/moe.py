@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels.backend import SWIGLU_OAI, Gating, MoeSpec
+from kernels.backend import SWIGLU_OAI, MoeSpec
 from kernels.common import formats
 from kernels.cpu import ops, quant
 from kernels.cpu.expert_rows import Experts, expert_rows
-from kernels.cpu.moe_route import route
+from kernels.cpu.moe_route import GATING_CODES, route, selection_bias_of
 
 _NO_BIAS = np.zeros((0, 0), np.float32)
 
@@ -29,8 +29,10 @@ def kernel_experts(spec: MoeSpec) -> Experts:
                    down=quant.kernel_weight(spec.down.qtype, spec.down.raw),
                    types=np.array([spec.gate.qtype, spec.up.qtype, spec.down.qtype], np.int64),
                    gate_bias=bias(spec.gate_bias), up_bias=bias(spec.up_bias), down_bias=bias(spec.down_bias),
-                   n_expert=spec.n_expert, n_used=spec.n_used, softmax_first=spec.gating == Gating.SOFTMAX,
-                   normalize=bool(spec.normalize), scale=float(spec.scale), clamped=spec.activation == SWIGLU_OAI)
+                   n_expert=spec.n_expert, n_used=spec.n_used, gating=GATING_CODES[spec.gating],
+                   selection_bias=selection_bias_of(spec.selection_bias), n_groups=int(spec.n_groups),
+                   groups_used=int(spec.groups_used), normalize=bool(spec.normalize),
+                   scale=float(spec.scale), clamped=spec.activation == SWIGLU_OAI)
 
 
 def moe_ffn(spec: MoeSpec, x: np.ndarray, router_logits: np.ndarray, row_wise: bool) -> np.ndarray:
@@ -43,7 +45,8 @@ def moe_ffn(spec: MoeSpec, x: np.ndarray, router_logits: np.ndarray, row_wise: b
         experts = kernel_experts(spec)
         expert_rows(formats.of(experts.types), experts, x, logits, quant.threads(), out)
         return out
-    selected, weights = route(logits, spec.n_used, spec.gating, spec.normalize, spec.scale)
+    selected, weights = route(logits, spec.n_used, spec.gating, spec.normalize, spec.scale, spec.selection_bias,
+                              (spec.n_groups, spec.groups_used))
     outputs = np.empty((x.shape[0], spec.n_used, out.shape[1]), np.float32)  # row, slot: its expert's output
     for e in np.unique(selected):
         rows, slots = np.nonzero(selected == e)  # a row selects an expert at most once

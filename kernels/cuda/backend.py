@@ -18,8 +18,8 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType as T
 
 from kernels.backend import (
-    OP_ATTENTION_SINKS, OP_MOE_FFN, OP_ROPE_SCALED, OPS, Q8_0_BLOCK, Q8_0_BLOCK_BYTES, AttentionShape,
-    BackendUnavailable, Segment,
+    OP_ATTENTION_SINKS, OP_LATENT_ATTENTION, OP_MOE_FFN, OP_ROPE_SCALED, OPS, Q8_0_BLOCK, Q8_0_BLOCK_BYTES,
+    AttentionShape, BackendUnavailable, Segment,
 )
 from kernels.common import gguf_weights, kv_rows
 from kernels.cuda import kernels as k
@@ -135,8 +135,8 @@ class CudaBackend:
         return qtype in DECODERS
 
     def supports_op(self, op: str) -> bool:
-        # every op of the seam but the experts', attention sinks and scaled RoPE (no kernels yet)
-        return op in OPS and op not in (OP_MOE_FFN, OP_ATTENTION_SINKS, OP_ROPE_SCALED)
+        # every op of the seam but the experts', attention sinks, scaled RoPE and latent attention (no kernels yet)
+        return op in OPS and op not in (OP_MOE_FFN, OP_ATTENTION_SINKS, OP_ROPE_SCALED, OP_LATENT_ATTENTION)
 
     def upload_weight(self, qtype, raw, out_dim, in_dim, bias=None) -> CudaWeight:
         if qtype not in DECODERS:  # widened once on the host
@@ -149,7 +149,9 @@ class CudaBackend:
     def upload_vector(self, v: np.ndarray):
         return cuda.to_device(np.ascontiguousarray(v, dtype=np.float32))
 
-    def kv_store(self, kv_heads, head_dims, capacity, dtype) -> CudaKvStore:
+    def kv_store(self, kv_heads, head_dims, capacity, dtype, value_is_key=None) -> CudaKvStore:
+        if any(value_is_key or ()):  # only latent attention caches so, and this backend does not run it
+            raise ValueError("this backend keeps separate K and V rows in every layer")
         return CudaKvStore(kv_heads, head_dims, capacity, dtype)
 
     def embed(self, w: CudaWeight, ids: np.ndarray, scale: float):

@@ -16,8 +16,8 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType as T
 
 from kernels.backend import (
-    OP_ATTENTION_SINKS, OP_MOE_FFN, OP_ROPE_SCALED, OPS, Q8_0_BLOCK, Q8_0_BLOCK_BYTES, AttentionShape,
-    BackendUnavailable, Segment, kv_rows_f32,
+    OP_ATTENTION_SINKS, OP_LATENT_ATTENTION, OP_MOE_FFN, OP_ROPE_SCALED, OPS, Q8_0_BLOCK, Q8_0_BLOCK_BYTES,
+    AttentionShape, BackendUnavailable, Segment, kv_rows_f32,
 )
 from kernels.common import gguf_weights, kv_rows, q8_0
 from kernels.wgpu import ops
@@ -130,8 +130,8 @@ class GpuBackend:
         return ops.supports(qtype)
 
     def supports_op(self, op: str) -> bool:
-        # every op of the seam but the experts', attention sinks and scaled RoPE (no kernels yet)
-        return op in OPS and op not in (OP_MOE_FFN, OP_ATTENTION_SINKS, OP_ROPE_SCALED)
+        # every op of the seam but the experts', attention sinks, scaled RoPE and latent attention (no kernels yet)
+        return op in OPS and op not in (OP_MOE_FFN, OP_ATTENTION_SINKS, OP_ROPE_SCALED, OP_LATENT_ATTENTION)
 
     def upload_weight(self, qtype, raw, out_dim, in_dim, bias=None) -> GpuWeight:
         if ops.supports(qtype):
@@ -144,7 +144,9 @@ class GpuBackend:
     def upload_vector(self, v: np.ndarray) -> GpuVector:
         return GpuVector(self.gpu.upload(np.ascontiguousarray(v, np.float32)), len(v))
 
-    def kv_store(self, kv_heads, head_dims, capacity, dtype) -> GpuKvStore:
+    def kv_store(self, kv_heads, head_dims, capacity, dtype, value_is_key=None) -> GpuKvStore:
+        if any(value_is_key or ()):  # only latent attention caches so, and this backend does not run it
+            raise ValueError("this backend keeps separate K and V rows in every layer")
         return GpuKvStore(self.gpu, kv_heads, head_dims, capacity, dtype)
 
     # -- ops on activations

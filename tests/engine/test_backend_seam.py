@@ -54,10 +54,10 @@ def test_a_cache_on_another_backend_is_refused(tiny):
 class F16OnlyBackend(CpuBackend):
     name = "f16-only"
 
-    def kv_store(self, kv_heads, head_dims, capacity, dtype):
+    def kv_store(self, kv_heads, head_dims, capacity, dtype, value_is_key=None):
         if dtype != "f16":
             raise UnsupportedKvDtype(f"the f16-only backend keeps an f16 KV cache, not {dtype}")
-        return super().kv_store(kv_heads, head_dims, capacity, dtype)
+        return super().kv_store(kv_heads, head_dims, capacity, dtype, value_is_key)
 
 
 def test_a_cache_type_the_backend_does_not_keep_is_a_user_error():

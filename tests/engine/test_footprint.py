@@ -59,3 +59,19 @@ def test_models_info_says_whether_a_file_fits(moe_file, monkeypatch, capsys):
     monkeypatch.setattr(footprint, "machine_memory", lambda: 10**9)
     main(["models", "info", str(moe_file)])
     assert "it does not fit, and loading it is refused" in capsys.readouterr().out
+
+
+def test_models_info_says_what_a_token_of_context_takes_in_the_kv_cache(moe_file, tmp_path, capsys):
+    """A deepseek2 model caches one latent row of 80 values a layer; qwen3moe a key and a value per KV head."""
+    from app.cli import main
+    from tests.moe_models import DEEPSEEK2_SHAPE, write_deepseek2_model
+
+    latent = tmp_path / "deepseek2.gguf"
+    write_deepseek2_model(latent)
+    main(["models", "info", str(latent), "--json"])
+    row = DEEPSEEK2_SHAPE["kv_lora_rank"] + DEEPSEEK2_SHAPE["rope"]
+    assert json.loads(capsys.readouterr().out)["kv_bytes_per_token"] == 3 * row * 2
+    main(["models", "info", str(moe_file), "--json"])
+    assert json.loads(capsys.readouterr().out)["kv_bytes_per_token"] == 2 * 2 * 2 * 64 * 2  # layers, K and V, heads
+    main(["models", "info", str(latent)])
+    assert f"KV cache: {3 * row * 2 / 1024:.1f} KB per token of context (f16)" in capsys.readouterr().out

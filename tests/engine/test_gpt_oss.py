@@ -9,7 +9,7 @@ from engine.errors import ConfigError, GGUFError, UnsupportedOnBackend
 from engine.gguf.reader import open_gguf
 from engine.models import gpt_oss, load_model
 from kernels.backend import OP_ATTENTION_SINKS, SWIGLU_OAI, Gating, RopeScaling
-from kernels.cpu.backend import CpuBackend
+from tests.backends import cpu_without
 from tests.moe_models import GPT_OSS, GPT_OSS_WINDOW, write_gpt_oss_model
 
 
@@ -76,15 +76,8 @@ def test_missing_expert_biases_are_named(tmp_path):
              skip_tensors=("blk.0.ffn_down_exps.bias",))
 
 
-class _BackendWithoutSinks(CpuBackend):
-    name = "no-sinks"
-
-    def supports_op(self, op: str) -> bool:
-        return op != OP_ATTENTION_SINKS and super().supports_op(op)
-
-
 def test_a_backend_without_attention_sinks_refuses_the_model_by_name(tmp_path):
     path = tmp_path / "m.gguf"
     write_gpt_oss_model(path)
     with pytest.raises(UnsupportedOnBackend, match="need the attention_sinks op.*no-sinks backend"):
-        load_model(path, _BackendWithoutSinks())
+        load_model(path, cpu_without(OP_ATTENTION_SINKS, "no-sinks"))

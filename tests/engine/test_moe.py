@@ -1,6 +1,7 @@
-"""qwen3moe and gpt-oss on the tiny random models of tests/moe_models.py: the row-wise contract (m rows in one call are,
-bit for bit, the tokens fed one at a time; so speculative decoding yields the plain ids), the experts read
-in place from the file, and malformed files refused with errors that name the key or tensor."""
+"""qwen3moe and gpt-oss on the tiny random models of tests/moe_models.py: the row-wise contract (m rows in one
+call are, bit for bit, the tokens fed one at a time; so a batched step is each conversation alone and
+speculative decoding yields the plain ids; deepseek2's models too), the experts read in place from the file,
+and malformed files refused with errors that name the key or tensor."""
 
 import warnings
 
@@ -8,60 +9,59 @@ import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType as T, GGUFValueType as V
 
-from engine import generate
 from engine.errors import ConfigError, GGUFError, SlowWeightTypeWarning, UnsupportedOnBackend, WeightShapeError
 from engine.models import load_model
 from engine.models.experts import MoeFfn
 from engine.models.transformer import _RowRun
-from engine.sampling import Sampler, SamplerConfig
-from engine.speculative import Stats, stream
+from engine.sampling import SamplerConfig
 from kernels.backend import OP_MOE_FFN
-from kernels.cpu.backend import CpuBackend
+from tests.backends import cpu_without
 from tests.moe_models import (
-    ARCH, GPT_OSS, GPT_OSS_VARIANTS, N_EXPERT, N_FF_EXP, ORACLE_MODELS, TOKENS, VARIANTS, write_moe_model,
+    ARCH, DEEPSEEK2, DEEPSEEK2_VARIANTS, GPT_OSS, GPT_OSS_VARIANTS, N_EXPERT, N_FF_EXP, ORACLE_MODELS, TOKENS, VARIANTS, write_moe_model,
 )
-from tests.row_wise import assert_rows_equal_one_at_a_time
+from tests.row_wise import (
+    assert_batched_step_equals_each_alone, assert_rows_equal_one_at_a_time, assert_speculative_yields_the_plain_ids,
+)
 
 ROW_COUNTS = (1, 2, 5, 8, 17)  # one call of each size, in turn, after a short prefilled prompt
 PROMPT = TOKENS[:4]
 
 
-# each family in each experts' format (gpt-oss's: past its sliding window too)
+# each family in each experts' format (gpt-oss's: past its sliding window too); the spec's equivalences hold
+# on deepseek2's too, whose layers (latent attention, shared experts) run through the composed ops
 MODELS = ([f"{ARCH}-{v}" for v, (_, extra) in VARIANTS.items() if not extra]
           + [f"{GPT_OSS}-{v}" for v in GPT_OSS_VARIANTS])
+EVERY_FAMILY = MODELS + [f"{DEEPSEEK2}-{v}" for v in DEEPSEEK2_VARIANTS]
 
 
-@pytest.fixture(scope="module", params=MODELS)
-def model(request, tmp_path_factory):
+def _load(request, tmp_path_factory):
     path = tmp_path_factory.mktemp("moe") / f"{request.param}.gguf"
     ORACLE_MODELS[request.param][0](path)
     return load_model(path)
 
 
-def test_rows_equal_one_at_a_time(model):
-    assert_rows_equal_one_at_a_time(model, row_counts=ROW_COUNTS, prompt=PROMPT)
+@pytest.fixture(scope="module", params=MODELS)
+def model(request, tmp_path_factory):
+    return _load(request, tmp_path_factory)
 
 
-def test_a_batched_decode_step_equals_each_conversation_alone(model):
-    prompts = [TOKENS[:3], TOKENS[5:11], TOKENS[20:22]]
-    alone, batched = [model.new_cache(16) for _ in prompts], [model.new_cache(16) for _ in prompts]
-    for p, a, b in zip(prompts, alone, batched):
-        model.forward(p, a)
-        model.forward(p, b)
-    step = [7, 100, 258]
-    expected = np.stack([model.forward([t], c) for t, c in zip(step, alone)])
-    np.testing.assert_array_equal(model.decode_batch(step, batched), expected)
+@pytest.fixture(scope="module", params=EVERY_FAMILY)
+def any_model(request, tmp_path_factory):
+    return _load(request, tmp_path_factory)
+
+
+def test_rows_equal_one_at_a_time(any_model):
+    assert_rows_equal_one_at_a_time(any_model, row_counts=ROW_COUNTS, prompt=PROMPT)
+
+
+def test_a_batched_decode_step_equals_each_conversation_alone(any_model):
+    assert_batched_step_equals_each_alone(any_model, [TOKENS[:3], TOKENS[5:11], TOKENS[20:22]], [7, 100, 258])
 
 
 @pytest.mark.parametrize("config", [SamplerConfig(), SamplerConfig(temperature=0.8, top_k=20, seed=3)],
                          ids=["greedy", "seeded"])
-def test_speculative_decoding_yields_the_plain_ids(model, config, monkeypatch):
-    monkeypatch.setattr(stream, "verify_cost_table", lambda model: {m: 1.0 for m in range(1, 18)})  # drafts pay
-    prompt = TOKENS[:6] * 3
-    plain = list(generate.sample(model, prompt, 40, Sampler(config)))
-    stats = Stats()
-    assert list(generate.sample_speculative(model, prompt, 40, Sampler(config), stats=stats)) == plain
-    assert stats.spec_steps > 0
+def test_speculative_decoding_yields_the_plain_ids(any_model, config, monkeypatch):
+    assert_speculative_yields_the_plain_ids(any_model, TOKENS[:6] * 3, config, monkeypatch)
 
 
 def test_every_layer_decodes_in_the_fused_row_stack(model):
@@ -138,15 +138,8 @@ def test_a_model_of_native_formats_gives_no_slow_type_warning(tmp_path):
         load_model(path)
 
 
-class _BackendWithoutExperts(CpuBackend):
-    name = "no-experts"
-
-    def supports_op(self, op: str) -> bool:
-        return op != OP_MOE_FFN and super().supports_op(op)
-
-
 def test_a_backend_without_the_experts_op_refuses_the_model_by_name(tmp_path):
     path = tmp_path / "m.gguf"
     write_moe_model(path)
     with pytest.raises(UnsupportedOnBackend, match="need the moe_ffn op.*no-experts backend"):
-        load_model(path, _BackendWithoutExperts())
+        load_model(path, cpu_without(OP_MOE_FFN, "no-experts"))

@@ -1,5 +1,6 @@
 """The CPU's Mixture-of-Experts op (kernels.cpu.moe, moe_route, expert_rows): llama.cpp's routing (softmax, top
-k with ties to the lower index, normalized weights; gpt-oss's softmax over the selected logits) and the
+k with ties to the lower index, normalized weights; gpt-oss's softmax over the selected logits; DeepSeek-V3's
+sigmoid with a bias that chooses but does not weight) and the
 experts' weighted SwiGLU sum (gpt-oss's: clamped, with biases) against a NumPy reference."""
 
 import numpy as np
@@ -29,6 +30,26 @@ def test_softmax_weight_gating_ranks_the_logits_then_softmaxes_the_selected():
     assert selected.tolist() == [[1, 3, 2]]
     top = logits[0, [1, 3, 2]]
     np.testing.assert_allclose(weights[0], np.exp(top - top.max()) / np.exp(top - top.max()).sum(), rtol=1e-6)
+
+
+def test_sigmoid_gating_chooses_by_the_biased_probabilities_and_weights_by_the_unbiased_ones():
+    logits = np.array([[0.5, 2.0, 1.0, 2.0, -1.0, 1.0]], np.float32)
+    bias = np.array([0.0, -0.5, 0.0, 0.0, 0.9, 0.0], np.float32)  # expert 4 first, 1 dropped below 2
+    selected, weights = route(logits, K, Gating.SIGMOID, normalize=False, scale=1.0, selection_bias=bias)
+    probs = 1 / (1 + np.exp(-logits[0]))
+    assert selected.tolist() == [[4, 3, 2]] == [list(np.argsort(-(probs + bias), kind="stable")[:K])]
+    np.testing.assert_allclose(weights[0], probs[[4, 3, 2]], rtol=1e-6)
+    unbiased, _ = route(logits, K, Gating.SIGMOID, normalize=False, scale=1.0)
+    assert unbiased.tolist() == [[1, 3, 2]]
+
+
+def test_group_limited_routing_chooses_within_the_groups_whose_two_best_sum_highest():
+    logits = np.array([[3.0, -5.0, 2.8, 2.8, -3.0, -3.0]], np.float32)  # groups of two: e^3, 2 e^2.8, 2 e^-3
+    selected, weights = route(logits, 2, Gating.SOFTMAX, normalize=False, scale=1.0, groups=(3, 1))
+    assert selected.tolist() == [[2, 3]]  # the best expert (0) is in a group not chosen
+    probs = np.exp(logits[0] - logits.max()) / np.exp(logits[0] - logits.max()).sum()
+    np.testing.assert_allclose(weights[0], probs[[2, 3]], rtol=1e-6)
+    assert route(logits, 2, Gating.SOFTMAX, normalize=False, scale=1.0, groups=(3, 2))[0].tolist() == [[0, 2]]
 
 
 def test_normalized_weights_sum_to_one_then_scale():

@@ -1,4 +1,4 @@
-"""Record llama.cpp's logits on the tests' tiny MoE models (qwen3moe and gpt-oss: tests/moe_models.py's
+"""Record llama.cpp's logits on the tests' tiny MoE models (qwen3moe, gpt-oss and deepseek2: tests/moe_models.py's
 ORACLE_MODELS) into the JSON files beside this script, which tests/engine/test_moe_oracle.py compares the
 engine's forwards with.
 
