@@ -92,37 +92,45 @@ ORACLE_MODELS = {
 }
 
 
-# deepseek2: a dense leading layer, then two MoE layers with a shared expert; latent attention (rank 64, heads
-# of 32 + 16 RoPE'd dims, values of 32) with YaRN (factor 4 over 16 original positions, DeepSeek's
-# mscale_all_dim 0.707). "lite" is DeepSeek-V2-Lite's layout (the query straight from x, softmax gating, the
-# weights neither normalized nor scaled); "v3" DeepSeek-V3's (a low-rank query, sigmoid gating with the
-# selection bias exp_probs_b, the experts chosen in the best 2 of 4 groups, normalized weights scaled by 2.5).
-# Experts F32 or quantized.
+# deepseek2: a dense leading layer, then two MoE layers with a shared expert; latent attention (rank 64, heads of
+# 32 + 16 RoPE'd dims, values of 32) with YaRN (factor 4 over 16 original positions, DeepSeek's mscale_all_dim
+# 0.707). "lite" is DeepSeek-V2-Lite's layout (the query straight from x, softmax gating, the weights neither
+# normalized nor scaled); "unsplit" the same as an older conversion writes it (attn_kv_b, the plain head sizes);
+# "v3" DeepSeek-V3's (a low-rank query, sigmoid gating with the selection bias exp_probs_b, the experts chosen in
+# the best 2 of 4 groups, normalized weights scaled by 2.5). Experts F32 or quantized.
 DEEPSEEK2 = "deepseek2"
 DEEPSEEK2_SHAPE = {"kv_lora_rank": 64, "nope": 32, "rope": 16, "v": 32, "q_lora_rank": 64}
 DEEPSEEK2_LAYOUTS = {
     "lite": {"attention.q_lora_rank": 0, "expert_gating_func": 1, "expert_weights_norm": False,
              "expert_weights_scale": 1.0},
+    "unsplit": {"attention.q_lora_rank": 0, "expert_gating_func": 1, "expert_weights_norm": False,
+                "expert_weights_scale": 1.0},
     "v3": {"attention.q_lora_rank": DEEPSEEK2_SHAPE["q_lora_rank"], "expert_gating_func": 2,
            "expert_weights_norm": True, "expert_weights_scale": 2.5, "expert_group_count": 4,
            "expert_group_used_count": 2},
 }
-DEEPSEEK2_VARIANTS = {"lite-f32": ("lite", T.F32), "lite-q8_0": ("lite", T.Q8_0), "v3-f32": ("v3", T.F32),
-                      "v3-q4_k": ("v3", T.Q4_K)}
+# variant -> (layout, the experts' format, the other matrices' format)
+DEEPSEEK2_VARIANTS = {"lite-f32": ("lite", T.F32, T.F32), "lite-q8_0": ("lite", T.Q8_0, T.F32),
+                      "v3-f32": ("v3", T.F32, T.F32), "v3-q4_k": ("v3", T.Q4_K, T.F32),
+                      "unsplit-f32": ("unsplit", T.F32, T.F32), "unsplit-q8_0": ("unsplit", T.Q8_0, T.F32)}
 # per layout, a seed whose rows route clear of ties in both its variants (of the first 12: max |Δ| from
 # llama.cpp's logits smallest, the top-1 the same wherever llama.cpp's is clear)
-DEEPSEEK2_SEEDS = {"lite": 3, "v3": 5}
+DEEPSEEK2_SEEDS = {"lite": 3, "v3": 5, "unsplit": 3}
 SELECTION_BIAS_STD = 0.3  # exp_probs_b of the spread of the sigmoid's probabilities: it changes what is chosen
 
 
 def deepseek2_metadata(layout: str) -> dict:
     s = DEEPSEEK2_SHAPE
+    if layout == "unsplit":  # an older conversion: plain key and value lengths, attn_kv_b, run by llama.cpp as MHA
+        heads = {"attention.head_count_kv": 4, "attention.key_length": s["nope"] + s["rope"],
+                 "attention.value_length": s["v"]}
+    else:
+        heads = {"attention.head_count_kv": 1, "attention.key_length": s["kv_lora_rank"] + s["rope"],
+                 "attention.value_length": s["kv_lora_rank"], "attention.key_length_mla": s["nope"] + s["rope"],
+                 "attention.value_length_mla": s["v"]}
     keys = {"leading_dense_block_count": 1, "expert_count": N_EXPERT, "expert_used_count": N_USED,
             "expert_shared_count": 1, "expert_feed_forward_length": N_FF_EXP,
-            "attention.head_count_kv": 1, "attention.kv_lora_rank": s["kv_lora_rank"],
-            "attention.key_length": s["kv_lora_rank"] + s["rope"], "attention.value_length": s["kv_lora_rank"],
-            "attention.key_length_mla": s["nope"] + s["rope"], "attention.value_length_mla": s["v"],
-            "rope.dimension_count": s["rope"], "rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+            "attention.kv_lora_rank": s["kv_lora_rank"], **heads, "rope.dimension_count": s["rope"], "rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
             "rope.scaling.original_context_length": 16, "rope.scaling.yarn_log_multiplier": 0.0707,
             **DEEPSEEK2_LAYOUTS[layout]}
     return {f"{DEEPSEEK2}.{k}": v for k, v in keys.items()}
@@ -131,10 +139,10 @@ def deepseek2_metadata(layout: str) -> dict:
 def write_deepseek2_model(path: Path | str, variant: str = "lite-f32", *, seed: int | None = None,
                           **overrides) -> None:
     """The tiny deepseek2 model of `variant` (a key of DEEPSEEK2_VARIANTS); `overrides` as write_moe_model's."""
-    layout, expert_qtype = DEEPSEEK2_VARIANTS[variant]
+    layout, expert_qtype, qtype = DEEPSEEK2_VARIANTS[variant]
     seed = DEEPSEEK2_SEEDS[layout] if seed is None else seed
     skip = () if layout == "v3" else tuple(f"blk.{i}.exp_probs_b.bias" for i in range(3))
-    kwargs = {"n_layers": 3, "n_embd": 256, "n_head": 4, "n_head_kv": 1, "n_ff": 512, "qtype": T.F32,
+    kwargs = {"n_layers": 3, "n_embd": 256, "n_head": 4, "n_head_kv": 1, "n_ff": 512, "qtype": qtype,
               "expert_qtype": expert_qtype, "block_scales": Q4_K_BLOCK_SCALES,
               "std": {"ffn_gate_inp.weight": ROUTER_STD, "token_embd.weight": EMBED_STD,
                       "exp_probs_b.bias": SELECTION_BIAS_STD},
@@ -143,5 +151,5 @@ def write_deepseek2_model(path: Path | str, variant: str = "lite-f32", *, seed: 
     write_tiny_model(path, DEEPSEEK2, **(kwargs | overrides))
 
 
-ORACLE_MODELS |= {f"{DEEPSEEK2}-{v}": (partial(write_deepseek2_model, variant=v), qtype, v)
-                  for v, (_, qtype) in DEEPSEEK2_VARIANTS.items()}
+ORACLE_MODELS |= {f"{DEEPSEEK2}-{v}": (partial(write_deepseek2_model, variant=v), expert_qtype, v)
+                  for v, (_, expert_qtype, _) in DEEPSEEK2_VARIANTS.items()}

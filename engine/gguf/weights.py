@@ -12,10 +12,12 @@ per head.
 from __future__ import annotations
 
 import numpy as np
+from gguf.constants import GGMLQuantizationType
 
 from engine.errors import UnsupportedWeightType, WeightShapeError
 from engine.gguf.reader import GGUFFile, ggml_type_name
 from kernels.backend import Backend, Weight
+from kernels.common import gguf_weights
 
 _FLOAT_VECTOR_TYPES = {0: np.float32, 1: np.float16}  # 1-D norms and biases
 
@@ -80,6 +82,24 @@ def load_heads(file: GGUFFile, name: str, n_head: int, out_dim: int, in_dim: int
     raw = file.raw(info)
     return [backend.upload_weight(info.ggml_type, raw[h * out_dim : (h + 1) * out_dim], out_dim, in_dim)
             for h in range(n_head)]
+
+
+def load_unsplit_kv_b(file: GGUFFile, name: str, n_head: int, nope: int, v_dim: int, rank: int,
+                      backend: Backend) -> tuple[list[Weight], list[Weight]]:
+    """An older MLA file's attn_kv_b [n_head * (nope + v_dim), rank] (each head's key rows, then its value rows)
+    as the split form's per-head weights: k_b[head] [rank, nope], the head's key rows transposed (widened to
+    F32 once, at load: the absorbed query needs them so; llama.cpp's converter does the same to the file),
+    and v_b[head] [v_dim, rank], a view of its value rows."""
+    info = _checked_tensor(file, name, (n_head * (nope + v_dim), rank), "(out, in)", backend)
+    raw = file.raw(info)
+    k_b, v_b = [], []
+    for h in range(n_head):
+        first = h * (nope + v_dim)
+        key_rows = gguf_weights.dequantize(info.ggml_type, raw, first, first + nope)  # [nope, rank]
+        transposed = np.ascontiguousarray(key_rows.T, np.float32)
+        k_b.append(backend.upload_weight(GGMLQuantizationType.F32, transposed.view(np.uint8), rank, nope))
+        v_b.append(backend.upload_weight(info.ggml_type, raw[first + nope : first + nope + v_dim], v_dim, rank))
+    return k_b, v_b
 
 
 def _checked_tensor(file: GGUFFile, name: str, shape: tuple[int, ...], axes: str, backend: Backend):

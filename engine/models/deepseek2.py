@@ -5,8 +5,10 @@ sigmoid gating (`expert_gating_func` 1 or 2), the selection bias exp_probs_b whe
 weights normalized (`expert_weights_norm`) and scaled (`expert_weights_scale`).
 
 As llama.cpp reads the metadata: the MLA head sizes are `attention.key_length_mla` (RoPE'd and not) and
-`attention.value_length_mla` -- files without them hold the older unsplit attn_kv_b, which this family refuses
-(re-convert the model with a current llama.cpp); RoPE pairs are the normal ones; YaRN's magnitude and the
+`attention.value_length_mla`; files without them hold the older unsplit attn_kv_b and give the head sizes as
+`attention.key_length` and `value_length` (llama.cpp runs those as plain multi-head attention over expanded
+keys and values; this family splits attn_kv_b at load and caches the latent all the same); RoPE pairs are the
+normal ones; YaRN's magnitude and the
 attention scale follow `rope.scaling.yarn_log_multiplier` (stored as 0.1 times DeepSeek's mscale_all_dim).
 With `expert_group_count` > 1 the experts are chosen within the `expert_group_used_count` best groups.
 """
@@ -48,10 +50,10 @@ def model_args(meta: Mapping) -> ModelArgs:
 def _latent_attention(meta: Mapping) -> LatentAttentionArgs:
     key_mla = meta_int_opt(meta, ARCH, "attention.key_length_mla")
     value_mla = meta_int_opt(meta, ARCH, "attention.value_length_mla")
-    if key_mla is None or value_mla is None:
-        raise ConfigError(f"{ARCH}: the file has no attention.key_length_mla/value_length_mla, so it holds the older "
-                          "unsplit attn_kv_b tensors, which Fucina does not read: convert the model again with a "
-                          "current llama.cpp (its attn_k_b and attn_v_b)")
+    split = key_mla is not None and value_mla is not None
+    if not split:  # an older file: the head sizes are the plain keys', its attn_kv_b unsplit
+        key_mla = meta_int(meta, ARCH, "attention.key_length")
+        value_mla = meta_int(meta, ARCH, "attention.value_length")
     rope_dims = meta_int(meta, ARCH, "rope.dimension_count")
     scaling = _rope_scaling(meta)
     return LatentAttentionArgs(
@@ -59,7 +61,7 @@ def _latent_attention(meta: Mapping) -> LatentAttentionArgs:
         nope=key_mla - rope_dims, rope_dims=rope_dims, v_dim=value_mla,
         q_rank=meta_int_opt(meta, ARCH, "attention.q_lora_rank", ZeroPolicy.ACCEPT_ZERO) or 0,
         scale=_attention_scale(scaling, key_mla), rope_base=meta_float_opt(meta, ARCH, "rope.freq_base", 10000.0),
-        rope_neox=False, rope_scaling=scaling)
+        rope_neox=False, rope_scaling=scaling, split=split)
 
 
 def _rope_scaling(meta: Mapping) -> RopeScaling | None:

@@ -1,4 +1,5 @@
-"""The latent attention mixer (DeepSeek-V2/V3's MLA, llama.cpp's deepseek2 with its split attn_k_b/attn_v_b):
+"""The latent attention mixer (DeepSeek-V2/V3's MLA, llama.cpp's deepseek2: attn_k_b/attn_v_b, or an older file's
+attn_kv_b split into them at load):
 each head's query from x (directly, attn_q, or through a low rank, attn_q_a -> RMSNorm -> attn_q_b), and one
 compressed row per position (attn_kv_a_mqa: a latent of kv_lora_rank values and a RoPE'd key part shared by
 every head). The cache keeps that row -- the normed latent and the rotated part, one "head" of rank + rope
@@ -14,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from engine.gguf.reader import GGUFFile
-from engine.gguf.weights import LinearGroup, LinearWeight, load_heads, load_vector
+from engine.gguf.weights import LinearGroup, LinearWeight, load_heads, load_unsplit_kv_b, load_vector
 from engine.models.layout import TensorSpec, heads, matrix, norm
 from engine.models.parts import first_problem, positive
 from kernels.backend import (OP_LATENT_ATTENTION, OP_LINEAR, OP_RMSNORM, AttentionShape, Backend,
@@ -35,6 +36,7 @@ class LatentAttentionArgs:
     rope_base: float
     rope_neox: bool = False
     rope_scaling: RopeScaling | None = None
+    split: bool = True  # attn_k_b and attn_v_b; False: an older file's attn_kv_b, split at load
 
     def tensors(self, p: str, n_embd: int) -> list[TensorSpec]:
         nh, rank, rd = self.n_head, self.rank, self.rope_dims
@@ -44,10 +46,12 @@ class LatentAttentionArgs:
                      matrix(p + "attn_q_b.weight", q_width, self.q_rank)]
         else:
             query = [matrix(p + "attn_q.weight", q_width, n_embd)]
-        return query + [matrix(p + "attn_kv_a_mqa.weight", rank + rd, n_embd),
-                        norm(p + "attn_kv_a_norm.weight", rank), heads(p + "attn_k_b.weight", nh, rank, self.nope),
-                        heads(p + "attn_v_b.weight", nh, self.v_dim, rank),
-                        matrix(p + "attn_output.weight", n_embd, nh * self.v_dim)]
+        if self.split:
+            up = [heads(p + "attn_k_b.weight", nh, rank, self.nope), heads(p + "attn_v_b.weight", nh, self.v_dim, rank)]
+        else:
+            up = [matrix(p + "attn_kv_b.weight", nh * (self.nope + self.v_dim), rank)]
+        return query + [matrix(p + "attn_kv_a_mqa.weight", rank + rd, n_embd), norm(p + "attn_kv_a_norm.weight", rank),
+                        *up, matrix(p + "attn_output.weight", n_embd, nh * self.v_dim)]
 
     def kv_geometry(self) -> tuple[int, int]:
         """One cached row per position: the latent and the RoPE'd key part."""
@@ -88,11 +92,15 @@ class LatentAttention:
             self.q_b = LinearWeight.load(file, p + "attn_q_b.weight", q_width, args.q_rank, backend)
         else:
             self.inputs = LinearGroup([LinearWeight.load(file, p + "attn_q.weight", q_width, n_embd, backend), kv_a])
+        if args.split:
+            k_b = load_heads(file, p + "attn_k_b.weight", nh, rank, args.nope, backend)
+            v_b = load_heads(file, p + "attn_v_b.weight", nh, args.v_dim, rank, backend)
+        else:
+            k_b, v_b = load_unsplit_kv_b(file, p + "attn_kv_b.weight", nh, args.nope, args.v_dim, rank, backend)
         self.latent = LatentAttentionSpec(
             n_head=nh, rank=rank, nope=args.nope, rope_dims=rd, v_dim=args.v_dim,
             kv_norm=backend.upload_vector(load_vector(file, p + "attn_kv_a_norm.weight", rank)),
-            k_b=tuple(load_heads(file, p + "attn_k_b.weight", nh, rank, args.nope, backend)),
-            v_b=tuple(load_heads(file, p + "attn_v_b.weight", nh, args.v_dim, rank, backend)),
+            k_b=tuple(k_b), v_b=tuple(v_b),
             shape=AttentionShape(n_head=nh, n_kv=1, head_dim=rank + rd, window=0, scale=float(args.scale)),
             rope_base=float(args.rope_base), rope_neox=bool(args.rope_neox), eps=float(eps),
             rope_scaling=args.rope_scaling)

@@ -142,8 +142,8 @@ def _refused(tmp_path, error, match, **overrides):
         load_model(path)
 
 
-def test_a_file_with_the_older_unsplit_kv_b_is_refused_with_what_to_do(tmp_path):
-    _refused(tmp_path, ConfigError, "unsplit attn_kv_b.*convert the model again",
+def test_a_file_whose_metadata_says_older_without_its_attn_kv_b_names_the_tensor(tmp_path):
+    _refused(tmp_path, GGUFError, "missing tensors 'blk.0.attn_kv_b.weight'",
              metadata={f"{DEEPSEEK2}.attention.key_length_mla": (0, V.UINT32)})
 
 
@@ -171,3 +171,23 @@ def test_a_backend_without_latent_attention_refuses_the_model_by_name(tmp_path):
     write_deepseek2_model(path)
     with pytest.raises(UnsupportedOnBackend, match="need the latent_attention op.*no-mla backend"):
         load_model(path, cpu_without(OP_LATENT_ATTENTION, "no-mla"))
+
+
+def test_an_older_files_attn_kv_b_is_split_into_each_heads_absorbing_and_value_weights(tmp_path):
+    """Each head's key rows of attn_kv_b, transposed (widened once), absorb its query; its value rows are read
+    in place. (llama.cpp runs such a file as plain multi-head attention: test_moe_oracle.py compares them.)"""
+    from kernels.common import gguf_weights
+    from gguf.constants import GGMLQuantizationType as T
+
+    path = tmp_path / "unsplit.gguf"
+    write_deepseek2_model(path, "unsplit-f32", qtype=T.Q8_0)  # attn_kv_b quantized, as real files have it
+    model = load_model(path)
+    s, info = DEEPSEEK2_SHAPE, model.file.tensor("blk.1.attn_kv_b.weight")
+    kv_b = gguf_weights.dequantize(info.ggml_type, model.file.raw(info))  # [heads * (nope + v), rank]
+    latent = model.blocks[1].mixer.latent
+    for h in range(4):
+        first = h * (s["nope"] + s["v"])
+        k_b = latent.k_b[h].raw.view(np.float32).reshape(s["kv_lora_rank"], s["nope"])
+        np.testing.assert_array_equal(k_b, kv_b[first : first + s["nope"]].T)
+        assert latent.v_b[h].qtype == T.Q8_0 and np.shares_memory(latent.v_b[h].raw, model.file.raw(info))
+    assert model.new_cache(8).head_dims == (LATENT_ROW,) * 3  # the latent is cached, not expanded keys

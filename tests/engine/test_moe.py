@@ -17,7 +17,8 @@ from engine.sampling import SamplerConfig
 from kernels.backend import OP_MOE_FFN
 from tests.backends import cpu_without
 from tests.moe_models import (
-    ARCH, DEEPSEEK2, DEEPSEEK2_VARIANTS, GPT_OSS, GPT_OSS_VARIANTS, N_EXPERT, N_FF_EXP, ORACLE_MODELS, TOKENS, VARIANTS, write_moe_model,
+    ARCH, DEEPSEEK2, DEEPSEEK2_VARIANTS, GPT_OSS, GPT_OSS_VARIANTS, N_EXPERT, N_FF_EXP, ORACLE_MODELS, TOKENS,
+    VARIANTS, write_moe_model,
 )
 from tests.row_wise import (
     assert_batched_step_equals_each_alone, assert_rows_equal_one_at_a_time, assert_speculative_yields_the_plain_ids,
