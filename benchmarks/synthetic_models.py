@@ -61,6 +61,20 @@ SHAPES = {
                          window=128, preset="MXFP4", metadata=(
                              ("rope.freq_base", 150000.0), ("rope.scaling.type", "yarn"), ("rope.scaling.factor", 32.0),
                              ("rope.scaling.original_context_length", 4096))),
+    # DeepSeek-V2-Lite: 15.7B parameters, 2.4B per token; latent attention (kv_lora_rank 512, heads of 128 + 64
+    # RoPE'd dims), a dense first layer (n_ff 10944), then 64 experts of 1408, 6 used, and 2 shared; its own
+    # vocabulary is 102,400 tokens (the file carries the Qwen2.5 starter's 151,936: an output 48% larger)
+    "deepseek-v2-lite": Shape("deepseek2", 27, 2048, 16, 1, 10944, tied=False, context=163840, head_dim=576,
+                              experts=(64, 6), metadata=(
+                                  ("expert_feed_forward_length", 1408), ("expert_shared_count", 2),
+                                  ("leading_dense_block_count", 1), ("attention.kv_lora_rank", 512),
+                                  ("attention.q_lora_rank", 0), ("attention.value_length", 512),
+                                  ("attention.key_length_mla", 192), ("attention.value_length_mla", 128),
+                                  ("rope.dimension_count", 64), ("rope.freq_base", 10000.0),
+                                  ("rope.scaling.type", "yarn"), ("rope.scaling.factor", 40.0),
+                                  ("rope.scaling.original_context_length", 4096),
+                                  ("rope.scaling.yarn_log_multiplier", 0.0707), ("expert_gating_func", 1),
+                                  ("expert_weights_scale", 1.0), ("expert_weights_norm", False))),
 }
 
 
@@ -69,11 +83,18 @@ def use_more_bits(layer: int, n_layers: int) -> bool:
     return layer < n_layers // 8 or layer >= 7 * n_layers // 8 or (layer - n_layers // 8) % 3 == 2
 
 
-def matrix_type(shape: Shape, name: str) -> T:
-    """The block format a matrix gets in the shape's preset."""
+# llama.cpp's fallback for a K-quant whose rows are not whole 256-value super-blocks (MLA's attn_k_b rows of 128)
+_K_QUANT_FALLBACK = {T.Q4_K: T.Q5_0, T.Q6_K: T.Q8_0}
+
+
+def matrix_type(shape: Shape, name: str, cols: int) -> T:
+    """The block format a matrix of `cols` columns gets in the shape's preset."""
     if shape.preset == "MXFP4":  # ggml-org's gpt-oss GGUFs: the experts as released, the rest Q8_0
         return T.MXFP4 if "_exps." in name else T.F32 if name.endswith("ffn_gate_inp.weight") else T.Q8_0
-    return q4_k_m_type(name, shape.n_layers, shape.tied)
+    if name.endswith(("attn_k_b.weight", "attn_v_b.weight")):
+        return T.Q8_0  # MLA's per-head products: llama.cpp's CPU graph has no backend for them in K-quants
+    qtype = q4_k_m_type(name, shape.n_layers, shape.tied)
+    return _K_QUANT_FALLBACK.get(qtype, qtype) if cols % 256 else qtype
 
 
 def q4_k_m_type(name: str, n_layers: int, tied: bool) -> T:
@@ -83,7 +104,7 @@ def q4_k_m_type(name: str, n_layers: int, tied: bool) -> T:
         return T.Q6_K
     if name.endswith("ffn_gate_inp.weight"):
         return T.F32
-    if (name.endswith(("attn_v.weight", "ffn_down.weight", "ffn_down_exps.weight"))
+    if (name.endswith(("attn_v.weight", "ffn_down.weight", "ffn_down_exps.weight", "ffn_down_shexp.weight"))
             and use_more_bits(int(name.split(".")[1]), n_layers)):
         return T.Q6_K
     return T.Q4_K
@@ -117,19 +138,20 @@ def write_synthetic(shape_name: str, path: Path, seed: int = 0) -> Path:
                              n_head_kv=shape.n_head_kv, n_ff=shape.n_ff, vocab=vocab, context=shape.context,
                              head_dim=shape.head_dim, window=shape.window)
     meta = {k: v for k, v in meta.items() if shape.window or not k.endswith(".sliding_window")} | {
-        f"{shape.arch}.rope.freq_base": 1000000.0} | {f"{shape.arch}.{k}": v for k, v in shape.metadata}
+        f"{shape.arch}.rope.freq_base": 1000000.0}
     if shape.experts:
         n_expert, n_used = shape.experts
         meta |= {f"{shape.arch}.expert_count": n_expert, f"{shape.arch}.expert_used_count": n_used,
                  f"{shape.arch}.expert_feed_forward_length": shape.n_ff}
+    meta |= {f"{shape.arch}.{k}": v for k, v in shape.metadata}  # the shape's own keys have the last word
     write_metadata(writer, meta)
     specs = [s for s in FAMILIES[shape.arch](meta).tensors() if s.required or not shape.tied]
     formats = {}
     for spec in specs:
         if spec.role in (MATRIX, EXPERTS):
-            qtype = matrix_type(shape, spec.name)
+            *outer, cols = spec.shape  # (rows, cols), or (experts or heads, rows, cols)
+            qtype = matrix_type(shape, spec.name, cols)
             block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
-            *outer, cols = spec.shape  # (rows, cols), or (experts, rows, cols)
             row_bytes = cols * block_bytes // block_elems
             writer.add_tensor_info(spec.name, (*outer, row_bytes), np.dtype(np.uint8),
                                    int(np.prod(outer)) * row_bytes, raw_dtype=qtype)

@@ -1,4 +1,4 @@
-"""Tiny random qwen3moe, gpt-oss and deepseek2 GGUFs: the tests' models and the llama.cpp oracle's input
+"""Tiny random qwen3moe, gpt-oss, deepseek2 and glm4moe GGUFs: the tests' models and the llama.cpp oracle's input
 (tests/data/moe/record_llama_logits.py writes the same files through here, ORACLE_MODELS, and records
 llama.cpp's logits).
 
@@ -153,3 +153,35 @@ def write_deepseek2_model(path: Path | str, variant: str = "lite-f32", *, seed: 
 
 ORACLE_MODELS |= {f"{DEEPSEEK2}-{v}": (partial(write_deepseek2_model, variant=v), expert_qtype, v)
                   for v, (_, expert_qtype, _) in DEEPSEEK2_VARIANTS.items()}
+
+
+# glm4moe: a dense leading layer, then two MoE layers with a shared expert, sigmoid gating with the selection
+# bias, normalized weights scaled by 1.8; attention with q/k/v biases and NeoX RoPE on half of each head's 64
+# dims. "air" is GLM-4.5-Air's (no q/k norms), "qk-norm" GLM-4.5's (q/k norms).
+GLM4MOE = "glm4moe"
+GLM4MOE_VARIANTS = {"air-f32": ("air", T.F32), "air-q4_k": ("air", T.Q4_K), "qk-norm-f32": ("qk-norm", T.F32)}
+GLM4MOE_SEED = 7  # of the first 12, the one whose variants route clear of ties (max |Δ| smallest, top-1 the same)
+
+
+def glm4moe_metadata() -> dict:
+    keys = {"leading_dense_block_count": 1, "expert_count": N_EXPERT, "expert_used_count": N_USED,
+            "expert_shared_count": 1, "expert_feed_forward_length": N_FF_EXP, "rope.dimension_count": 32,
+            "expert_gating_func": 2, "expert_weights_norm": True, "expert_weights_scale": 1.8}
+    return {f"{GLM4MOE}.{k}": v for k, v in keys.items()}
+
+
+def write_glm4moe_model(path: Path | str, variant: str = "air-f32", *, seed: int = GLM4MOE_SEED, **overrides) -> None:
+    """The tiny glm4moe model of `variant` (a key of GLM4MOE_VARIANTS); `overrides` as write_moe_model's."""
+    layout, expert_qtype = GLM4MOE_VARIANTS[variant]
+    norms = () if layout == "qk-norm" else tuple(f"blk.{i}.attn_{t}_norm.weight" for i in range(3) for t in "qk")
+    kwargs = {"n_layers": 3, "n_embd": 256, "n_head": 4, "n_head_kv": 2, "n_ff": 512, "qtype": T.F32,
+              "expert_qtype": expert_qtype, "block_scales": Q4_K_BLOCK_SCALES,
+              "std": {"ffn_gate_inp.weight": ROUTER_STD, "token_embd.weight": EMBED_STD,
+                      "exp_probs_b.bias": SELECTION_BIAS_STD},
+              "family_metadata": glm4moe_metadata(), "tokenizer": True, "tokenizer_pre": "qwen2", "seed": seed,
+              "skip_tensors": norms}
+    write_tiny_model(path, GLM4MOE, **(kwargs | overrides))
+
+
+ORACLE_MODELS |= {f"{GLM4MOE}-{v}": (partial(write_glm4moe_model, variant=v), expert_qtype, v)
+                  for v, (_, expert_qtype) in GLM4MOE_VARIANTS.items()}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -94,7 +95,8 @@ class LlamaCppPeer:
 
 
 class LlamaBenchPeer:
-    """llama.cpp's `llama-bench` (found as $FUCINA_LLAMA_BENCH or on PATH), one repetition per run."""
+    """llama.cpp's `llama-bench` (found as $FUCINA_LLAMA_BENCH or on PATH), one repetition per run, with the
+    arguments in $FUCINA_LLAMA_BENCH_ARGS added (say `--repack 0` where its repacked weights crash a model)."""
 
     def __init__(self, path: str, threads: int, executable: str | None = None):
         self.exe = executable or os.environ.get("FUCINA_LLAMA_BENCH") or shutil.which("llama-bench")
@@ -102,9 +104,10 @@ class LlamaBenchPeer:
             raise FucinaError("the llama-bench peer needs llama.cpp's llama-bench: build it (BENCHMARKS.md) and "
                               "put it on PATH or set FUCINA_LLAMA_BENCH")
         self.path, self.threads = path, threads
+        self.extra = shlex.split(os.environ.get("FUCINA_LLAMA_BENCH_ARGS", ""))
 
     def _tps(self, *args: str) -> float:
-        cmd = [self.exe, "-m", self.path, "-t", str(self.threads), "-r", "1", "-o", "json", *args]
+        cmd = [self.exe, "-m", self.path, "-t", str(self.threads), "-r", "1", "-o", "json", *self.extra, *args]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
         if out.returncode != 0:
             raise FucinaError(f"llama-bench failed ({out.returncode}): {out.stderr.strip()[-500:]}")

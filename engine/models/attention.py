@@ -1,13 +1,13 @@
 """The attention mixer: grouped-query self-attention with RoPE over a KV cache, as the llama-like families
-have it. Its variants are fields of its args: q/k/v biases (Qwen2), per-head q/k norms (Qwen3, Gemma 3), a
-sliding window and a RoPE base per layer (Gemma 3), NeoX or normal RoPE pairs; an output bias, attention sinks
-and YaRN-scaled RoPE (gpt-oss), which run on ops of their own (a backend may lack them) and have no fused
-row-wise form.
+have it. Its variants are fields of its args: q/k/v biases (Qwen2), per-head q/k norms (Qwen3, Gemma 3), either
+where the file has them (GLM-4.5), a sliding window and a RoPE base per layer (Gemma 3), NeoX or normal RoPE
+pairs; an output bias, attention sinks and YaRN-scaled RoPE (gpt-oss), which run on ops of their own (a
+backend may lack them) and have no fused row-wise form.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -39,6 +39,9 @@ class AttentionArgs:
     out_bias: bool = False
     sinks: bool = False  # a learned logit per head in the softmax's denominator (attn_sinks.weight)
     rope_scaling: RopeScaling | None = None
+    # the q/k/v biases and q/k norms a file may leave out (llama.cpp's TENSOR_NOT_REQUIRED: GLM-4.5-Air has
+    # no norms, GLM-4.5 has them): listed as optional, each used where the file has it
+    optional_extras: bool = False
 
     @property
     def OPS(self) -> tuple[str, ...]:
@@ -51,10 +54,12 @@ class AttentionArgs:
         widths = {"q": nh * hd, "k": nkv * hd, "v": nkv * hd}
         tensors = [matrix(f"{p}attn_{t}.weight", n, n_embd) for t, n in widths.items()]
         tensors.append(matrix(p + "attn_output.weight", n_embd, nh * hd))
+        extras = []
         if self.qkv_bias:
-            tensors += [bias(f"{p}attn_{t}.bias", n) for t, n in widths.items()]
+            extras += [bias(f"{p}attn_{t}.bias", n) for t, n in widths.items()]
         if self.qk_norm:
-            tensors += [norm(p + "attn_q_norm.weight", hd), norm(p + "attn_k_norm.weight", hd)]
+            extras += [norm(p + "attn_q_norm.weight", hd), norm(p + "attn_k_norm.weight", hd)]
+        tensors += [replace(t, required=False) for t in extras] if self.optional_extras else extras
         if self.out_bias:
             tensors.append(bias(p + "attn_output.bias", n_embd))
         if self.sinks:
@@ -103,8 +108,11 @@ class Attention:
         self.shape = AttentionShape(n_head=nh, n_kv=nkv, head_dim=hd, window=int(args.window),
                                     scale=float(args.scale), sinks=sinks)
 
+        def wanted(name: str) -> bool:  # what the args list, where an optional tensor is in the file
+            return not args.optional_extras or name in file.tensors
+
         def bias_of(t):
-            return f"{p}attn_{t}.bias" if args.qkv_bias else None
+            return f"{p}attn_{t}.bias" if args.qkv_bias and wanted(f"{p}attn_{t}.bias") else None
 
         self.qkv = LinearGroup([
             LinearWeight.load(file, p + "attn_q.weight", nh * hd, n_embd, backend, bias_of("q")),
@@ -112,7 +120,7 @@ class Attention:
             LinearWeight.load(file, p + "attn_v.weight", nkv * hd, n_embd, backend, bias_of("v")),
         ])
         self.q_norm = self.k_norm = None
-        if args.qk_norm:
+        if args.qk_norm and wanted(p + "attn_q_norm.weight"):
             self.q_norm = backend.upload_vector(load_vector(file, p + "attn_q_norm.weight", hd))
             self.k_norm = backend.upload_vector(load_vector(file, p + "attn_k_norm.weight", hd))
         self.wo = LinearWeight.load(file, p + "attn_output.weight", n_embd, nh * hd, backend,

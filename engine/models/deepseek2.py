@@ -1,18 +1,16 @@
 """DeepSeek-V2/V3 (llama.cpp's deepseek2: DeepSeek-V2-Lite, V2.5, V3, R1, Kimi K2 and their kin): latent
 attention (engine.models.latent_attention) in every layer, a dense gated MLP in the first
-`leading_dense_block_count` layers and a Mixture-of-Experts after them, with shared experts, softmax or
-sigmoid gating (`expert_gating_func` 1 or 2), the selection bias exp_probs_b where a file has it, the selected
-weights normalized (`expert_weights_norm`) and scaled (`expert_weights_scale`).
+`leading_dense_block_count` layers and a Mixture-of-Experts after them (engine.models.experts.routed_experts:
+shared experts, softmax or sigmoid gating, the selection bias exp_probs_b, group-limited routing, the weights
+normalized and scaled as the metadata says; softmax where `expert_gating_func` is unset, as V2 files leave it).
 
 As llama.cpp reads the metadata: the MLA head sizes are `attention.key_length_mla` (RoPE'd and not) and
 `attention.value_length_mla`; files without them hold the older unsplit attn_kv_b and give the head sizes as
 `attention.key_length` and `value_length` (llama.cpp runs those as plain multi-head attention over expanded
 keys and values; this family splits attn_kv_b at load and caches the latent all the same); RoPE pairs are the
-normal ones; YaRN's magnitude and the
-attention scale follow `rope.scaling.yarn_log_multiplier` (stored as 0.1 times DeepSeek's mscale_all_dim).
-With `expert_group_count` > 1 the experts are chosen within the `expert_group_used_count` best groups.
+normal ones; YaRN's magnitude and the attention scale follow `rope.scaling.yarn_log_multiplier` (stored as 0.1
+times DeepSeek's mscale_all_dim).
 """
-
 from __future__ import annotations
 
 import dataclasses
@@ -21,17 +19,15 @@ from typing import Mapping
 
 import numpy as np
 
-from engine.errors import ConfigError
-from engine.gguf.meta import ZeroPolicy, meta_float, meta_float_opt, meta_int, meta_int_opt, meta_value
+from engine.gguf.meta import ZeroPolicy, meta_float, meta_float_opt, meta_int, meta_int_opt
 from engine.models.args import ModelArgs, rope_scaling, vocab_size
 from engine.models.block import LayerArgs
-from engine.models.experts import MoeArgs
+from engine.models.experts import routed_experts
 from engine.models.feed_forward import GatedMlpArgs
 from engine.models.latent_attention import LatentAttentionArgs
 from kernels.backend import Gating, RopeScaling
 
 ARCH = "deepseek2"
-GATING_FUNCS = {0: Gating.SOFTMAX, 1: Gating.SOFTMAX, 2: Gating.SIGMOID}  # 0: unset, as V2 files leave it
 
 
 def model_args(meta: Mapping) -> ModelArgs:
@@ -40,7 +36,7 @@ def model_args(meta: Mapping) -> ModelArgs:
     n_dense = meta_int_opt(meta, ARCH, "leading_dense_block_count", ZeroPolicy.ACCEPT_ZERO) or 0
     mixer = _latent_attention(meta)
     dense = GatedMlpArgs(meta_int(meta, ARCH, "feed_forward_length"))
-    experts = _experts(meta) if n_dense < n_layers else None
+    experts = routed_experts(meta, ARCH, unset_gating=Gating.SOFTMAX) if n_dense < n_layers else None
     return ModelArgs(arch=ARCH, n_embd=n_embd, vocab_size=vocab_size(meta, ARCH),
                      norm_eps=meta_float(meta, ARCH, "attention.layer_norm_rms_epsilon"),
                      context_length=meta_int_opt(meta, ARCH, "context_length") or 4096,
@@ -89,19 +85,3 @@ def _attention_scale(scaling: RopeScaling | None, key_length: int) -> float:
         factor = f32(1) / (f32(1) / f32(scaling.factor))
         mscale = f32(scaling.magnitude()) * (f32(1) + f32(0.1) * f32(scaling.mscale_all_dims) * np.log(factor))
     return float(f32(1) * mscale * mscale / f32(math.sqrt(key_length)))
-
-
-def _experts(meta: Mapping) -> MoeArgs:
-    groups = meta_int_opt(meta, ARCH, "expert_group_count") or 0
-    groups_used = meta_int_opt(meta, ARCH, "expert_group_used_count") or 0
-    func = meta_int_opt(meta, ARCH, "expert_gating_func", ZeroPolicy.ACCEPT_ZERO) or 0
-    if func not in GATING_FUNCS:
-        raise ConfigError(f"model metadata {ARCH}.expert_gating_func is {func}; supported: 1 (softmax), 2 (sigmoid)")
-    n_ff = meta_int(meta, ARCH, "expert_feed_forward_length")
-    scale = meta_float_opt(meta, ARCH, "expert_weights_scale", 0.0)
-    return MoeArgs(n_expert=meta_int(meta, ARCH, "expert_count"), n_used=meta_int(meta, ARCH, "expert_used_count"),
-                   n_ff=n_ff, gating=GATING_FUNCS[func],
-                   normalize=bool(meta_value(meta, f"{ARCH}.expert_weights_norm", "bool")),
-                   scale=scale if scale not in (0.0, 1.0) else 1.0, selection_bias=True,
-                   n_shared_ff=n_ff * (meta_int_opt(meta, ARCH, "expert_shared_count", ZeroPolicy.ACCEPT_ZERO) or 0),
-                   n_groups=groups if groups > 1 else 0, groups_used=groups_used if groups > 1 else 0)

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
+from engine.errors import ConfigError
+from engine.gguf.meta import ZeroPolicy, meta_float_opt, meta_int, meta_int_opt, meta_value
 from engine.gguf.reader import GGUFFile
 from engine.gguf.weights import LinearWeight, load_experts, load_vector, load_vectors
 from engine.models.feed_forward import GatedMlp, GatedMlpArgs
@@ -138,3 +140,30 @@ class MoeFfn:
     def spec(self) -> MoeFfnSpec | None:
         """The fused row stack's form; shared experts have none yet (the layer runs through the composed ops)."""
         return MoeFfnSpec(router=self.router.handle, experts=self.experts) if self.shared is None else None
+
+
+def routed_experts(meta: Mapping, arch: str, unset_gating: Gating) -> MoeArgs:
+    """The experts of the DeepSeek and GLM lineages as llama.cpp reads their "<arch>.*" keys: expert_count and
+    expert_used_count, expert_feed_forward_length (else the dense width split over the used experts),
+    expert_gating_func (1 softmax, 2 sigmoid; unset: `unset_gating`), expert_weights_norm and _scale (0 or 1:
+    unscaled), expert_shared_count shared experts of the same width, expert_group_count and _used_count
+    (group-limited routing), and the selection bias exp_probs_b where the file has it."""
+    func = meta_int_opt(meta, arch, "expert_gating_func", ZeroPolicy.ACCEPT_ZERO) or 0
+    if func not in _GATING_FUNCS:
+        raise ConfigError(f"model metadata {arch}.expert_gating_func is {func}; supported: 1 (softmax), 2 (sigmoid)")
+    n_used = meta_int(meta, arch, "expert_used_count")
+    n_ff = (meta_int_opt(meta, arch, "expert_feed_forward_length")
+            or meta_int(meta, arch, "feed_forward_length") // n_used)
+    scale = meta_float_opt(meta, arch, "expert_weights_scale", 0.0)
+    shared = meta_int_opt(meta, arch, "expert_shared_count", ZeroPolicy.ACCEPT_ZERO) or 0
+    groups = meta_int_opt(meta, arch, "expert_group_count") or 0
+    grouped = groups > 1
+    return MoeArgs(n_expert=meta_int(meta, arch, "expert_count"), n_used=n_used, n_ff=n_ff,
+                   gating=_GATING_FUNCS[func] or unset_gating,
+                   normalize=bool(meta_value(meta, f"{arch}.expert_weights_norm", "bool")),
+                   scale=scale if scale not in (0.0, 1.0) else 1.0, selection_bias=True, n_shared_ff=n_ff * shared,
+                   n_groups=groups if grouped else 0,
+                   groups_used=(meta_int_opt(meta, arch, "expert_group_used_count") or 0) if grouped else 0)
+
+
+_GATING_FUNCS = {0: None, 1: Gating.SOFTMAX, 2: Gating.SIGMOID}  # llama.cpp's expert_gating_func values

@@ -32,7 +32,7 @@ import numpy as np
 from engine.errors import ConfigError, GGUFError, InvalidTokenId, NonFiniteLogits, WeightShapeError
 from engine.gguf import scan_records
 from engine.gguf.finite import first_non_finite
-from engine.gguf.meta import meta_int, meta_value
+from engine.gguf.meta import ZeroPolicy, meta_int, meta_int_opt, meta_value
 from engine.gguf.reader import GGUFFile
 from engine.models.args import ModelArgs
 from engine.models.layout import EXPERTS, MATRIX
@@ -42,11 +42,14 @@ _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.")
 
 
 def check_layer_count(file: GGUFFile, arch: str) -> None:
-    """`<arch>.block_count` equals the layers the file has tensors for."""
+    """`<arch>.block_count` equals the layers the file has tensors for; the next-token-prediction layers it
+    counts last (`<arch>.nextn_predict_layers`: GLM-4.5's MTP) may be left out of the file, as llama.cpp's
+    trunk-only load allows."""
     n = meta_int(file.metadata, arch, "block_count")
+    nextn = meta_int_opt(file.metadata, arch, "nextn_predict_layers", ZeroPolicy.ACCEPT_ZERO) or 0
     layers = {int(m.group(1)) for m in map(_LAYER_TENSOR.match, file.tensors) if m}
     present = max(layers) + 1 if layers else 0
-    if n != present or len(layers) != present:
+    if present not in (n, n - nextn) or len(layers) != present:
         span = f" (blk.0 .. blk.{present - 1})" if layers else ""
         raise ConfigError(f"{file.path}: {arch}.block_count is {n}, but the file has tensors for "
                           f"{len(layers)} layers{span}")

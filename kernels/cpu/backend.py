@@ -186,8 +186,10 @@ class CpuBackend:
                 pos0 = s.pos0 + (a - r0)
                 n_keys = pos0 + (b - a)
                 keys, values = store.read(layer, 0, n_keys)
-                out[a:b] = attention_prefill(q3[a:b], store.decode(keys), store.decode(values), pos0,
-                                             shape.window, shape.scale, threads=quant.threads(), sinks=shape.sinks)
+                keys = store.decode(keys)
+                values = keys if store.v[layer] is store.k[layer] else store.decode(values)  # latent rows: once
+                out[a:b] = attention_prefill(q3[a:b], keys, values, pos0, shape.window, shape.scale,
+                                             threads=quant.threads(), sinks=shape.sinks)
         return out.reshape(n, -1)
 
     def latent_attention(self, spec: LatentAttentionSpec, q, kv, segments: Sequence[Segment], positions: np.ndarray,

@@ -1,6 +1,6 @@
 """qwen3moe and gpt-oss on the tiny random models of tests/moe_models.py: the row-wise contract (m rows in one
 call are, bit for bit, the tokens fed one at a time; so a batched step is each conversation alone and
-speculative decoding yields the plain ids; deepseek2's models too), the experts read in place from the file,
+speculative decoding yields the plain ids; deepseek2's and glm4moe's models too), the experts read in place from the file,
 and malformed files refused with errors that name the key or tensor."""
 
 import warnings
@@ -17,8 +17,8 @@ from engine.sampling import SamplerConfig
 from kernels.backend import OP_MOE_FFN
 from tests.backends import cpu_without
 from tests.moe_models import (
-    ARCH, DEEPSEEK2, DEEPSEEK2_VARIANTS, GPT_OSS, GPT_OSS_VARIANTS, N_EXPERT, N_FF_EXP, ORACLE_MODELS, TOKENS,
-    VARIANTS, write_moe_model,
+    ARCH, DEEPSEEK2, DEEPSEEK2_VARIANTS, GLM4MOE, GLM4MOE_VARIANTS, GPT_OSS, GPT_OSS_VARIANTS, N_EXPERT, N_FF_EXP,
+    ORACLE_MODELS, TOKENS, VARIANTS, write_moe_model,
 )
 from tests.row_wise import (
     assert_batched_step_equals_each_alone, assert_rows_equal_one_at_a_time, assert_speculative_yields_the_plain_ids,
@@ -29,10 +29,11 @@ PROMPT = TOKENS[:4]
 
 
 # each family in each experts' format (gpt-oss's: past its sliding window too); the spec's equivalences hold
-# on deepseek2's too, whose layers (latent attention, shared experts) run through the composed ops
+# on deepseek2's and glm4moe's too, whose layers (latent attention, shared experts) run through the composed ops
 MODELS = ([f"{ARCH}-{v}" for v, (_, extra) in VARIANTS.items() if not extra]
           + [f"{GPT_OSS}-{v}" for v in GPT_OSS_VARIANTS])
-EVERY_FAMILY = MODELS + [f"{DEEPSEEK2}-{v}" for v in DEEPSEEK2_VARIANTS]
+EVERY_FAMILY = (MODELS + [f"{DEEPSEEK2}-{v}" for v in DEEPSEEK2_VARIANTS]
+                + [f"{GLM4MOE}-{v}" for v in GLM4MOE_VARIANTS])
 
 
 def _load(request, tmp_path_factory):

@@ -1,9 +1,9 @@
-"""qwen3moe, gpt-oss and deepseek2 against llama.cpp: the tiny random models of tests/moe_models.py, teacher-forced
-through the prefill path and the row-wise path (what `fucina eval --path prefill|rows` runs), give llama.cpp's logits
-(tests/data/moe, recorded by record_llama_logits.py there) within the bars of DESIGN.md: the same top-1
-wherever llama.cpp's top-1 beats its top-2 by more than 0.1, and mean |logit difference| at most 0.01 on the
-F32 models and 0.1 on the ones with quantized experts. The model whose routers tie every expert checks the
-tie order."""
+"""qwen3moe, gpt-oss, deepseek2 and glm4moe against llama.cpp: the tiny random models of tests/moe_models.py,
+teacher-forced through the prefill path and the row-wise path (what `fucina eval --path prefill|rows` runs), give
+llama.cpp's logits (tests/data/moe, recorded by record_llama_logits.py there) within the bars of DESIGN.md: the same
+top-1 wherever llama.cpp's top-1 beats its top-2 by more than 0.1, and mean |logit difference| at most 0.01 on the
+F32 models and 0.1 on the ones with quantized experts. The model whose routers tie every expert checks the tie
+order."""
 
 import hashlib
 import json

@@ -1,5 +1,5 @@
-"""Record llama.cpp's logits on the tests' tiny MoE models (qwen3moe, gpt-oss and deepseek2: tests/moe_models.py's
-ORACLE_MODELS) into the JSON files beside this script, which tests/engine/test_moe_oracle.py compares the
+"""Record llama.cpp's logits on the tests' tiny MoE models (qwen3moe, gpt-oss, deepseek2 and glm4moe:
+tests/moe_models.py's ORACLE_MODELS) into the JSON files beside this script, which tests/engine/test_moe_oracle.py compares the
 engine's forwards with.
 
 Usage, from the repository root, with the project's Python:

@@ -1,0 +1,73 @@
+"""glm4moe (GLM-4.5, GLM-4.5-Air) read from its metadata as llama.cpp reads it: partial NeoX RoPE, biases, q/k
+norms where the file has them, the experts' routing and the MTP layers appended to block_count left out of the
+forward; malformed files refused by name. Its forwards against llama.cpp's are tests/engine/test_moe_oracle.py's,
+its row-wise contract test_moe.py's."""
+
+import numpy as np
+import pytest
+from gguf.constants import GGUFValueType as V
+
+from engine.errors import ConfigError
+from engine.gguf.reader import open_gguf
+from engine.models import glm4moe, load_model
+from engine.models.experts import MoeArgs
+from engine.models.feed_forward import GatedMlpArgs
+from kernels.backend import Gating
+from tests.moe_models import GLM4MOE, N_FF_EXP, TOKENS, write_glm4moe_model
+
+
+@pytest.fixture(scope="module", params=["air-f32", "qk-norm-f32"])
+def args(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp("glm4moe") / "m.gguf"
+    write_glm4moe_model(path, request.param)
+    with open_gguf(path) as file:
+        return glm4moe.model_args(dict(file.metadata))
+
+
+def test_the_first_layer_is_dense_and_the_others_experts_with_a_shared_one(args):
+    assert [type(layer.feed_forward) for layer in args.layers] == [GatedMlpArgs, MoeArgs, MoeArgs]
+    experts = args.layers[1].feed_forward
+    assert (experts.gating, experts.normalize, experts.n_shared_ff) == (Gating.SIGMOID, True, N_FF_EXP)
+    assert experts.scale == pytest.approx(1.8)  # stored as a float32
+    assert all(layer.ffn_norm == "post_attention_norm.weight" for layer in args.layers)
+
+
+def test_attention_rotates_half_of_each_head_in_neox_pairs_with_biases(args):
+    for layer in args.layers:
+        a = layer.mixer
+        assert (a.head_dim, a.rope_dims, a.rope_neox, a.qkv_bias, a.optional_extras) == (64, 32, True, True, True)
+
+
+def test_q_k_norms_are_used_where_the_file_has_them(tmp_path):
+    for variant, has_norms in (("air-f32", False), ("qk-norm-f32", True)):
+        path = tmp_path / f"{variant}.gguf"
+        write_glm4moe_model(path, variant)
+        attention = load_model(path).blocks[0].mixer
+        assert (attention.q_norm is not None, attention.k_norm is not None) == (has_norms, has_norms)
+
+
+def test_the_mtp_layer_counted_in_block_count_is_left_out_of_the_forward(tmp_path):
+    plain, with_mtp = tmp_path / "plain.gguf", tmp_path / "mtp.gguf"
+    write_glm4moe_model(plain)
+    # the same three layers, block_count 4 counting one next-token-prediction layer (a file without its
+    # tensors, as llama.cpp's trunk-only load reads it)
+    write_glm4moe_model(with_mtp, metadata={f"{GLM4MOE}.block_count": (4, V.UINT32),
+                                            f"{GLM4MOE}.nextn_predict_layers": (1, V.UINT32)})
+    a, b = load_model(plain), load_model(with_mtp)
+    assert a.n_layers == b.n_layers == 3
+    np.testing.assert_array_equal(a.forward_all(TOKENS[:8], a.new_cache(8)), b.forward_all(TOKENS[:8], b.new_cache(8)))
+
+
+def _refused(tmp_path, match, **metadata):
+    path = tmp_path / "m.gguf"
+    write_glm4moe_model(path, metadata={f"{GLM4MOE}.{k}": v for k, v in metadata.items()})
+    with pytest.raises(ConfigError, match=match):
+        load_model(path)
+
+
+def test_mtp_layers_that_leave_nothing_to_run_are_refused(tmp_path):
+    _refused(tmp_path, "nextn_predict_layers \\(3\\) leaves none of the 3 layers", nextn_predict_layers=(3, V.UINT32))
+
+
+def test_multi_axis_rope_is_refused_by_name(tmp_path):
+    _refused(tmp_path, "rope.dimension_sections", **{"rope.dimension_sections": ([8, 8, 8, 8], V.ARRAY)})
