@@ -33,8 +33,8 @@ _I32 = ir.IntType(32)
 LANES_MIN_QUERIES = 8
 # queries whose sums over the values advance together (one widened value chunk serves them all)
 _VALUE_QUERIES = 8
-# the widest head the lanes take (their key buffer is this long)
-MAX_HEAD_DIM = 512
+# the widest head the lanes take (their key buffer is this long): a latent attention row, 512 + 64 RoPE dims
+MAX_HEAD_DIM = 576
 
 
 def _element_ptr(context, builder, ary, aryty, indices):
