@@ -107,6 +107,8 @@ class MessageWidget(QWidget):
                 message["reasoning"], None if reasoning_ms is None else reasoning_ms / 1e3,
                 live=self.message_id is None and not message["content"]))
         self.column.addWidget(self.body)
+        # a stored reply that only called tools has no answer text: no empty line between its parts
+        self.body.setHidden(self.message_id is not None and not message["content"] and bool(message.get("tool_calls")))
         for call in message.get("tool_calls") or ():  # a reply's calls; each result is the tool card after it
             self.column.addWidget(_call_label(call))
         self.expand_button = self._add_expander()
@@ -126,6 +128,7 @@ class MessageWidget(QWidget):
     def set_content(self, text: str) -> None:
         """Streaming: the reply so far."""
         self.message = {**self.message, "content": text}
+        self.body.setHidden(False)
         if text and self.thinking_block is not None:
             self.thinking_block.finish()
         if isinstance(self.body, MarkdownView):

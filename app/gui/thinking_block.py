@@ -65,4 +65,5 @@ class ThinkingBlock(QWidget):
 
 
 def _summary(seconds: float | None) -> str:
-    return "Thinking" if seconds is None else thought_for(seconds)
+    """A stored reply's header: how long it thought, or (not known: a chat imported or older) that it did."""
+    return "Thought" if seconds is None else thought_for(seconds)

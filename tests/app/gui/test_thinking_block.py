@@ -93,7 +93,7 @@ def test_a_stored_reply_shows_its_reasoning_folded_above_the_answer(qtbot):
 def test_durations_read_naturally():
     assert thought_for(3.24) == "Thought for 3.2 s"
     assert thought_for(125) == "Thought for 2 min"
-    assert ThinkingBlock("x").toggle.text() == "Thinking"  # a stored reply whose duration is not known
+    assert ThinkingBlock("x").toggle.text() == "Thought"  # a stored reply whose duration is not known
 
 
 @pytest.fixture
