@@ -163,23 +163,27 @@ GLM4MOE_VARIANTS = {"air-f32": ("air", T.F32), "air-q4_k": ("air", T.Q4_K), "qk-
 GLM4MOE_SEED = 7  # of the first 12, the one whose variants route clear of ties (max |Δ| smallest, top-1 the same)
 
 
-def glm4moe_metadata() -> dict:
-    keys = {"leading_dense_block_count": 1, "expert_count": N_EXPERT, "expert_used_count": N_USED,
+def glm4moe_metadata(n_next_token: int = 0) -> dict:
+    keys = {"leading_dense_block_count": 1, "nextn_predict_layers": n_next_token, "expert_count": N_EXPERT, "expert_used_count": N_USED,
             "expert_shared_count": 1, "expert_feed_forward_length": N_FF_EXP, "rope.dimension_count": 32,
             "expert_gating_func": 2, "expert_weights_norm": True, "expert_weights_scale": 1.8}
     return {f"{GLM4MOE}.{k}": v for k, v in keys.items()}
 
 
-def write_glm4moe_model(path: Path | str, variant: str = "air-f32", *, seed: int = GLM4MOE_SEED, **overrides) -> None:
-    """The tiny glm4moe model of `variant` (a key of GLM4MOE_VARIANTS); `overrides` as write_moe_model's."""
+def write_glm4moe_model(path: Path | str, variant: str = "air-f32", *, seed: int = GLM4MOE_SEED,
+                        next_token: bool = False, **overrides) -> None:
+    """The tiny glm4moe model of `variant` (a key of GLM4MOE_VARIANTS), with a fourth layer for next-token
+    prediction (MTP, its tensors after the model's, which are those of the model without it) where
+    `next_token`; `overrides` as write_moe_model's."""
     layout, expert_qtype = GLM4MOE_VARIANTS[variant]
-    norms = () if layout == "qk-norm" else tuple(f"blk.{i}.attn_{t}_norm.weight" for i in range(3) for t in "qk")
-    kwargs = {"n_layers": 3, "n_embd": 256, "n_head": 4, "n_head_kv": 2, "n_ff": 512, "qtype": T.F32,
+    n_layers = 4 if next_token else 3
+    norms = () if layout == "qk-norm" else tuple(f"blk.{i}.attn_{t}_norm.weight" for i in range(n_layers) for t in "qk")
+    kwargs = {"n_layers": n_layers, "n_embd": 256, "n_head": 4, "n_head_kv": 2, "n_ff": 512, "qtype": T.F32,
               "expert_qtype": expert_qtype, "block_scales": Q4_K_BLOCK_SCALES,
               "std": {"ffn_gate_inp.weight": ROUTER_STD, "token_embd.weight": EMBED_STD,
                       "exp_probs_b.bias": SELECTION_BIAS_STD},
-              "family_metadata": glm4moe_metadata(), "tokenizer": True, "tokenizer_pre": "qwen2", "seed": seed,
-              "skip_tensors": norms}
+              "family_metadata": glm4moe_metadata(int(next_token)), "tokenizer": True, "tokenizer_pre": "qwen2",
+              "seed": seed, "skip_tensors": norms}
     write_tiny_model(path, GLM4MOE, **(kwargs | overrides))
 
 

@@ -48,6 +48,9 @@ class KvCache:
         self.head_dims = tuple(int(d) for d in head_dims)
         self.capacity = int(capacity)
         self.len = 0
+        # called (pos0, tokens, hidden [m, n_embd]) with the model's final normed hidden states of the rows it
+        # feeds here: a next-token-prediction draft source follows the conversation through it
+        self.hidden_sink = None
         if self.dtype is KvDtype.Q8_0:
             bad = [d for d in self.head_dims if d % Q8_0_BLOCK]
             if bad:

@@ -4,7 +4,7 @@ parts), and the reading of the metadata keys every llama-like family shares."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 from engine.errors import ConfigError
@@ -15,6 +15,7 @@ from engine.models.attention import AttentionArgs
 from engine.models.block import LayerArgs
 from engine.models.feed_forward import GatedMlpArgs
 from engine.models.layout import TensorSpec, layer_prefix, matrix, norm
+from engine.models.next_token import next_token_tensors
 from kernels.backend import OP_EMBED, OP_LINEAR, OP_RMSNORM, OP_TAKE_ROWS, RopeScaling
 
 
@@ -27,6 +28,9 @@ class ModelArgs:
     context_length: int
     layers: list[LayerArgs] = field(default_factory=list)
     embed_scale: float = 1.0
+    # next-token-prediction layers the file appends after `layers` (GLM-4.5's MTP; engine.models.next_token):
+    # not part of the forward, a draft source's model
+    next_token_layers: list[LayerArgs] = field(default_factory=list)
 
     @property
     def n_layers(self) -> int:
@@ -44,6 +48,8 @@ class ModelArgs:
                    matrix("output.weight", self.vocab_size, e, required=False), norm("output_norm.weight", e)]
         for i, layer in enumerate(self.layers):
             tensors += layer.tensors(layer_prefix(i), e)
+        for i, layer in enumerate(self.next_token_layers, self.n_layers):
+            tensors += [replace(t, required=False) for t in next_token_tensors(layer, i, e, self.vocab_size)]
         return tensors
 
     def kv_geometry(self) -> tuple[list[int], list[int]]:

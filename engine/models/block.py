@@ -34,7 +34,10 @@ class LayerArgs:
 
 
 class Block:
-    def __init__(self, file: GGUFFile, args: LayerArgs, layer: int, n_embd: int, eps: float, backend: Backend):
+    def __init__(self, file: GGUFFile, args: LayerArgs, layer: int, n_embd: int, eps: float, backend: Backend,
+                 cache_layer: int | None = None):
+        """Layer `layer` of the file (its blk.N. tensors), its rows in a KV cache at `cache_layer` (default the
+        same index; a next-token-prediction layer keeps a cache of its own)."""
         p = layer_prefix(layer)
         self.backend = backend
         self.eps = eps
@@ -43,7 +46,7 @@ class Block:
             return backend.upload_vector(load_vector(file, p + name, n_embd))
 
         self.attn_norm = vector("attn_norm.weight")
-        self.mixer = args.mixer.build(file, p, layer, n_embd, eps, backend)
+        self.mixer = args.mixer.build(file, p, layer if cache_layer is None else cache_layer, n_embd, eps, backend)
         self.ffn_norm = vector(args.ffn_norm)
         self.feed_forward = args.feed_forward.build(file, p, layer, n_embd, backend)
         self.post_attn_norm = self.post_ffn_norm = None

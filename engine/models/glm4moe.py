@@ -5,7 +5,8 @@ sigmoid gating (`expert_gating_func` 2, the default) and the selection bias exp_
 normalized and scaled as the metadata says. The feed-forward's pre-norm is named post_attention_norm.
 
 `block_count` counts the next-token-prediction (MTP, "nextn") layers appended to the model
-(`nextn_predict_layers`): they are not part of its forward, and are left out of the layers run.
+(`nextn_predict_layers`): they are not part of its forward; the first is a draft source's model
+(engine.models.next_token) where the file has its tensors.
 Multimodal files (GLM-4.5V: `rope.dimension_sections`, multi-axis RoPE) are refused.
 """
 
@@ -33,7 +34,7 @@ def model_args(meta: Mapping) -> ModelArgs:
     args = llama_like(meta, ARCH, qkv_bias=True, qk_norm=True, optional_extras=True)
     n_dense = meta_int_opt(meta, ARCH, "leading_dense_block_count", ZeroPolicy.ACCEPT_ZERO) or 0
     experts = routed_experts(meta, ARCH, unset_gating=Gating.SIGMOID)
-    args.layers = [replace(layer, feed_forward=layer.feed_forward if i < n_dense else experts,
-                           ffn_norm="post_attention_norm.weight")
-                   for i, layer in enumerate(args.layers[: n_all - n_nextn])]
+    layers = [replace(layer, feed_forward=layer.feed_forward if i < n_dense else experts,
+                      ffn_norm="post_attention_norm.weight") for i, layer in enumerate(args.layers)]
+    args.layers, args.next_token_layers = layers[: n_all - n_nextn], layers[n_all - n_nextn:]
     return args

@@ -13,6 +13,7 @@ import numpy as np
 from engine.gguf.reader import GGUFFile
 from engine.kv.cache import KvCache, KvDtype
 from engine.models.args import ModelArgs
+from engine.models.next_token import NextTokenPredictor
 from kernels.backend import Backend
 
 # Prompts are fed in slices of at most this many tokens, so activations stay bounded
@@ -24,6 +25,7 @@ class Model(Protocol):
     file: GGUFFile
     args: ModelArgs
     backend: Backend
+    next_token: NextTokenPredictor | None  # the file's next-token-prediction layer (a draft source's model)
 
     @property
     def vocab_size(self) -> int: ...

@@ -40,6 +40,7 @@ from engine.kv.cache import KvCache, KvDtype
 from engine.models.args import ModelArgs
 from engine.models.block import Block
 from engine.models.model import UBATCH
+from engine.models.next_token import load_predictor
 from kernels.backend import Backend, RowStack, Segment, cpu_backend
 
 
@@ -62,6 +63,8 @@ class Transformer:
         self.output = (LinearWeight.load(file, "output.weight", args.vocab_size, args.n_embd, be)
                        if "output.weight" in file.tensors else self.embed)
         self._row_runs = _row_runs(be, self.blocks)
+        self.next_token = load_predictor(file, args.next_token_layers, args.n_layers, args.n_embd, args.norm_eps,
+                                         self.embed, self.output, be)
 
     @property
     def vocab_size(self) -> int:
@@ -141,12 +144,24 @@ class Transformer:
                 x = block(x, segments, positions, row_wise)
         for cache, s in zip(caches, segments):
             cache.advance(s.row_end - s.row_start)
+        self._show_hidden(x, token_spans, caches, segments)
         if not all_rows:
             x = be.take_rows(x, [s.row_end - 1 for s in segments])
         h = be.rmsnorm(x, self.norm, self.args.norm_eps)
         if not head:
             return be.to_host(h)
         return be.to_host(self.output(h, row_wise))
+
+    def _show_hidden(self, x, token_spans, caches, segments) -> None:
+        """Each cache's hidden-state sink (KvCache.hidden_sink) receives its rows' final normed hidden states:
+        computed apart, so the logits' bits are the same with a sink or without."""
+        sinks = [(cache.hidden_sink, toks, s) for cache, toks, s in zip(caches, token_spans, segments)
+                 if getattr(cache, "hidden_sink", None) is not None]
+        if not sinks:
+            return
+        h = self.backend.to_host(self.backend.rmsnorm(x, self.norm, self.args.norm_eps))
+        for sink, toks, s in sinks:
+            sink(s.pos0, list(toks), h[s.row_start:s.row_end])
 
     def _segments(self, token_spans, caches) -> list[Segment]:
         if len(token_spans) != len(caches) or len({id(c) for c in caches}) != len(caches):
