@@ -2,12 +2,14 @@
 
 Sources, in order: the conversation's own SamIndex over every observed token; any number of frozen
 reference documents (`add_reference`, the seam attached documents use), each matched by its own cursor over
-the same stream; and token recycling as the fallback (it also consumes the verify top-K feedback).
+the same stream; the model's next-token-prediction layer where it has one (`next_token`,
+engine.speculative.next_token); and token recycling as the fallback (it also consumes the verify top-K
+feedback).
 
 Policy: the source with the longest current match wins (ties toward the conversation, then the
 first-added reference), drafting min(budget, beta * (1 + match)) tokens; matches shorter than min_match
-fall back to the recycling top-1 chain (at most recycling_chain tokens); nothing to say drafts nothing and
-the decoder takes a plain step. Each source has a rolling acceptance gate over its last gate_window drafted
+fall back to the next-token layer's draft, then to the recycling top-1 chain (at most recycling_chain
+tokens); nothing to say drafts nothing and the decoder takes a plain step. Each source has a rolling acceptance gate over its last gate_window drafted
 tokens: below mute_acceptance it is muted for mute_commits committed tokens, then re-probed with a fresh
 window. Muted sources keep observing, so they are in step with the stream when they come back. Acceptance
 is settled at the suggest -> observe seam (the common prefix of the draft and the committed tokens); drafts
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from engine.errors import InvalidSpeculationConfig
+from engine.speculative.next_token import NextTokenDrafts
 from engine.speculative.recycling import TokenRecycling
 from engine.speculative.sam_index import FrozenSource, SamIndex
 from engine.speculative.source import TopKRow
@@ -90,7 +93,7 @@ class SourceStats:
 class SpeculationIndex:
     def __init__(self, vocab_size: int, *, beta: int = 2, min_match: int = 2, recycling_chain: int = 8,
                  recycling_k: int = 8, gate_window: int = 64, mute_acceptance: float = 0.20,
-                 mute_commits: int = 128, accounting_min_draft: int = 2):
+                 mute_commits: int = 128, accounting_min_draft: int = 2, next_token: NextTokenDrafts | None = None):
         if beta < 1 or min_match < 1 or recycling_chain < 0 or gate_window < 1 or mute_commits < 0:
             raise InvalidSpeculationConfig(
                 f"speculation index: beta, min_match and gate_window must be >= 1 and recycling_chain, "
@@ -104,6 +107,8 @@ class SpeculationIndex:
         self.conversation = self._new_stream()
         self.conversation_gate = self._new_gate()
         self.references: list[_Reference] = []
+        self.next_token = next_token
+        self.next_token_gate = self._new_gate()
         self.recycling = TokenRecycling(vocab_size, recycling_k)
         self.recycling_gate = self._new_gate()
         self._pending: tuple[AcceptanceGate, list[int]] | None = None
@@ -112,7 +117,8 @@ class SpeculationIndex:
         return SamIndex(min_match=self.min_match, max_draft=_UNBOUNDED)
 
     def _gates(self) -> list[AcceptanceGate]:
-        return [self.conversation_gate, *(r.gate for r in self.references), self.recycling_gate]
+        return [self.conversation_gate, *(r.gate for r in self.references),
+                *((self.next_token_gate,) if self.next_token is not None else ()), self.recycling_gate]
 
     # --- references ------------------------------------------------------------------------------
 
@@ -147,6 +153,10 @@ class SpeculationIndex:
             tokens = draft(min(budget, self.beta * (1 + match)))
             if tokens:
                 return self._propose(gate, tokens)
+        if self.next_token is not None and not self.next_token_gate.muted:
+            tokens = self.next_token.suggest(context, budget)
+            if tokens:
+                return self._propose(self.next_token_gate, tokens)
         if not self.recycling_gate.muted:
             tokens = self.recycling.suggest(context, min(budget, self.recycling_chain))
             if tokens:
@@ -171,6 +181,8 @@ class SpeculationIndex:
     def observe(self, committed: Sequence[int]) -> None:
         pending, self._pending = self._pending, None
         self._extend(committed)  # first: the commits that settle a draft do not count toward its mute
+        if self.next_token is not None:  # a decode step's commits (it follows a sync through the model's rows)
+            self.next_token.observe(committed)
         if pending is not None:
             gate, draft = pending
             if len(draft) >= self.accounting_min_draft:
@@ -206,7 +218,8 @@ class SpeculationIndex:
         self.recycling.observe(context[-1:])
 
     def source_stats(self) -> list[SourceStats]:
-        names = ["conversation", *(f"reference {i}" for i in range(1, len(self.references) + 1)), "recycling"]
+        names = ["conversation", *(f"reference {i}" for i in range(1, len(self.references) + 1)),
+                 *(("next-token layer",) if self.next_token is not None else ()), "recycling"]
         return [SourceStats(n, g.drafted, g.accepted, g.mutes, g.muted) for n, g in zip(names, self._gates())]
 
 

@@ -13,6 +13,7 @@ import time
 from engine.speculative.cascade import SpeculationIndex
 from engine.speculative.decoder import SpecOptions, SpeculativeDecoder
 from engine.speculative.gate import CostGate
+from engine.speculative.next_token import NextTokenDrafts
 from engine.speculative.source import DraftSource
 from engine.speculative.target import CacheTarget
 from engine.speculative.verify_costs import verify_cost_table
@@ -28,12 +29,19 @@ class SpeculativeStream:
         self.model = model
         self.options = options or SpecOptions()
         # drafts shorter than the decoder's min_draft never reach a verify: they must not count as rejected
-        self.index = SpeculationIndex(model.vocab_size, accounting_min_draft=self.options.min_draft)
+        predictor = getattr(model, "next_token", None)  # the model's own next-token-prediction layer, if any
+        self.next_token = NextTokenDrafts(predictor) if predictor is not None else None
+        self.index = SpeculationIndex(model.vocab_size, accounting_min_draft=self.options.min_draft,
+                                      next_token=self.next_token)
         self.gate = CostGate(verify_cost_table(model), max_draft=self.options.max_draft,
                              min_draft=self.options.min_draft, min_window_drafted=GATE_MIN_DRAFTED)
 
     def decoder(self, cache, sampler, source: DraftSource | None = None) -> SpeculativeDecoder:
-        """A decoder over `cache` drafting from `source` (default: the stream's index)."""
+        """A decoder over `cache` drafting from `source` (default: the stream's index). The model's next-token
+        layer follows `cache` from here on (its hidden states: the prefill before this call is not among
+        them unless the cache was followed before)."""
+        if self.next_token is not None:
+            self.next_token.follow(cache)
         return SpeculativeDecoder(CacheTarget(self.model, cache), sampler, source or self.index,
                                   vocab_size=self.model.vocab_size, options=self.options, gate=self.gate,
                                   clock=time.perf_counter)
