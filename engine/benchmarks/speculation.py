@@ -4,9 +4,11 @@ timed in the same run, alternating, so both see the same machine state.
 A workload is a JSON file: {"name", "description", "max_tokens", "turns": [user message, ...],
 "system": optional, "edits": optional [[old, new], ...]}. In a turn, "{previous}" stands for the previous
 reply with each edit applied once (a user pasting the answer back with small changes). Every run sends
-each turn to a fresh plain and a fresh speculative conversation with the same seeded sampler; their token
-ids must be identical turn by turn, else SpeculationMismatch. Decode speed counts each reply's tokens
-after the first over the time after the first (the prefill is the same work on both sides).
+each turn to a fresh plain and a fresh speculative conversation with the same seeded sampler (and, for a
+model with a next-token-prediction layer, a third speculating with the n-gram cascade alone: the layer's
+drafts measured beside it, with the time the layer took); their token ids must be identical turn by turn,
+else SpeculationMismatch. Decode speed counts each reply's tokens after the first over the time after the
+first (the prefill is the same work on every side).
 """
 
 from __future__ import annotations
@@ -112,22 +114,26 @@ def run_workload(model: Model, workload: Workload, runs: int, *, sampler: Sample
     budget = max_tokens or workload.max_tokens
     tokenizer = tokenizer or load_tokenizer(model.file.metadata)  # built once: Qwen's takes a second
     per_run = []
+    names = ["plain", "spec", *(["cascade"] if getattr(model, "next_token", None) is not None else [])]
     for run in range(runs):
-        sides = {"plain": _Side(), "spec": _Side()}
+        sides = {name: _Side() for name in names}
         convos = {name: Conversation.for_model(model, ChatOptions(
-            system=workload.system, capacity=min(CAPACITY, model.args.context_length),
-            max_tokens=budget, sampler=sampler, speculation=name == "spec"), tokenizer=tokenizer) for name in sides}
+            system=workload.system, capacity=min(CAPACITY, model.args.context_length), max_tokens=budget,
+            sampler=sampler, speculation=name != "plain", model_drafts=name == "spec"), tokenizer=tokenizer)
+            for name in sides}
         previous = ""
         replies = 0
         for i in range(len(workload.turns)):
             user = workload.user_message(i, previous)
             ids = {name: _reply(convos[name], user, sides[name]) for name in sides}
-            if ids["plain"] != ids["spec"]:
-                at = next((j for j, (a, b) in enumerate(zip(ids["plain"], ids["spec"])) if a != b),
-                          min(len(ids["plain"]), len(ids["spec"])))
-                raise SpeculationMismatch(
-                    f"workload {workload.name}, run {run + 1}, turn {i + 1}: the speculative reply differs from "
-                    f"the plain one at token {at} ({len(ids['spec'])} vs {len(ids['plain'])} tokens)")
+            for name in names[1:]:
+                if ids[name] != ids["plain"]:
+                    at = next((j for j, (a, b) in enumerate(zip(ids["plain"], ids[name])) if a != b),
+                              min(len(ids["plain"]), len(ids[name])))
+                    which = "" if name == "spec" else " of the n-gram cascade alone"
+                    raise SpeculationMismatch(
+                        f"workload {workload.name}, run {run + 1}, turn {i + 1}: the speculative reply{which} "
+                        f"differs from the plain one at token {at} ({len(ids[name])} vs {len(ids['plain'])} tokens)")
             previous = convos["plain"].last_turn.text
             replies += len(ids["plain"])
         plain, spec = sides["plain"], sides["spec"]
@@ -135,14 +141,34 @@ def run_workload(model: Model, workload: Workload, runs: int, *, sampler: Sample
                         "speedup": spec.tps() / plain.tps() if plain.tps() else 0.0,
                         "tokens_per_step": spec.stats.tokens_per_step(), "acceptance": spec.stats.acceptance_rate(),
                         "reply_tokens": replies, "spec_stats": dataclasses.asdict(spec.stats)})
-        log(f"{workload.name} run {run + 1}/{runs}: plain {plain.tps():.1f} tok/s, speculative {spec.tps():.1f} "
-            f"tok/s, {spec.stats.tokens_per_step():.2f} tokens/step, acceptance "
-            f"{100 * spec.stats.acceptance_rate():.0f}% ({replies} reply tokens, identical)")
+        line = (f"{workload.name} run {run + 1}/{runs}: plain {plain.tps():.1f} tok/s, speculative {spec.tps():.1f} "
+                f"tok/s, {spec.stats.tokens_per_step():.2f} tokens/step, acceptance "
+                f"{100 * spec.stats.acceptance_rate():.0f}%")
+        if "cascade" in sides:
+            per_run[-1] |= _layer_figures(sides["cascade"], spec, convos["spec"])
+            r = per_run[-1]
+            line += (f"; the n-gram cascade alone {r['cascade_tps']:.1f} tok/s, "
+                     f"{r['cascade_tokens_per_step']:.2f} tokens/step; the next-token layer drafted "
+                     f"{r['layer_drafted']}, accepted {r['layer_accepted']}, {r['layer_ms_per_token']:.1f} ms/token")
+        log(f"{line} ({replies} reply tokens, identical)")
     result = {"workload": workload.name, "runs": runs, "max_tokens": budget, "identical": True,
               "reply_tokens": per_run[-1]["reply_tokens"], "per_run": per_run}
-    for key in ("plain_tps", "spec_tps", "speedup", "tokens_per_step", "acceptance"):
-        result[key] = summary([r[key] for r in per_run])
+    for key in ("plain_tps", "spec_tps", "speedup", "tokens_per_step", "acceptance", *_LAYER_KEYS):
+        if key in per_run[-1]:
+            result[key] = summary([r[key] for r in per_run])
     return result
+
+
+_LAYER_KEYS = ("cascade_tps", "cascade_tokens_per_step", "vs_cascade", "layer_ms_per_token")
+
+
+def _layer_figures(cascade: _Side, spec: _Side, convo: Conversation) -> dict:
+    """The speculative side beside the cascade alone, and what its next-token layer drafted and cost."""
+    layer = next(s for s in convo.draft_sources() if s.name == "next-token layer")
+    return {"cascade_tps": cascade.tps(), "cascade_tokens_per_step": cascade.stats.tokens_per_step(),
+            "vs_cascade": spec.tps() / cascade.tps() if cascade.tps() else 0.0,
+            "layer_ms_per_token": 1e3 * layer.seconds / max(spec.stats.committed, 1),
+            "layer_drafted": layer.drafted, "layer_accepted": layer.accepted}
 
 
 def spec_benchmark(model: Model, workloads: list[Workload], runs: int, *,

@@ -47,6 +47,7 @@ from engine.kv.cache import KvCache
 from engine.models.model import UBATCH, Model
 from engine.sampling import Sampler
 from engine.speculative import SpeculativeStream
+from engine.speculative.cascade import SourceStats
 from engine.sampling.grammar import grammar_processor
 from engine.tokenize import StreamDecoder, Tokenizer, load_tokenizer
 
@@ -323,6 +324,11 @@ class Conversation:
         """Tools are offered, or the chat holds calls and results: it renders whole, through tool_render."""
         return self._with_tools() or any(m.role == "tool" or m.tool_calls for m in messages)
 
+    def draft_sources(self) -> list[SourceStats]:
+        """What each of speculation's draft sources drafted, had accepted and cost; empty before the first
+        speculative reply."""
+        return self._speculation.index.source_stats() if self._speculation is not None else []
+
     def _stream(self, request: TurnRequest, cancel: threading.Event | None,
                 batched: bool = False) -> Generator[str | DecodeStep, np.ndarray | None, None]:
         turn = Turn(self, request, cancel)
@@ -334,7 +340,7 @@ class Conversation:
             # background): a reply before that decodes plainly, which gives the same tokens
             if self.options.speculation and self.model.rows_ready(self.cache):
                 if self._speculation is None:
-                    self._speculation = SpeculativeStream(self.model)
+                    self._speculation = SpeculativeStream(self.model, model_drafts=self.options.model_drafts)
                     for reference in self._references:
                         self._speculation.index.add_reference(reference)
                 yield from run_speculative(turn, self._speculation, logits)

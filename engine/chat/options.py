@@ -28,6 +28,7 @@ class ChatOptions:
     stop_sequences: tuple[str, ...] = ()  # a reply stops before the token that completes one
     processor: LogitProcessor | None = None  # re-armed (reset) at every turn start
     speculation: bool = False  # decode replies speculatively (engine.chat.speculation): same output, fewer forwards
+    model_drafts: bool = True  # with speculation: drafts from the model's next-token layer too, where it has one
     grammar: Grammar | None = None  # every reply follows it and ends on the stop marker (instead of processor)
     tools: ToolUse | None = None  # tools the replies may call: rendered, and each call held to its schema
 

@@ -21,7 +21,7 @@ Deterministic: suggestions are a function of the observed stream, the references
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from engine.errors import InvalidSpeculationConfig
@@ -88,6 +88,7 @@ class SourceStats:
     accepted: int
     mutes: int
     muted: bool
+    seconds: float = 0.0  # time the source spent computing (the next-token layer's; the indexes' is negligible)
 
 
 class SpeculationIndex:
@@ -220,7 +221,10 @@ class SpeculationIndex:
     def source_stats(self) -> list[SourceStats]:
         names = ["conversation", *(f"reference {i}" for i in range(1, len(self.references) + 1)),
                  *(("next-token layer",) if self.next_token is not None else ()), "recycling"]
-        return [SourceStats(n, g.drafted, g.accepted, g.mutes, g.muted) for n, g in zip(names, self._gates())]
+        stats = [SourceStats(n, g.drafted, g.accepted, g.mutes, g.muted) for n, g in zip(names, self._gates())]
+        if self.next_token is not None:  # the one before recycling
+            stats[-2] = replace(stats[-2], seconds=self.next_token.seconds)
+        return stats
 
 
 def _common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:

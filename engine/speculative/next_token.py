@@ -19,6 +19,7 @@ Deterministic: every row runs row-wise, so its bits do not depend on which call 
 
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import numpy as np
@@ -35,6 +36,7 @@ class NextTokenDrafts:
             raise ValueError(f"a next-token draft needs depth >= 1, got {depth}")
         self.predictor = predictor
         self.depth = depth
+        self.seconds = 0.0  # spent running the layer (what drafting from it costs beside the verifies)
         self._main = None   # the conversation's cache this source follows
         self._reset()
 
@@ -123,6 +125,13 @@ class NextTokenDrafts:
     def suggest(self, context: Sequence[int], budget: int) -> list[int]:
         if budget <= 0 or self._main is None or not context or self._main.len == 0:
             return []
+        start = time.perf_counter()
+        try:
+            return self._draft(context, budget)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+    def _draft(self, context: Sequence[int], budget: int) -> list[int]:
         if not self._read_up_to(self._main.len, last_next=int(context[-1])) or self._last_state is None:
             return []
         p = self.predictor
@@ -138,4 +147,6 @@ class NextTokenDrafts:
     def observe(self, committed: Sequence[int]) -> None:
         """After a decode step: feed the layer the rows whose next token the model's cache now holds."""
         if self._main is not None and len(committed):
+            start = time.perf_counter()
             self._read_up_to(self._main.len - 1)
+            self.seconds += time.perf_counter() - start

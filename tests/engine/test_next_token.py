@@ -189,3 +189,14 @@ def test_rows_the_model_feeds_again_replace_the_layers_rows_from_there(random_mo
     draft_b, _ = _suggest_after_each(model, fresh, b, [[x[2]], y[:3], y[3:]])
     assert draft_a == draft_b
     np.testing.assert_array_equal(a._last_state, b._last_state)
+
+
+def test_the_speculation_benchmark_measures_the_layer_beside_the_cascade_alone(echo_model, monkeypatch):
+    from engine.benchmarks.speculation import Workload, run_workload
+
+    monkeypatch.setattr(stream, "verify_cost_table", lambda model: {m: 1.0 for m in range(1, 18)})
+    r = run_workload(echo_model, Workload("echo", ("say abc", "again: {previous}"), max_tokens=24), 1)
+    run = r["per_run"][0]
+    assert r["identical"] and run["layer_drafted"] > 0 and run["layer_accepted"] == run["layer_drafted"]
+    assert run["tokens_per_step"] > run["cascade_tokens_per_step"]  # the layer drafts what no n-gram can
+    assert r["layer_ms_per_token"]["median"] > 0 and r["cascade_tps"]["median"] > 0
