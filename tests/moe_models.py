@@ -189,3 +189,6 @@ def write_glm4moe_model(path: Path | str, variant: str = "air-f32", *, seed: int
 
 ORACLE_MODELS |= {f"{GLM4MOE}-{v}": (partial(write_glm4moe_model, variant=v), expert_qtype, v)
                   for v, (_, expert_qtype) in GLM4MOE_VARIANTS.items()}
+# with the next-token-prediction layer: llama.cpp loads it and leaves it out of the forward, as the engine does
+ORACLE_MODELS |= {f"{GLM4MOE}-{v}-mtp": (partial(write_glm4moe_model, variant=v, next_token=True), expert_qtype, v)
+                  for v, (_, expert_qtype) in GLM4MOE_VARIANTS.items() if v.startswith("air")}
