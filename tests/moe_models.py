@@ -164,7 +164,7 @@ GLM4MOE_SEED = 7  # of the first 12, the one whose variants route clear of ties 
 
 
 def glm4moe_metadata(n_next_token: int = 0) -> dict:
-    keys = {"leading_dense_block_count": 1, "nextn_predict_layers": n_next_token, "expert_count": N_EXPERT, "expert_used_count": N_USED,
+    keys = {"leading_dense_block_count": 1, **({"nextn_predict_layers": n_next_token} if n_next_token else {}), "expert_count": N_EXPERT, "expert_used_count": N_USED,
             "expert_shared_count": 1, "expert_feed_forward_length": N_FF_EXP, "rope.dimension_count": 32,
             "expert_gating_func": 2, "expert_weights_norm": True, "expert_weights_scale": 1.8}
     return {f"{GLM4MOE}.{k}": v for k, v in keys.items()}

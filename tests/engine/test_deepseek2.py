@@ -9,9 +9,6 @@ import numpy as np
 import pytest
 from gguf.constants import GGUFValueType as V
 
-from engine.cartridge.build import build
-from engine.cartridge.ingest import Document
-from engine.chat import ChatOptions, Conversation, Format, Template
 from engine.errors import ConfigError, GGUFError, UnsupportedOnBackend
 from engine.gguf.reader import open_gguf
 from engine.kv import persist
@@ -19,14 +16,16 @@ from engine.models import deepseek2, load_model
 from engine.models.experts import MoeArgs
 from engine.models.feed_forward import GatedMlpArgs
 from engine.models.latent_attention import LatentAttentionArgs
-from engine.models.model import UBATCH
 from kernels.backend import OP_LATENT_ATTENTION, Gating
 from tests.backends import cpu_without
+from tests.chat_equivalences import (
+    assert_a_chat_over_a_cartridge_is_the_chat_over_the_real_prefill,
+    assert_a_reopened_chat_continues_as_the_uninterrupted_one,
+)
 from tests.engine.chat.conftest import byte_level_chatml_tokenizer
 from tests.moe_models import DEEPSEEK2, DEEPSEEK2_SHAPE, DEEPSEEK2_VARIANTS, N_FF_EXP, TOKENS, write_deepseek2_model
 from tests.row_wise import assert_same_cache
 
-CHATML = Template(Format.CHATML)
 LATENT_ROW = DEEPSEEK2_SHAPE["kv_lora_rank"] + DEEPSEEK2_SHAPE["rope"]
 FINGERPRINT = bytes(range(32))
 
@@ -95,44 +94,12 @@ def test_the_cache_keeps_one_latent_row_per_position_once(model, tmp_path):
     np.testing.assert_array_equal(model.forward(TOKENS[9:12], loaded), model.forward(TOKENS[9:12], cache))
 
 
-def chat(chat_model):
-    model, tokenizer = chat_model
-    return Conversation(model, tokenizer, CHATML, ChatOptions(max_tokens=6))
-
-
-def reply(convo, user):
-    return "".join(convo.send(user))
-
-
 def test_a_reopened_chat_continues_as_the_uninterrupted_one(chat_model, tmp_path):
-    path = tmp_path / "chat.kv"
-    plain = chat(chat_model)
-    expected = [reply(plain, u) for u in ("hi", "more", "again")]
-    saved = chat(chat_model)
-    saved.enable_persistence(path)
-    assert [reply(saved, u) for u in ("hi", "more")] == expected[:2]
-    reopened = chat(chat_model)
-    assert reopened.enable_persistence(path) == saved.cache.len
-    assert_same_cache(reopened.cache, saved.cache)
-    assert reply(reopened, "again") == expected[2]
-    assert reopened.last_turn.token_ids == plain.last_turn.token_ids
-    assert reopened.last_turn.stats.reused_tokens == len(saved.history)
+    assert_a_reopened_chat_continues_as_the_uninterrupted_one(chat_model, tmp_path)
 
 
 def test_a_chat_over_a_cartridge_is_the_chat_over_the_real_prefill(chat_model):
-    model, tokenizer = chat_model
-    cart = build(model, tokenizer, CHATML, Document("facts.md", "text", "Item 3 weighs 8 grams.\n" * 6))
-    served = chat(chat_model)
-    served.attach([cart])
-    direct = chat(chat_model)
-    ids = cart.draft_reference.tolist()
-    for s in range(0, len(ids), UBATCH):
-        model.forward(ids[s: s + UBATCH], direct.cache)
-    direct.declare_prefix(len(ids))
-    for user in ["What does item 3 weigh?", "And item 4?"]:
-        assert reply(served, user) == reply(direct, user)
-        assert served.last_turn.token_ids == direct.last_turn.token_ids
-        assert_same_cache(served.cache, direct.cache)
+    assert_a_chat_over_a_cartridge_is_the_chat_over_the_real_prefill(chat_model)
 
 
 def _refused(tmp_path, error, match, **overrides):

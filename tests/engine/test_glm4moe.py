@@ -1,6 +1,8 @@
 """glm4moe (GLM-4.5, GLM-4.5-Air) read from its metadata as llama.cpp reads it: partial NeoX RoPE, biases, q/k
 norms where the file has them, the experts' routing and the MTP layers appended to block_count left out of the
-forward; malformed files refused by name. Its forwards against llama.cpp's are tests/engine/test_moe_oracle.py's,
+forward; malformed files refused by name; a reopened chat and a chat over a cartridge bitwise the uninterrupted
+one and the one over the real prefill, speculating with the MTP layer or not (tests/engine/test_next_token.py
+has the layer's drafts). Its forwards against llama.cpp's are tests/engine/test_moe_oracle.py's,
 its row-wise contract test_moe.py's."""
 
 import numpy as np
@@ -13,6 +15,12 @@ from engine.models import glm4moe, load_model
 from engine.models.experts import MoeArgs
 from engine.models.feed_forward import GatedMlpArgs
 from kernels.backend import Gating
+from engine.speculative import stream
+from tests.chat_equivalences import (
+    assert_a_chat_over_a_cartridge_is_the_chat_over_the_real_prefill,
+    assert_a_reopened_chat_continues_as_the_uninterrupted_one,
+)
+from tests.engine.chat.conftest import byte_level_chatml_tokenizer
 from tests.moe_models import GLM4MOE, N_FF_EXP, TOKENS, write_glm4moe_model
 
 
@@ -71,3 +79,33 @@ def test_mtp_layers_that_leave_nothing_to_run_are_refused(tmp_path):
 
 def test_multi_axis_rope_is_refused_by_name(tmp_path):
     _refused(tmp_path, "rope.dimension_sections", **{"rope.dimension_sections": ([8, 8, 8, 8], V.ARRAY)})
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory):
+    """(model, tokenizer): the Air layout with Q4_K experts and its next-token-prediction layer."""
+    path = tmp_path_factory.mktemp("glm4moe-chat") / "m.gguf"
+    write_glm4moe_model(path, "air-q4_k", next_token=True)
+    return load_model(path), byte_level_chatml_tokenizer()
+
+
+@pytest.fixture
+def drafts_pay(monkeypatch):
+    monkeypatch.setattr(stream, "verify_cost_table", lambda model: {m: 1.0 for m in range(1, 18)})
+
+
+def _drafted_by_the_layer(convo) -> int:
+    return next(s.drafted for s in convo.draft_sources() if s.name == "next-token layer")
+
+
+@pytest.mark.parametrize("speculation", [False, True], ids=["plain", "speculative"])
+def test_a_reopened_chat_continues_as_the_uninterrupted_one(chat_model, tmp_path, speculation, drafts_pay):
+    """Speculative: the next-token layer drafts over a cache whose rows came from the sidecar (no hidden states)."""
+    reopened = assert_a_reopened_chat_continues_as_the_uninterrupted_one(chat_model, tmp_path, speculation=speculation)
+    assert not speculation or _drafted_by_the_layer(reopened) > 0
+
+
+@pytest.mark.parametrize("speculation", [False, True], ids=["plain", "speculative"])
+def test_a_chat_over_a_cartridge_is_the_chat_over_the_real_prefill(chat_model, speculation, drafts_pay):
+    served = assert_a_chat_over_a_cartridge_is_the_chat_over_the_real_prefill(chat_model, speculation=speculation)
+    assert not speculation or _drafted_by_the_layer(served) > 0
