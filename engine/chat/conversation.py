@@ -48,6 +48,7 @@ from engine.models.model import UBATCH, Model
 from engine.sampling import Sampler
 from engine.speculative import SpeculativeStream
 from engine.speculative.cascade import SourceStats
+from engine.speculative.next_token import NextTokenDrafts
 from engine.sampling.grammar import grammar_processor
 from engine.tokenize import StreamDecoder, Tokenizer, load_tokenizer
 
@@ -90,6 +91,7 @@ class Conversation:
         self._decoder = StreamDecoder(tokenizer)
         self._sidecar: Sidecar | None = None  # once persistence is on
         self._speculation: SpeculativeStream | None = None  # built at the first speculative turn (it may measure)
+        self._next_token: NextTokenDrafts | None = None  # the model's next-token layer's drafts, where it has one
         self._references: list[Sequence[int]] = []  # attached documents' tokens, drafted from when speculating
         self._prefix_identity: bytes | None = None  # which cartridges built the prefix (attach)
 
@@ -329,9 +331,22 @@ class Conversation:
         speculative reply."""
         return self._speculation.index.source_stats() if self._speculation is not None else []
 
+    def _follow_for_drafts(self) -> None:
+        """Before a prefill: a model's next-token layer follows the cache, so it reads the prompt's rows too
+        (the speculative stream that drafts from it is built after the first prefill)."""
+        if not (self.options.speculation and self.options.model_drafts):
+            return
+        if self._next_token is None:
+            predictor = getattr(self.model, "next_token", None)
+            if predictor is None:
+                return
+            self._next_token = NextTokenDrafts(predictor)
+        self._next_token.follow(self._live_cache())
+
     def _stream(self, request: TurnRequest, cancel: threading.Event | None,
                 batched: bool = False) -> Generator[str | DecodeStep, np.ndarray | None, None]:
         turn = Turn(self, request, cancel)
+        self._follow_for_drafts()
         logits = turn.prefill()
         if turn.done:  # stopped during the prefill
             return
@@ -340,7 +355,8 @@ class Conversation:
             # background): a reply before that decodes plainly, which gives the same tokens
             if self.options.speculation and self.model.rows_ready(self.cache):
                 if self._speculation is None:
-                    self._speculation = SpeculativeStream(self.model, model_drafts=self.options.model_drafts)
+                    self._speculation = SpeculativeStream(self.model, model_drafts=self.options.model_drafts,
+                                                          next_token=self._next_token)
                     for reference in self._references:
                         self._speculation.index.add_reference(reference)
                 yield from run_speculative(turn, self._speculation, logits)

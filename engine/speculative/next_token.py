@@ -49,6 +49,11 @@ class NextTokenDrafts:
         self._tokens: list[int] = []        # the tokens the model fed there
         self._hidden = np.zeros((0, self.predictor.n_embd), np.float32)
 
+    @property
+    def positions_read(self) -> range:
+        """The span of model positions the layer has rows for, from the first to the last (a gap inside counts)."""
+        return range(self._row_pos[0], self._row_pos[-1] + 1) if self._row_pos else range(0)
+
     # --- following a conversation ---------------------------------------------------------------
 
     def follow(self, cache) -> None:

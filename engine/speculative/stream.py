@@ -25,12 +25,14 @@ GATE_MIN_DRAFTED = 8
 
 
 class SpeculativeStream:
-    def __init__(self, model, options: SpecOptions | None = None, *, model_drafts: bool = True):
+    def __init__(self, model, options: SpecOptions | None = None, *, model_drafts: bool = True,
+                 next_token: NextTokenDrafts | None = None):
         self.model = model
         self.options = options or SpecOptions()
-        # the model's own next-token-prediction layer, where it has one (model_drafts: used)
+        # the model's own next-token-prediction layer, where it has one (model_drafts: used; `next_token`: its
+        # drafts, already following a conversation)
         predictor = getattr(model, "next_token", None) if model_drafts else None
-        self.next_token = NextTokenDrafts(predictor) if predictor is not None else None
+        self.next_token = (next_token or NextTokenDrafts(predictor)) if predictor is not None else None
         # drafts shorter than the decoder's min_draft never reach a verify: they must not count as rejected
         self.index = SpeculationIndex(model.vocab_size, accounting_min_draft=self.options.min_draft,
                                       next_token=self.next_token)

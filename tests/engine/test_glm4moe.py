@@ -18,7 +18,7 @@ from kernels.backend import Gating
 from engine.speculative import stream
 from tests.chat_equivalences import (
     assert_a_chat_over_a_cartridge_is_the_chat_over_the_real_prefill,
-    assert_a_reopened_chat_continues_as_the_uninterrupted_one,
+    assert_a_reopened_chat_continues_as_the_uninterrupted_one, chat, reply,
 )
 from tests.engine.chat.conftest import byte_level_chatml_tokenizer
 from tests.moe_models import GLM4MOE, N_FF_EXP, TOKENS, write_glm4moe_model
@@ -109,3 +109,9 @@ def test_a_reopened_chat_continues_as_the_uninterrupted_one(chat_model, tmp_path
 def test_a_chat_over_a_cartridge_is_the_chat_over_the_real_prefill(chat_model, speculation, drafts_pay):
     served = assert_a_chat_over_a_cartridge_is_the_chat_over_the_real_prefill(chat_model, speculation=speculation)
     assert not speculation or _drafted_by_the_layer(served) > 0
+
+
+def test_a_speculative_chats_next_token_layer_reads_its_first_prompt(chat_model, drafts_pay):
+    convo = chat(chat_model, speculation=True)
+    reply(convo, "hi")
+    assert convo._next_token.positions_read.start == 0 and _drafted_by_the_layer(convo) > 0
