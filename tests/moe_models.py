@@ -192,3 +192,15 @@ ORACLE_MODELS |= {f"{GLM4MOE}-{v}": (partial(write_glm4moe_model, variant=v), ex
 # with the next-token-prediction layer: llama.cpp loads it and leaves it out of the forward, as the engine does
 ORACLE_MODELS |= {f"{GLM4MOE}-{v}-mtp": (partial(write_glm4moe_model, variant=v, next_token=True), expert_qtype, v)
                   for v, (_, expert_qtype) in GLM4MOE_VARIANTS.items() if v.startswith("air")}
+
+
+def assert_refused(write, tmp_path, error, match, **overrides) -> None:
+    """The model `write` writes (with `overrides`) is refused at load with `error`, its message matching `match`."""
+    import pytest
+
+    from engine.models import load_model
+
+    path = tmp_path / "m.gguf"
+    write(path, **overrides)
+    with pytest.raises(error, match=match):
+        load_model(path)

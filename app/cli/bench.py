@@ -140,7 +140,8 @@ def _run_spec(args, path, threads: int, log) -> int:
               f"speedup {x['median']:.2f}x (min {x['min']:.2f}, max {x['max']:.2f}) | "
               f"{t['median']:.2f} tokens/step | acceptance {100 * a['median']:.0f}% | {w['reply_tokens']} tokens")
         if "cascade_tps" in w:
-            c, v, ct, ms = (w[k] for k in ("cascade_tps", "vs_cascade", "cascade_tokens_per_step", "layer_ms_per_token"))
+            c, v, ct, ms = (w[k] for k in ("cascade_tps", "vs_cascade", "cascade_tokens_per_step",
+                                           "layer_ms_per_token"))
             print(f"{'':>16}  n-gram cascade alone {c['median']:7.2f} tok/s, {ct['median']:.2f} tokens/step: with the "
                   f"next-token layer {v['median']:.2f}x (min {v['min']:.2f}, max {v['max']:.2f}); the layer "
                   f"{ms['median']:.1f} ms per token")

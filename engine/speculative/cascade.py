@@ -9,13 +9,15 @@ feedback).
 Policy: the source with the longest current match wins (ties toward the conversation, then the
 first-added reference), drafting min(budget, beta * (1 + match)) tokens; matches shorter than min_match
 fall back to the next-token layer's draft, then to the recycling top-1 chain (at most recycling_chain
-tokens); nothing to say drafts nothing and the decoder takes a plain step. Each source has a rolling acceptance gate over its last gate_window drafted
-tokens: below mute_acceptance it is muted for mute_commits committed tokens, then re-probed with a fresh
-window. Muted sources keep observing, so they are in step with the stream when they come back. Acceptance
+tokens); nothing to say drafts nothing and the decoder takes a plain step. Each source has a rolling
+acceptance gate over its last gate_window drafted tokens: below mute_acceptance it is muted for
+mute_commits committed tokens, then re-probed with a fresh window. Muted sources keep observing, so they
+are in step with the stream when they come back (the next-token layer keeps reading the model's rows). Acceptance
 is settled at the suggest -> observe seam (the common prefix of the draft and the committed tokens); drafts
 shorter than accounting_min_draft are never verified by the decoder, so they are not counted.
 
-Deterministic: suggestions are a function of the observed stream, the references and the feedback.
+Deterministic: suggestions are a function of the observed stream, the references and the feedback (and
+the next-token layer's, of the model's hidden states, themselves a function of the stream).
 """
 
 from __future__ import annotations

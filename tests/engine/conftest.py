@@ -14,3 +14,20 @@ def tiny_chat(tmp_path_factory):
     path = tmp_path_factory.mktemp("chat") / "tiny.gguf"
     write_tiny_model(path, "llama", vocab=tokenizer.vocab_size)
     return load_model(path), tokenizer
+
+
+@pytest.fixture(scope="module")
+def smollm2(model_path):
+    """The SmolLM2-135M starter's model (a module may define its own `smollm2`)."""
+    from engine.models import load_model
+    return load_model(model_path("smollm2-135m-instruct"))
+
+
+@pytest.fixture
+def home(tmp_path):
+    """(a history store, a sidecar folder) in a fresh folder: a chat session's home."""
+    from engine.history.store import HistoryStore
+
+    store = HistoryStore(tmp_path / "history.db")
+    yield store, tmp_path / "sidecars"
+    store.close()

@@ -23,7 +23,9 @@ from tests.chat_equivalences import (
     assert_a_reopened_chat_continues_as_the_uninterrupted_one,
 )
 from tests.engine.chat.conftest import byte_level_chatml_tokenizer
-from tests.moe_models import DEEPSEEK2, DEEPSEEK2_SHAPE, DEEPSEEK2_VARIANTS, N_FF_EXP, TOKENS, write_deepseek2_model
+from tests.moe_models import (
+    DEEPSEEK2, DEEPSEEK2_SHAPE, DEEPSEEK2_VARIANTS, N_FF_EXP, TOKENS, assert_refused, write_deepseek2_model,
+)
 from tests.row_wise import assert_same_cache
 
 LATENT_ROW = DEEPSEEK2_SHAPE["kv_lora_rank"] + DEEPSEEK2_SHAPE["rope"]
@@ -102,35 +104,30 @@ def test_a_chat_over_a_cartridge_is_the_chat_over_the_real_prefill(chat_model):
     assert_a_chat_over_a_cartridge_is_the_chat_over_the_real_prefill(chat_model)
 
 
-def _refused(tmp_path, error, match, **overrides):
-    path = tmp_path / "m.gguf"
-    write_deepseek2_model(path, **overrides)
-    with pytest.raises(error, match=match):
-        load_model(path)
-
-
 def test_a_file_whose_metadata_says_older_without_its_attn_kv_b_names_the_tensor(tmp_path):
-    _refused(tmp_path, GGUFError, "missing tensors 'blk.0.attn_kv_b.weight'",
-             metadata={f"{DEEPSEEK2}.attention.key_length_mla": (0, V.UINT32)})
+    assert_refused(write_deepseek2_model, tmp_path, GGUFError, "missing tensors 'blk.0.attn_kv_b.weight'",
+                   metadata={f"{DEEPSEEK2}.attention.key_length_mla": (0, V.UINT32)})
 
 
 def test_groups_that_do_not_split_the_experts_are_refused_by_name(tmp_path):
-    _refused(tmp_path, ConfigError, f"{DEEPSEEK2}.expert_group_count 3 must split the experts",
-             variant="v3-f32", metadata={f"{DEEPSEEK2}.expert_group_count": (3, V.UINT32)})
+    assert_refused(write_deepseek2_model, tmp_path, ConfigError,
+                   f"{DEEPSEEK2}.expert_group_count 3 must split the experts",
+                   variant="v3-f32", metadata={f"{DEEPSEEK2}.expert_group_count": (3, V.UINT32)})
 
 
 def test_an_unknown_gating_function_is_named(tmp_path):
-    _refused(tmp_path, ConfigError, f"{DEEPSEEK2}.expert_gating_func is 3",
-             metadata={f"{DEEPSEEK2}.expert_gating_func": (3, V.UINT32)})
+    assert_refused(write_deepseek2_model, tmp_path, ConfigError, f"{DEEPSEEK2}.expert_gating_func is 3",
+                   metadata={f"{DEEPSEEK2}.expert_gating_func": (3, V.UINT32)})
 
 
 def test_a_missing_latent_tensor_is_named(tmp_path):
-    _refused(tmp_path, GGUFError, "missing tensor 'blk.2.attn_k_b.weight'", skip_tensors=("blk.2.attn_k_b.weight",))
+    assert_refused(write_deepseek2_model, tmp_path, GGUFError, "missing tensor 'blk.2.attn_k_b.weight'",
+                   skip_tensors=("blk.2.attn_k_b.weight",))
 
 
 def test_a_missing_shared_expert_is_named(tmp_path):
-    _refused(tmp_path, GGUFError, "missing tensor 'blk.1.ffn_up_shexp.weight'",
-             skip_tensors=("blk.1.ffn_up_shexp.weight",))
+    assert_refused(write_deepseek2_model, tmp_path, GGUFError, "missing tensor 'blk.1.ffn_up_shexp.weight'",
+                   skip_tensors=("blk.1.ffn_up_shexp.weight",))
 
 
 def test_a_backend_without_latent_attention_refuses_the_model_by_name(tmp_path):

@@ -21,7 +21,7 @@ from tests.chat_equivalences import (
     assert_a_reopened_chat_continues_as_the_uninterrupted_one, chat, reply,
 )
 from tests.engine.chat.conftest import byte_level_chatml_tokenizer
-from tests.moe_models import GLM4MOE, N_FF_EXP, TOKENS, write_glm4moe_model
+from tests.moe_models import GLM4MOE, N_FF_EXP, TOKENS, assert_refused, write_glm4moe_model
 
 
 @pytest.fixture(scope="module", params=["air-f32", "qk-norm-f32"])
@@ -67,10 +67,8 @@ def test_the_mtp_layer_counted_in_block_count_is_left_out_of_the_forward(tmp_pat
 
 
 def _refused(tmp_path, match, **metadata):
-    path = tmp_path / "m.gguf"
-    write_glm4moe_model(path, metadata={f"{GLM4MOE}.{k}": v for k, v in metadata.items()})
-    with pytest.raises(ConfigError, match=match):
-        load_model(path)
+    assert_refused(write_glm4moe_model, tmp_path, ConfigError, match,
+                   metadata={f"{GLM4MOE}.{k}": v for k, v in metadata.items()})
 
 
 def test_mtp_layers_that_leave_nothing_to_run_are_refused(tmp_path):

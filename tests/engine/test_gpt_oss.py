@@ -10,7 +10,7 @@ from engine.gguf.reader import open_gguf
 from engine.models import gpt_oss, load_model
 from kernels.backend import OP_ATTENTION_SINKS, SWIGLU_OAI, Gating, RopeScaling
 from tests.backends import cpu_without
-from tests.moe_models import GPT_OSS, GPT_OSS_WINDOW, write_gpt_oss_model
+from tests.moe_models import GPT_OSS, GPT_OSS_WINDOW, assert_refused, write_gpt_oss_model
 
 
 @pytest.fixture(scope="module")
@@ -44,36 +44,30 @@ def test_a_per_layer_pattern_says_which_layers_slide(metadata):
     assert [layer.mixer.window for layer in args.layers] == [0, GPT_OSS_WINDOW]
 
 
-def _refused(tmp_path, error, match, **overrides):
-    path = tmp_path / "m.gguf"
-    write_gpt_oss_model(path, **overrides)
-    with pytest.raises(error, match=match):
-        load_model(path)
-
-
 def test_a_missing_sliding_window_is_named(tmp_path):
-    _refused(tmp_path, ConfigError, f"{GPT_OSS}.attention.sliding_window is 0",
-             metadata={f"{GPT_OSS}.attention.sliding_window": (0, V.UINT32)})
+    assert_refused(write_gpt_oss_model, tmp_path, ConfigError, f"{GPT_OSS}.attention.sliding_window is 0",
+                   metadata={f"{GPT_OSS}.attention.sliding_window": (0, V.UINT32)})
 
 
 def test_an_unknown_rope_scaling_type_is_named(tmp_path):
-    _refused(tmp_path, ConfigError, f"{GPT_OSS}.rope.scaling.type is 'longrope'; supported: none, linear, yarn",
-             metadata={f"{GPT_OSS}.rope.scaling.type": ("longrope", V.STRING)})
+    assert_refused(write_gpt_oss_model, tmp_path, ConfigError,
+                   f"{GPT_OSS}.rope.scaling.type is 'longrope'; supported: none, linear, yarn",
+                   metadata={f"{GPT_OSS}.rope.scaling.type": ("longrope", V.STRING)})
 
 
 def test_a_negative_rope_scaling_factor_is_refused(tmp_path):
-    _refused(tmp_path, ConfigError, f"{GPT_OSS}.rope.scaling.factor must be positive",
-             metadata={f"{GPT_OSS}.rope.scaling.factor": (-2.0, V.FLOAT32)})
+    assert_refused(write_gpt_oss_model, tmp_path, ConfigError, f"{GPT_OSS}.rope.scaling.factor must be positive",
+                   metadata={f"{GPT_OSS}.rope.scaling.factor": (-2.0, V.FLOAT32)})
 
 
 def test_missing_sinks_are_named(tmp_path):
-    _refused(tmp_path, GGUFError, "missing tensor 'blk.1.attn_sinks.weight'",
-             skip_tensors=("blk.1.attn_sinks.weight",))
+    assert_refused(write_gpt_oss_model, tmp_path, GGUFError, "missing tensor 'blk.1.attn_sinks.weight'",
+                   skip_tensors=("blk.1.attn_sinks.weight",))
 
 
 def test_missing_expert_biases_are_named(tmp_path):
-    _refused(tmp_path, GGUFError, "missing tensor 'blk.0.ffn_down_exps.bias'",
-             skip_tensors=("blk.0.ffn_down_exps.bias",))
+    assert_refused(write_gpt_oss_model, tmp_path, GGUFError, "missing tensor 'blk.0.ffn_down_exps.bias'",
+                   skip_tensors=("blk.0.ffn_down_exps.bias",))
 
 
 def test_a_backend_without_attention_sinks_refuses_the_model_by_name(tmp_path):

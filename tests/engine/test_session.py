@@ -20,19 +20,6 @@ GREEDY = {"temperature": 0.0, "max_tokens": 12, "ctx": 512}
 REPO = Path(__file__).parents[2]
 
 
-@pytest.fixture(scope="module")
-def smollm2(model_path):
-    from engine.models import load_model
-    return load_model(model_path("smollm2-135m-instruct"))
-
-
-@pytest.fixture
-def home(tmp_path):
-    store = HistoryStore(tmp_path / "history.db")
-    yield store, tmp_path / "sidecars"
-    store.close()
-
-
 def reply(stream) -> str:
     return "".join(stream)
 

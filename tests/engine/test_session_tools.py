@@ -2,10 +2,7 @@
 its calls and every result as a tool message, a failing tool is a result the chat keeps going with, and a
 reopened chat renders the calls and results for the model again."""
 
-import pytest
-
 from engine.chat.tool_rounds import ToolRan
-from engine.history.store import HistoryStore
 from engine.serving.session import ChatSession
 from engine.tools import ToolResult, ToolSpec
 from engine.tools.toolbox import CombinedToolbox, ToolSwitches
@@ -27,19 +24,6 @@ class Weather:
         if self.fail:  # a server gone mid-call: CombinedToolbox turns it into an error result
             raise ConnectionError("the weather server closed the connection")
         return ToolResult(call.id, "Drizzle, 4 degrees", seconds=0.01)
-
-
-@pytest.fixture(scope="module")
-def smollm2(model_path):
-    from engine.models import load_model
-    return load_model(model_path("smollm2-135m-instruct"))
-
-
-@pytest.fixture
-def home(tmp_path):
-    store = HistoryStore(tmp_path / "history.db")
-    yield store, tmp_path / "sidecars"
-    store.close()
 
 
 def tool_turn(session, toolbox):
