@@ -96,6 +96,18 @@ def test_the_cache_keeps_one_latent_row_per_position_once(model, tmp_path):
     np.testing.assert_array_equal(model.forward(TOKENS[9:12], loaded), model.forward(TOKENS[9:12], cache))
 
 
+def test_a_copied_prefix_carries_the_latent_rows(model):
+    """What a server slot does with another slot's shared prefix: the rows copied, once each."""
+    donor, copy = model.new_cache(16), model.new_cache(16)
+    model.forward(TOKENS[:9], donor)
+    copy.copy_prefix(donor, 6)
+    assert copy.len == 6 and all(k is v for k, v in zip(copy.k, copy.v))
+    for a, b in zip(copy.k, donor.k):
+        np.testing.assert_array_equal(a[:6], b[:6])
+    donor.truncate(6)
+    np.testing.assert_array_equal(model.forward(TOKENS[6:12], copy), model.forward(TOKENS[6:12], donor))
+
+
 def test_a_reopened_chat_continues_as_the_uninterrupted_one(chat_model, tmp_path):
     assert_a_reopened_chat_continues_as_the_uninterrupted_one(chat_model, tmp_path)
 
