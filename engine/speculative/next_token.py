@@ -4,7 +4,8 @@ The layer's row at position p reads the model's final hidden state at p and toke
 p + 2. The model hands this source the hidden states of every row it feeds into the conversation's cache
 (`follow(cache)` sets the cache's hidden_sink), with their tokens and positions; they wait here until the
 layer has read them. The layer keeps a row per position it read, in its own cache and in order:
-- `observe` (every committed token) feeds it the rows whose next token the cache holds;
+- `observe` (every committed token) feeds it the rows whose next token the cache holds, up to ROWS_PER_CALL
+  of them (more, a prompt's, wait for the first draft: the reply's first token is not held up for them);
 - `suggest` feeds the last one, whose next token is the last committed (the one the next verify feeds
   first), and reads its logits: their argmax is the draft's first token. Each further token (up to `depth`)
   feeds the layer the token it just drafted with the state that drafted it (the reference implementations'
@@ -26,7 +27,7 @@ import numpy as np
 
 from engine.models.next_token import NextTokenPredictor
 
-ROWS_PER_CALL = 64   # the layer's row-wise calls take at most this many rows
+ROWS_PER_CALL = 64   # the layer's row-wise calls take at most this many rows (and `observe` reads no more)
 MAX_PENDING = 4096   # hidden states kept for the layer to read (the oldest are dropped: a gap)
 
 
@@ -98,11 +99,15 @@ class NextTokenDrafts:
 
     # --- feeding the layer ----------------------------------------------------------------------
 
+    def _first_unread(self) -> int:
+        """The first position the layer has not read, past any gap before the hidden states kept here."""
+        return max(self._row_pos[-1] + 1 if self._row_pos else self._pos0, self._pos0)
+
     def _read_up_to(self, end: int, last_next: int | None = None) -> bool:
         """Feed the layer the rows of the positions before `end` it has not read: each joins the token the model
         fed after it, or, for position end - 1, `last_next` (the last committed token, not fed yet). Whether
         its last row is now at end - 1."""
-        first = max(self._row_pos[-1] + 1 if self._row_pos else self._pos0, self._pos0)  # past any gap
+        first = self._first_unread()
         self._drop_pending(first - self._pos0)
         known_end = self._pos0 + len(self._tokens)  # hidden states known before here
         if last_next is not None and known_end >= end:
@@ -151,7 +156,9 @@ class NextTokenDrafts:
 
     def observe(self, committed: Sequence[int]) -> None:
         """After a decode step: feed the layer the rows whose next token the model's cache now holds."""
-        if self._main is not None and len(committed):
+        if self._main is None or not len(committed):
+            return
+        if self._main.len - 1 - self._first_unread() <= ROWS_PER_CALL:
             start = time.perf_counter()
             self._read_up_to(self._main.len - 1)
             self.seconds += time.perf_counter() - start

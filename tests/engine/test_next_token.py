@@ -128,6 +128,33 @@ def test_drafts_of_the_next_token_layer_yield_the_plain_ids(which, config, reque
     assert stats.spec_steps + stats.fallback_steps == stats.steps - 1 and stats.fallback_steps <= 1
 
 
+LONG_PROMPT = (TOKENS * 3)[:90]  # more rows than the layer reads in one call
+
+
+@pytest.mark.parametrize("which", ["random_model", "echo_model"])
+def test_after_a_long_prompt_the_ids_stay_plain_and_the_drafts_right(which, request):
+    model = request.getfixturevalue(which)
+    plain = list(generate.sample(model, LONG_PROMPT, 20, Sampler()))
+    ids, stats = _speculate(model, LONG_PROMPT, 20, SamplerConfig())
+    assert ids == plain
+    assert which == "random_model" or stats.acceptance_rate() == 1.0
+
+
+def test_a_long_prompt_is_read_at_the_first_draft_not_before_the_first_token(random_model):
+    model = random_model
+    cache = model.new_cache(len(LONG_PROMPT) + 8)
+    source = NextTokenDrafts(model.next_token)
+    source.follow(cache)
+    decoder = SpeculativeDecoder(CacheTarget(model, cache), Sampler(), source, vocab_size=model.vocab_size,
+                                 options=SpecOptions(max_draft=3, min_draft=1))
+    history = list(LONG_PROMPT)
+    decoder.bootstrap(model.forward(LONG_PROMPT, cache), history)
+    assert len(source.positions_read) == 0  # the first token comes out without waiting for the layer
+    decoder.step(history)
+    assert source.positions_read.start == 0 and source.positions_read.stop >= len(LONG_PROMPT)
+    assert decoder.stats.spec_steps == 1
+
+
 def test_the_echo_models_layer_drafts_what_the_model_then_samples(echo_model):
     ids, stats = _speculate(echo_model, PROMPT, 40, SamplerConfig())
     assert len(set(ids)) > 10  # the permutation's orbit, not one repeated token
