@@ -9,7 +9,7 @@ import sys
 
 from app.cli.progress import ProgressBar
 from engine.gguf.reader import open_gguf
-from engine.models import footprint, kv_bytes_per_token
+from engine.models import footprint, has_next_token_layer, kv_bytes_per_token
 from engine.platform import catalog
 
 
@@ -79,14 +79,17 @@ def _path(args) -> None:
 
 def _info(args) -> None:
     with open_gguf(catalog.resolve_model(args.name)) as file:
-        fp, kv = footprint.footprint(file), kv_bytes_per_token(file)
+        fp, kv, drafts = footprint.footprint(file), kv_bytes_per_token(file), has_next_token_layer(file)
     if args.json:
         print(json.dumps(dataclasses.asdict(fp) | {"needed_bytes": fp.needed_bytes,
                                                    "machine_memory": footprint.machine_memory(),
-                                                   "fits": footprint.fits(fp), "kv_bytes_per_token": kv}, indent=2))
+                                                   "fits": footprint.fits(fp), "kv_bytes_per_token": kv,
+                                                   "next_token_layer": drafts}, indent=2))
         return
     print(footprint.describe(fp))
     if kv is not None:  # what makes one model hold a longer chat than another in the same memory
         print(f"KV cache: {kv / 1024:.1f} KB per token of context (f16), {kv * 4096 / 1e6:.0f} MB for 4,096 tokens")
+    if drafts:
+        print("next-token prediction (MTP) layer: speculative replies draft from it")
     if verdict := footprint.memory_verdict(fp):
         print(verdict)

@@ -15,6 +15,7 @@ from engine.models import deepseek2, gemma3, glm4moe, gpt_oss, llama, qwen2, qwe
 from engine.models.args import ModelArgs
 from engine.models.footprint import check_fits
 from engine.models.model import Model
+from engine.models.next_token import missing_tensors
 from engine.models.transformer import Transformer
 from engine.models.validate import check_args, check_layer_count, check_tensors, check_weights
 from engine.runtime import model_backend
@@ -82,6 +83,16 @@ def kv_bytes_per_token(file: GGUFFile) -> int | None:
     args = model_args(file.metadata)
     heads, dims = args.kv_geometry()
     return sum(h * d * 2 * (1 if shared else 2) for h, d, shared in zip(heads, dims, args.kv_value_is_key()))
+
+
+def has_next_token_layer(file: GGUFFile) -> bool:
+    """Whether the file holds a whole next-token-prediction layer (GLM-4.5's MTP), which speculation drafts from."""
+    model_args = FAMILIES.get(file.architecture)
+    if model_args is None:
+        return False
+    args = model_args(file.metadata)
+    return bool(args.next_token_layers) and missing_tensors(file, args.next_token_layers[0], args.n_layers,
+                                                           args.n_embd, args.vocab_size) == []
 
 
 def load_model(path: str | os.PathLike, backend: Backend | None = None) -> Model:

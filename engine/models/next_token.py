@@ -99,6 +99,14 @@ class NextTokenPredictor:
                                                self.eps), row_wise=True))
 
 
+def missing_tensors(file: GGUFFile, layer: LayerArgs, index: int, n_embd: int, vocab_size: int) -> list[str] | None:
+    """The tensors the next-token-prediction layer at `index` needs that the file lacks; None where it has none of
+    them (a trunk-only file)."""
+    wanted = [t.name for t in next_token_tensors(layer, index, n_embd, vocab_size) if t.required]
+    missing = [name for name in wanted if name not in file.tensors]
+    return None if len(missing) == len(wanted) else missing
+
+
 def load_predictor(file: GGUFFile, layers: Sequence[LayerArgs], first_index: int, n_embd: int, eps: float,
                    embed: LinearWeight, output: LinearWeight, backend: Backend) -> NextTokenPredictor | None:
     """The first next-token-prediction layer of `layers` (file indexes from `first_index`), or None where there
@@ -106,9 +114,8 @@ def load_predictor(file: GGUFFile, layers: Sequence[LayerArgs], first_index: int
     warning naming what it lacks (the model itself runs as before)."""
     if not layers:
         return None
-    wanted = [t for t in next_token_tensors(layers[0], first_index, n_embd, embed.out_dim) if t.required]
-    missing = [t.name for t in wanted if t.name not in file.tensors]
-    if len(missing) == len(wanted):
+    missing = missing_tensors(file, layers[0], first_index, n_embd, embed.out_dim)
+    if missing is None:
         return None
     if missing:
         warnings.warn(f"{file.path}: the next-token-prediction layer blk.{first_index} lacks "

@@ -75,3 +75,17 @@ def test_models_info_says_what_a_token_of_context_takes_in_the_kv_cache(moe_file
     assert json.loads(capsys.readouterr().out)["kv_bytes_per_token"] == 2 * 2 * 2 * 64 * 2  # layers, K and V, heads
     main(["models", "info", str(latent)])
     assert f"KV cache: {3 * row * 2 / 1024:.1f} KB per token of context (f16)" in capsys.readouterr().out
+
+
+def test_models_info_says_whether_speculation_drafts_from_the_models_own_mtp_layer(moe_file, tmp_path, capsys):
+    from app.cli import main
+    from tests.moe_models import write_glm4moe_model
+
+    with_layer, part = tmp_path / "mtp.gguf", tmp_path / "part.gguf"
+    write_glm4moe_model(with_layer, next_token=True)
+    write_glm4moe_model(part, next_token=True, skip_tensors=("blk.3.nextn.eh_proj.weight",))
+    for path, expected in ((with_layer, True), (part, False), (moe_file, False)):
+        main(["models", "info", str(path), "--json"])
+        assert json.loads(capsys.readouterr().out)["next_token_layer"] is expected
+    main(["models", "info", str(with_layer)])
+    assert "next-token prediction (MTP) layer: speculative replies draft from it" in capsys.readouterr().out
