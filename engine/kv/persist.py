@@ -1,9 +1,9 @@
 """Crash-safe append-only KV sidecar: a conversation reopens warm, with zero re-prefill (spec 13.4 kv_persist).
 
-Byte layout (format 3), little-endian. Header:
+Byte layout (format 4), little-endian. Header:
 
     off  size
-    0    8     magic b"FUXKV003"
+    0    8     magic b"FUXKV004"
     8    8     u64 record count                       } published together, one 12-byte write,
     16   4     u32 CRC-32 of the header, this field 0 } after the records they cover
     20   32    model fingerprint (model_fingerprint: SHA-256)
@@ -24,8 +24,9 @@ invisible; the header CRC refuses a damaged header (the count included) rather t
 fingerprint refuses a sidecar of another model with the same geometry. load verifies the records' CRCs in
 order and resumes the verified prefix: the first damaged record and everything after it are never resumed.
 A damaged or torn record inside the preloaded prefix resumes nothing (the prefix is all or nothing). The
-next save rewrites the file from the end of what was resumed. Files of formats 1 and 2 (FUXKV001/002: no
-record CRCs) are refused like any foreign file: the conversation is prefilled again and the file rewritten.
+next save rewrites the file from the end of what was resumed. Files of formats 1 to 3 (FUXKV001/002: no
+record CRCs; FUXKV003: no latent flag) are refused like any foreign file: the conversation is prefilled again
+and the file rewritten.
 
 Two processes on one file: every read and write of the file holds an exclusive lock on it (file_lock), so
 their writes never interleave; and an update only extends a file whose last record before it is the one
@@ -48,7 +49,7 @@ from engine.errors import KvPersistTokenMismatch
 from engine.kv.cache import KvCache, KvDtype
 from engine.kv.file_lock import locked
 
-MAGIC = b"FUXKV003"
+MAGIC = b"FUXKV004"
 PREFIX_TOKEN = 0xFFFFFFFF
 _DTYPE_CODES = {KvDtype.F16: 0, KvDtype.Q8_0: 1}
 _COUNT = struct.Struct("<QI")  # record count, header CRC (at offset 8)

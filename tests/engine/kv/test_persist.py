@@ -53,7 +53,7 @@ def saved(path, cache, tokens, prefix_rows=0, fp=FP):
 def test_round_trip_is_byte_exact(tmp_path, dtype):
     cache, tokens = filled(20, dtype=dtype), list(range(100, 120))
     path = saved(tmp_path / "c.kv", cache, tokens)
-    assert path.read_bytes()[:8] == b"FUXKV003"
+    assert path.read_bytes()[:8] == b"FUXKV004"
     out = like(cache)
     loaded = persist.load(path, out, FP)
     assert loaded.tokens == tokens and loaded.prefix_rows == 0
@@ -153,7 +153,7 @@ def test_a_preloaded_prefix_round_trips(tmp_path):
     cache, tokens = filled(9, dtype="q8_0"), [7, 8, 9, 10, 11, 12]
     path = saved(tmp_path / "c.kv", cache, tokens, prefix_rows=3)
     data = path.read_bytes()
-    assert data[:8] == b"FUXKV003"
+    assert data[:8] == b"FUXKV004"
     out = like(cache)
     loaded = persist.load(path, out, FP)
     assert loaded.tokens == tokens and loaded.prefix_rows == 3
@@ -282,11 +282,20 @@ def old_format_file(path, cache, tokens, prefix_rows):
     path.write_bytes(header + records)
 
 
+def format_3_file(path, cache, tokens, prefix_rows):
+    """A sidecar as format 3 wrote it: today's bytes under its magic (it had no latent flag to set)."""
+    saved(path, cache, tokens, prefix_rows)
+    data = bytearray(path.read_bytes())
+    data[:8] = b"FUXKV003"
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("write", [old_format_file, format_3_file], ids=["formats 1 and 2", "format 3"])
 @pytest.mark.parametrize("prefix_rows", [0, 2])
-def test_files_of_older_formats_are_refused_and_rewritten(tmp_path, prefix_rows):
+def test_files_of_older_formats_are_refused_and_rewritten(tmp_path, prefix_rows, write):
     cache, tokens = filled(5), [1, 2, 3, 4, 5][prefix_rows:]
     path = tmp_path / "c.kv"
-    old_format_file(path, cache, tokens, prefix_rows)
+    write(path, cache, tokens, prefix_rows)
     out = like(cache)
     assert persist.load(path, out, FP) is None and out.len == 0
     persist.append_range(path, cache, tokens, FP, prefix_rows)  # the next save starts the file over
