@@ -336,12 +336,9 @@ class Conversation:
         (the speculative stream that drafts from it is built after the first prefill)."""
         if not (self.options.speculation and self.options.model_drafts):
             return
-        if self._next_token is None:
-            predictor = getattr(self.model, "next_token", None)
-            if predictor is None:
-                return
-            self._next_token = NextTokenDrafts(predictor)
-        self._next_token.follow(self._live_cache())
+        self._next_token = self._next_token or NextTokenDrafts.of(self.model)
+        if self._next_token is not None:
+            self._next_token.follow(self._live_cache())
 
     def _stream(self, request: TurnRequest, cancel: threading.Event | None,
                 batched: bool = False) -> Generator[str | DecodeStep, np.ndarray | None, None]:

@@ -11,6 +11,7 @@ keys and values; this family splits attn_kv_b at load and caches the latent all 
 normal ones; YaRN's magnitude and the attention scale follow `rope.scaling.yarn_log_multiplier` (stored as 0.1
 times DeepSeek's mscale_all_dim).
 """
+
 from __future__ import annotations
 
 import dataclasses

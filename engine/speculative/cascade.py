@@ -12,9 +12,9 @@ fall back to the next-token layer's draft, then to the recycling top-1 chain (at
 tokens); nothing to say drafts nothing and the decoder takes a plain step. Each source has a rolling
 acceptance gate over its last gate_window drafted tokens: below mute_acceptance it is muted for
 mute_commits committed tokens, then re-probed with a fresh window. Muted sources keep observing, so they
-are in step with the stream when they come back (the next-token layer keeps reading the model's rows). Acceptance
-is settled at the suggest -> observe seam (the common prefix of the draft and the committed tokens); drafts
-shorter than accounting_min_draft are never verified by the decoder, so they are not counted.
+are in step with the stream when they come back (the next-token layer keeps reading the model's rows).
+Acceptance is settled at the suggest -> observe seam (the common prefix of the draft and the committed
+tokens); drafts shorter than accounting_min_draft are never verified by the decoder, so they are not counted.
 
 Deterministic: suggestions are a function of the observed stream, the references and the feedback (and
 the next-token layer's, of the model's hidden states, themselves a function of the stream).
@@ -23,7 +23,7 @@ the next-token layer's, of the model's hidden states, themselves a function of t
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from engine.errors import InvalidSpeculationConfig
@@ -223,10 +223,9 @@ class SpeculationIndex:
     def source_stats(self) -> list[SourceStats]:
         names = ["conversation", *(f"reference {i}" for i in range(1, len(self.references) + 1)),
                  *(("next-token layer",) if self.next_token is not None else ()), "recycling"]
-        stats = [SourceStats(n, g.drafted, g.accepted, g.mutes, g.muted) for n, g in zip(names, self._gates())]
-        if self.next_token is not None:  # the one before recycling
-            stats[-2] = replace(stats[-2], seconds=self.next_token.seconds)
-        return stats
+        seconds = {"next-token layer": self.next_token.seconds} if self.next_token is not None else {}
+        return [SourceStats(n, g.drafted, g.accepted, g.mutes, g.muted, seconds.get(n, 0.0))
+                for n, g in zip(names, self._gates())]
 
 
 def _common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:

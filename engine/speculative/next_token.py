@@ -20,8 +20,10 @@ Deterministic: every row runs row-wise, so its bits do not depend on which call 
 
 from __future__ import annotations
 
+import bisect
 import time
-from typing import Sequence
+from contextlib import contextmanager
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -40,6 +42,12 @@ class NextTokenDrafts:
         self.seconds = 0.0  # spent running the layer (what drafting from it costs beside the verifies)
         self._main = None   # the conversation's cache this source follows
         self._reset()
+
+    @classmethod
+    def of(cls, model) -> "NextTokenDrafts | None":
+        """Drafts from `model`'s next-token-prediction layer; None where it has none."""
+        predictor = getattr(model, "next_token", None)
+        return cls(predictor) if predictor is not None else None
 
     def _reset(self) -> None:
         self._cache = None                  # the layer's own rows, made to the followed cache's size
@@ -82,9 +90,7 @@ class NextTokenDrafts:
     def _forget_from(self, pos: int, token: int) -> None:
         """The model fed position `pos` (token `token`) again: the layer's rows from there are stale, and the
         one before it too where it joined another token."""
-        keep = len(self._row_pos)
-        while keep and self._row_pos[keep - 1] >= pos:
-            keep -= 1
+        keep = bisect.bisect_left(self._row_pos, pos)
         if keep and self._row_pos[keep - 1] == pos - 1 and self._row_next[keep - 1] != token:
             keep -= 1
         if keep < len(self._row_pos):
@@ -132,14 +138,19 @@ class NextTokenDrafts:
 
     # --- DraftSource ------------------------------------------------------------------------------
 
+    @contextmanager
+    def _timed(self) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds += time.perf_counter() - start
+
     def suggest(self, context: Sequence[int], budget: int) -> list[int]:
         if budget <= 0 or self._main is None or not context or self._main.len == 0:
             return []
-        start = time.perf_counter()
-        try:
+        with self._timed():
             return self._draft(context, budget)
-        finally:
-            self.seconds += time.perf_counter() - start
 
     def _draft(self, context: Sequence[int], budget: int) -> list[int]:
         if not self._read_up_to(self._main.len, last_next=int(context[-1])) or self._last_state is None:
@@ -159,6 +170,5 @@ class NextTokenDrafts:
         if self._main is None or not len(committed):
             return
         if self._main.len - 1 - self._first_unread() <= ROWS_PER_CALL:
-            start = time.perf_counter()
-            self._read_up_to(self._main.len - 1)
-            self.seconds += time.perf_counter() - start
+            with self._timed():
+                self._read_up_to(self._main.len - 1)

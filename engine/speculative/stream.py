@@ -31,8 +31,7 @@ class SpeculativeStream:
         self.options = options or SpecOptions()
         # the model's own next-token-prediction layer, where it has one (model_drafts: used; `next_token`: its
         # drafts, already following a conversation)
-        predictor = getattr(model, "next_token", None) if model_drafts else None
-        self.next_token = (next_token or NextTokenDrafts(predictor)) if predictor is not None else None
+        self.next_token = (next_token or NextTokenDrafts.of(model)) if model_drafts else None
         # drafts shorter than the decoder's min_draft never reach a verify: they must not count as rejected
         self.index = SpeculationIndex(model.vocab_size, accounting_min_draft=self.options.min_draft,
                                       next_token=self.next_token)
