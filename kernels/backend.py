@@ -56,11 +56,14 @@ OP_MOE_FFN = "moe_ffn"
 OP_ATTENTION_SINKS = "attention_sinks"
 OP_ROPE_SCALED = "rope_scaled"
 OP_LATENT_ATTENTION = "latent_attention"
+OP_DELTA_NET = "delta_net"
+OP_GATED_SIGMOID = "gated_sigmoid"
 # Ops that are a method above called with an argument a backend may not have kernels for: the method's name
 OP_VARIANTS = {OP_ATTENTION_SINKS: OP_ATTENTION,  # AttentionShape.sinks
-               OP_ROPE_SCALED: OP_ROPE}  # a RopeScaling
+               OP_ROPE_SCALED: OP_ROPE,  # a RopeScaling
+               OP_GATED_SIGMOID: OP_GATED}  # gated("sigmoid", ...)
 OPS = frozenset((OP_EMBED, OP_LINEAR, OP_RMSNORM, OP_ROPE, OP_GATED, OP_ADD, OP_ATTENTION, OP_TAKE_ROWS,
-                 OP_MOE_FFN, OP_LATENT_ATTENTION, *OP_VARIANTS))
+                 OP_MOE_FFN, OP_LATENT_ATTENTION, OP_DELTA_NET, *OP_VARIANTS))
 
 
 class BackendUnavailable(RuntimeError):
@@ -107,6 +110,37 @@ class KvStore(Protocol):
         """Bytes held for K and V together."""
 
 
+class StateStore(Protocol):
+    """One conversation's recurrent state (Gated DeltaNet layers: a conv window and a delta-rule state per
+    layer), overwritten as rows are fed, in the backend's memory. It cannot be cut back to a position: the
+    engine keeps copies (`save`) at the positions it may rewind to."""
+
+    def save(self) -> Any:
+        """A copy of every layer's state, for load()."""
+
+    def load(self, saved: Any) -> None:
+        """Every layer's state back to a save()'s."""
+
+    def zero(self) -> None:
+        """The state before any row."""
+
+    def keep_rows(self, on: bool) -> None:
+        """While on, the mixer's op keeps the state after each row it feeds (a speculative verify's rollback
+        points), readable with row_state until the next feed."""
+
+    def row_state(self, i: int) -> Any:
+        """The kept state after row i of the last feed (a save()'s kind)."""
+
+    def read(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """A layer's (conv window, delta-rule state) as float32 host copies (what sidecars store)."""
+
+    def write(self, layer: int, conv: np.ndarray, ssm: np.ndarray) -> None:
+        """Set a layer's state from host arrays of read()'s shapes."""
+
+    def nbytes(self) -> int:
+        """Bytes of one copy of the state."""
+
+
 @dataclass(frozen=True)
 class Segment:
     """Rows [row_start, row_end) of a forward's activations belong to one cache, at positions pos0.."""
@@ -115,6 +149,7 @@ class Segment:
     row_end: int
     store: KvStore
     pos0: int
+    state: StateStore | None = None  # the cache's recurrent state (a hybrid model's), else None
 
 
 @dataclass(frozen=True)
@@ -224,6 +259,20 @@ class LatentAttentionSpec:
 
 
 @dataclass(frozen=True)
+class DeltaNetSpec:
+    """A Gated DeltaNet mixer's recurrence (kernels/cpu/delta_net.py says what it computes): n_k query/key heads
+    and n_v value heads of `head` dims; conv_w [channels, d_conv], dt_bias and a [n_v] resident float32."""
+
+    n_k: int
+    n_v: int
+    head: int
+    eps: float
+    conv_w: Any = field(compare=False)
+    dt_bias: Any = field(compare=False)
+    a: Any = field(compare=False)
+
+
+@dataclass(frozen=True)
 class GatedMlpSpec:
     gate_up: tuple[Weight, Weight]
     down: Weight
@@ -325,6 +374,9 @@ class Backend(Protocol):
     def upload_vector(self, v: np.ndarray) -> Any:
         """A float32 vector (norm weight) kept resident."""
 
+    def state_store(self, shapes: Sequence[tuple[tuple[int, int], tuple[int, int, int]]]) -> StateStore:
+        """Zeroed recurrent state for layers of these (conv window, delta-rule state) shapes."""
+
     def kv_store(self, kv_heads: Sequence[int], head_dims: Sequence[int], capacity: int, dtype: str,
                  value_is_key: Sequence[bool] | None = None) -> KvStore:
         """Storage for `capacity` positions of every layer (zeroed); UnsupportedKvDtype for a dtype this backend
@@ -348,7 +400,8 @@ class Backend(Protocol):
         OP_ROPE_SCALED) scales the angles and the magnitude."""
 
     def gated(self, activation: str, gate: Act, up: Act) -> Act:
-        """activation(gate) * up; activation "silu" or "gelu" (tanh approximation)."""
+        """activation(gate) * up; activation "silu", "gelu" (tanh approximation) or "sigmoid" (OP_GATED_SIGMOID,
+        whose gate may also be [rows, 1]: one gate per row)."""
 
     def add(self, x: Act, y: Act) -> Act:
         """x + y (a residual)."""
@@ -364,6 +417,12 @@ class Backend(Protocol):
         """The op OP_LATENT_ATTENTION: from the query rows q [rows, n_head * (nope + rope_dims)] and the
         compressed rows kv [rows, rank + rope_dims] (the latent before its norm, the key's RoPE part before its
         rotation), write each segment's cache rows at pos0.. and attend: [rows, n_head * v_dim]."""
+
+    def delta_net(self, spec: DeltaNetSpec, mixed: Act, alpha: Act, beta: Act, segments: Sequence[Segment],
+                  layer: int) -> Act:
+        """The op OP_DELTA_NET: each segment's rows of the mixed projection [rows, 2 n_k head + n_v head] and the
+        alpha, beta logits [rows, n_v] through the conv and the gated delta rule on its state's `layer`:
+        [rows, n_v * head], every row bitwise what it gives alone."""
 
     def take_rows(self, x: Act, rows: Sequence[int]) -> Act:
         """x[rows] (each segment's last row before the output head)."""

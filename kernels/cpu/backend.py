@@ -13,11 +13,13 @@ from typing import Sequence
 import numpy as np
 
 from kernels.backend import (
-    OPS, Q8_0_BLOCK, Q8_0_BLOCK_BYTES, AttentionShape, AttentionSpec, GatedMlpSpec, LatentAttentionSpec, LayerSpec,
-    MoeFfnSpec, MoeSpec, Segment,
+    OPS, Q8_0_BLOCK, Q8_0_BLOCK_BYTES, AttentionShape, AttentionSpec, DeltaNetSpec, GatedMlpSpec, LatentAttentionSpec,
+    LayerSpec, MoeFfnSpec, MoeSpec, Segment,
 )
 from kernels.common import gguf_weights, kv_rows, q8_0
+from kernels.common.state_store import HostStateStore
 from kernels.cpu import moe, ops, quant, quant_dot
+from kernels.cpu.delta_net import delta_net_rows
 from kernels.cpu.attention import attention_prefill
 from kernels.cpu.latent_attention import latent_attention
 from kernels.cpu.row_stack import ExpertsFfn, Layer as KernelLayer, Mlp, RowArgs, forward_rows
@@ -145,6 +147,9 @@ class CpuBackend:
     def kv_store(self, kv_heads, head_dims, capacity, dtype, value_is_key=None) -> CpuKvStore:
         return CpuKvStore(kv_heads, head_dims, capacity, dtype, value_is_key)
 
+    def state_store(self, shapes) -> HostStateStore:
+        return HostStateStore(shapes)
+
     def embed(self, w: CpuWeight, ids: np.ndarray, scale: float) -> np.ndarray:
         x = quant.gather_rows(w.qtype, w.raw, np.asarray(ids, dtype=np.int64))
         if scale != 1.0:
@@ -166,10 +171,22 @@ class CpuBackend:
         ops.rope(x.reshape(x.shape[0], -1, head_dim), positions, n_rot, base, neox, scaling)
 
     def gated(self, activation: str, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-        return ops.gelu_mul(gate, up) if activation == "gelu" else ops.silu_mul(gate, up)
+        if gate.shape != up.shape:  # one gate per row
+            gate = np.broadcast_to(gate, up.shape)
+        return {"gelu": ops.gelu_mul, "sigmoid": ops.sigmoid_mul}.get(activation, ops.silu_mul)(gate, up)
 
     def add(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         return x + y
+
+    def delta_net(self, spec: DeltaNetSpec, mixed, alpha, beta, segments: Sequence[Segment], layer: int):
+        parts = []
+        for s in segments:
+            rows = slice(s.row_start, s.row_end)
+            state = s.state
+            parts.append(delta_net_rows(mixed[rows], alpha[rows], beta[rows], spec.dt_bias, spec.a, spec.conv_w,
+                                        spec.n_k, spec.head, spec.eps, state.conv[layer], state.ssm[layer],
+                                        state.row_buffers(layer, s.row_end - s.row_start)))
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def attention(self, q, k, v, segments: Sequence[Segment], layer: int, shape: AttentionShape,
                   row_wise: bool) -> np.ndarray:

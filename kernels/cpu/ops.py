@@ -172,7 +172,7 @@ def _gelu_tanh(v):
     return v / (np.float32(1.0) + exp32(-_GELU_C2 * (v + np.float32(0.044715) * v * v * v)))
 
 
-SILU, GELU = 0, 1
+SILU, GELU, SIGMOID = 0, 1, 2
 
 
 @njit(**OPS, inline="always")
@@ -180,6 +180,9 @@ def gated_range(act, g, u, o, start, stop):
     if act == SILU:
         for i in range(start, stop):
             o[idx(i)] = _silu(g[idx(i)]) * u[idx(i)]
+    elif act == SIGMOID:
+        for i in range(start, stop):
+            o[idx(i)] = u[idx(i)] / (np.float32(1.0) + exp32(-g[idx(i)]))
     else:
         for i in range(start, stop):
             o[idx(i)] = _gelu_tanh(g[idx(i)]) * u[idx(i)]
@@ -212,6 +215,11 @@ def _apply_gated(act, gate, up, out):
 def silu_mul(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """SwiGLU: silu(gate) * up."""
     return _apply_gated(SILU, gate, up, out)
+
+
+def sigmoid_mul(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """sigmoid(gate) * up: a gated attention output (Qwen3.5's full-attention layers)."""
+    return _apply_gated(SIGMOID, gate, up, out)
 
 
 def gelu_mul(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
