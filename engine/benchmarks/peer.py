@@ -179,6 +179,7 @@ def rows_throughput(path: str, row_counts: Sequence[int], context: int, runs: in
     cache = model.new_cache(context + max(row_counts))
     model.rows_ready(cache, wait=True)
     model.forward(prompt, cache)
+    cache.mark()  # each run goes back here (a recurrent state can only go back to a mark)
     for m in row_counts:
         rows = prompt_ids(model.vocab_size, m, seed=m)
         times = []

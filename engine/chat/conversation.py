@@ -182,13 +182,13 @@ class Conversation:
     def copy_prefix(self, source: "Conversation", n: int) -> None:
         """Start over from the first `n` cached positions of another conversation on the same model (a
         prompt prefix it already computed, copied instead of prefilled again); the sidecar is rewritten
-        from there at the next turn's end. Nothing is copied from a memory that cannot give its first n
-        positions alone (engine.kv.memory): the prompt is read again."""
+        from there at the next turn's end. A memory that cannot give its first n positions alone
+        (engine.kv.memory) gives what it can (up to its last mark before n): the rest is read again."""
         cache, source_cache = self._live_cache(), source._live_cache()
         if self.prefix_rows or source.prefix_rows:
             raise InvalidPrefix("a conversation with a preloaded prefix neither gives nor takes a copied one")
-        n = min(n, source_cache.len)
-        if not source_cache.can_truncate(n):
+        n = source_cache.truncation_point(n)  # a state gives its first n positions only at a mark
+        if n == 0:
             return
         self._truncate(0)  # the sidecar rewrites from 0: its rows are another chat's
         cache.copy_prefix(source_cache, n)
@@ -220,15 +220,17 @@ class Conversation:
         return 0 if loaded is None else cache.len
 
     def _save(self) -> None:
-        """Bring the sidecar up to the cache. A committed token the turn left unforwarded is forwarded first:
-        the sidecar holds positions only."""
-        if self._sidecar is None:
-            return
+        """Mark the turn's end in the memory (where a re-rendered history rewinds to: engine.kv.memory) and
+        bring the sidecar up to the cache. With a sidecar, a committed token the turn left unforwarded is
+        forwarded first: the sidecar holds positions only."""
         cache = self.cache
-        pending = self._history[cache.len - self.prefix_rows:]
-        if pending and cache.len < cache.capacity:
-            self.model.forward(pending, cache)
-        self._sidecar.save(cache, self._history[: cache.len - self.prefix_rows], self.prefix_rows)
+        if self._sidecar is not None:
+            pending = self._history[cache.len - self.prefix_rows:]
+            if pending and cache.len < cache.capacity:
+                self.model.forward(pending, cache)
+        cache.mark()
+        if self._sidecar is not None:
+            self._sidecar.save(cache, self._history[: cache.len - self.prefix_rows], self.prefix_rows)
 
     def _truncate(self, positions: int) -> None:
         """Keep the cache's first `positions` (a memory that cannot be cut there must not be asked to:
@@ -377,8 +379,8 @@ class Conversation:
         cached = cache.len - self.prefix_rows
         if request.reuse:  # logits are not cached state: at least the last prompt token is fed again
             keep = min(common_prefix_len(request.ids, self._history[:cached]), len(request.ids) - 1)
-            if not cache.can_truncate(self.prefix_rows + keep):  # a memory that cannot be cut there reads it all
-                keep = 0
+            # a memory that cannot be cut there keeps what it can (a state: up to its last mark) and reads on
+            keep = max(0, cache.truncation_point(self.prefix_rows + keep) - self.prefix_rows)
             history = request.ids
         else:
             keep, history = cached, self._history + request.ids
@@ -418,6 +420,7 @@ class Conversation:
                 continue
             if len(span) > 1:
                 self.model.forward(span[:-1], self.cache)
+            self.cache.mark()  # the prompt but its last token: where a regenerated reply rewinds to
             logits = self.model.forward(span[-1:], self.cache)
         if on_prefill is not None:
             on_prefill(total, total)

@@ -30,6 +30,8 @@ class KvCache:
 
     persistable = True  # rows are saved to and loaded from sidecars (engine.kv.persist)
     composable = True  # cartridges' rows are placed in it (engine.cartridge)
+    state_store = None  # no recurrent state (a hybrid model's memory has one: engine.kv.recurrent)
+    state_shapes: tuple = ()
 
     def __init__(self, kv_heads: Sequence[int], head_dims: Sequence[int], capacity: int,
                  dtype: KvDtype | str = KvDtype.F16, backend: Backend | None = None,
@@ -117,6 +119,15 @@ class KvCache:
 
     def can_truncate(self, keep_len: int) -> bool:
         return True  # rows past keep_len are simply written over
+
+    def truncation_point(self, n: int) -> int:
+        return max(0, min(n, self.len))
+
+    def mark(self) -> None:
+        pass  # every position is a place it can be cut to
+
+    def feeding(self, m: int, row_wise: bool) -> None:
+        pass  # rows need no preparing
 
     def truncate(self, keep_len: int) -> None:
         """Rewind to the first keep_len positions; at or above len is a no-op."""

@@ -5,7 +5,8 @@ and a recurrent mixer (a hybrid family's) keeps a state it overwrites. Rewinding
 to a sidecar and composing cartridges are free for rows and impossible, or costly, for a state, so the code
 that does them asks the memory first instead of assuming (as llama.cpp's memory kinds answer seq_rm):
 
-- `can_truncate(n)`: whether it can keep just its first n positions. The speculative verifier rewinds
+- `can_truncate(n)`: whether it can keep just its first n positions; `truncation_point(n)`: the most of the
+  first n it can keep (a state: its last mark at or before n), so a caller keeps that and reads the rest. The speculative verifier rewinds
   rejected drafts this way, or else goes back to a `checkpoint()` from before the verify and feeds the kept
   tokens again; a conversation keeps the prompt it shares with a resent request, or else reads it again;
   a slot copies another's prompt prefix only where that one can be cut there.
@@ -28,8 +29,18 @@ class Memory(Protocol):
     def can_truncate(self, n: int) -> bool:
         """Whether truncate(n) keeps exactly the first n positions (n = 0, starting over, always can)."""
 
+    def truncation_point(self, n: int) -> int:
+        """The largest m <= n (and <= len) that truncate(m) keeps exactly."""
+
     def truncate(self, n: int) -> None:
         """Keep the first n positions (at or above len: no-op)."""
+
+    def mark(self) -> None:
+        """Remember this position as one to come back to (a turn's end): a memory that cannot be cut anywhere
+        keeps a copy of itself here."""
+
+    def feeding(self, m: int, row_wise: bool) -> None:
+        """The model is about to feed m rows (row-wise or a prefill) at len."""
 
     def checkpoint(self) -> object:
         """A mark of what it holds now, for restore()."""

@@ -1,8 +1,9 @@
 """The places that rewind, copy, save or compose a conversation's memory ask it first (engine.kv.memory).
 
-A KV cache answers yes to everything; a recurrent state (a hybrid family's, later) cannot be cut below its
-length, saved as rows or composed with cartridges. `StateLikeCache` answers as such a state does, over a
-KV cache's storage, so the other branch of every question runs today: a speculative turn then goes back to
+A KV cache answers yes to everything; a recurrent state cannot be cut below its length but where it kept a
+copy (a hybrid family's: engine.kv.recurrent, tests/engine/test_qwen35.py). `StateLikeCache` answers as a state
+that keeps none does, over a KV cache's storage, and can be neither saved nor composed, so every refusing branch
+runs on a dense model: a speculative turn then goes back to
 its checkpoint and feeds the kept tokens again, and still equals a plain turn bit for bit.
 """
 
@@ -27,6 +28,9 @@ class StateLikeCache(KvCache):
 
     def can_truncate(self, keep_len: int) -> bool:
         return keep_len == 0 or keep_len >= self.len  # starting over, or keeping it all
+
+    def truncation_point(self, n: int) -> int:
+        return min(n, self.len) if self.can_truncate(n) else 0
 
     def restore(self, checkpoint: int) -> None:
         self.restores += 1
