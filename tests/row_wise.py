@@ -30,10 +30,14 @@ def assert_rows_equal_one_at_a_time(model, kv="f16", row_counts=ROW_COUNTS, prom
 
 
 def assert_same_cache(a, b):
-    """Two caches hold the same positions, bit for bit."""
+    """Two caches hold the same positions, bit for bit, and the same recurrent state (a hybrid's)."""
     assert a.len == b.len
     for x, y in zip(a.k + a.v, b.k + b.v):
         np.testing.assert_array_equal(x[: a.len], y[: a.len])
+    assert a.state_shapes == b.state_shapes
+    for layer in range(len(a.state_shapes)):
+        for x, y in zip(a.state_store.read(layer), b.state_store.read(layer)):
+            np.testing.assert_array_equal(x, y)
 
 
 def assert_batched_step_equals_each_alone(model, prompts, step):
@@ -47,7 +51,7 @@ def assert_batched_step_equals_each_alone(model, prompts, step):
 
 
 def assert_speculative_yields_the_plain_ids(model, prompt, config, monkeypatch, n=40):
-    """Speculative decoding, its drafts always worth verifying, samples what plain decoding samples."""
+    """Speculative decoding, its drafts always worth verifying, samples what plain decoding samples; its Stats."""
     from engine import generate
     from engine.sampling import Sampler
     from engine.speculative import Stats, stream
@@ -57,3 +61,4 @@ def assert_speculative_yields_the_plain_ids(model, prompt, config, monkeypatch, 
     stats = Stats()
     assert list(generate.sample_speculative(model, prompt, n, Sampler(config), stats=stats)) == plain
     assert stats.spec_steps > 0
+    return stats

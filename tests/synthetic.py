@@ -33,10 +33,11 @@ def write_tiny_model(path, arch: str = "llama", *, n_layers: int = 2, n_embd: in
                      metadata: dict | None = None, skip_tensors: tuple = (), tokenizer: bool = False,
                      fill: dict | None = None, family_metadata: dict | None = None,
                      expert_qtype: T | None = None, block_scales: tuple[float, float] = (1e-3, 1e-1),
-                     std: dict | None = None, tokenizer_pre: str = "gpt2") -> None:
+                     std: dict | None = None, tokenizer_pre: str = "gpt2", center: dict | None = None) -> None:
     """`qtype`: the matrices' format, `expert_qtype` the stacked experts' (default: qtype); `block_scales`: the range
     of random K-quant blocks' scales; `std`: the spread of the tensors named by their name after "blk.N." (the other
-    matrices: 0.5 for the embedding, 0.08; the other vectors 0.05 around 1 or 0); `family_metadata`: keys beyond the
+    matrices: 0.5 for the embedding, 0.08; the other vectors 0.05 around 1 or 0, or around `center`'s value for the names
+it has, after "blk.N." too); `family_metadata`: keys beyond the
     standard ones that the family reads (values as Python ints, floats, strings or lists); `metadata` maps keys to
     (value, GGUFValueType), added last so they override the standard ones (hostile values: the tensors written are
     those of the standard ones); `tokenizer` adds CHATML_TOKENIZER (and sizes the vocabulary for it) with the
@@ -68,8 +69,10 @@ def write_tiny_model(path, arch: str = "llama", *, n_layers: int = 2, n_embd: in
             default = 0.5 if spec.name == "token_embd.weight" else 0.08
             values = rng.normal(0, (std or {}).get(re.sub(r"^blk\.\d+\.", "", spec.name), default), spec.shape)
         else:
-            spread = (std or {}).get(re.sub(r"^blk\.\d+\.", "", spec.name), 0.05)
-            values = ((1.0 if spec.role == NORM else 0.0) + rng.normal(0, spread, spec.shape)).astype(np.float32)
+            short = re.sub(r"^blk\.\d+\.", "", spec.name)
+            spread = (std or {}).get(short, 0.05)
+            mean = (center or {}).get(short, 1.0 if spec.role == NORM else 0.0)
+            values = (mean + rng.normal(0, spread, spec.shape)).astype(np.float32)
         if spec.name in (fill or {}):
             values[:] = fill[spec.name]
         if spec.role in (MATRIX, EXPERTS):

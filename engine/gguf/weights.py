@@ -43,6 +43,24 @@ class LinearWeight:
         bias_values = None if bias is None else load_vector(file, bias, out_dim)
         return cls(name, info.ggml_type, file.raw(info), out_dim, in_dim, backend, bias_values)
 
+    @classmethod
+    def load_row(cls, file: GGUFFile, name: str, in_dim: int, backend: Backend) -> "LinearWeight":
+        """A vector tensor [in_dim] as a one-row matrix: its product is one value per row (a scalar gate)."""
+        info = _checked_tensor(file, name, (in_dim,), "(in)", backend)
+        return cls(name, info.ggml_type, file.raw(info), 1, in_dim, backend)
+
+    @classmethod
+    def load_interleaved(cls, file: GGUFFile, name: str, parts: int, block: int, out_dim: int, in_dim: int,
+                         backend: Backend) -> list["LinearWeight"]:
+        """A tensor [out_dim, in_dim] whose rows interleave `parts` matrices in runs of `block` rows (Qwen3.5's
+        query and output gate, per head) as `parts` weights [out_dim / parts, in_dim]: each row's products are
+        those of the whole tensor's row."""
+        info = _checked_tensor(file, name, (out_dim, in_dim), "(out, in)", backend)
+        raw = file.raw(info)
+        runs = raw.reshape(-1, parts, block, raw.shape[-1])
+        return [cls(f"{name}[{i}]", info.ggml_type, np.ascontiguousarray(runs[:, i]).reshape(-1, raw.shape[-1]),
+                    out_dim // parts, in_dim, backend) for i in range(parts)]
+
     @property
     def type_name(self) -> str:
         return ggml_type_name(self.qtype)

@@ -52,14 +52,31 @@ class ModelArgs:
             tensors += [replace(t, required=False) for t in next_token_tensors(layer, i, e, self.vocab_size)]
         return tensors
 
+    def _keeping(self, memory: str) -> list[LayerArgs]:
+        return [layer for layer in self.layers if layer.mixer.MEMORY == memory]
+
     def kv_geometry(self) -> tuple[list[int], list[int]]:
-        """Each layer's KV cache rows: (kv heads per layer, head size per layer)."""
-        heads, dims = zip(*(layer.mixer.kv_geometry() for layer in self.layers))
+        """The KV cache's rows of each layer that keeps them: (kv heads per layer, head size per layer)."""
+        heads, dims = zip(*(layer.mixer.kv_geometry() for layer in self._keeping("kv")))
         return list(heads), list(dims)
 
     def kv_value_is_key(self) -> list[bool]:
-        """Per layer, whether its cached V rows are its K rows (KvCache's value_is_key)."""
-        return [layer.mixer.VALUE_IS_KEY for layer in self.layers]
+        """Per KV cache layer, whether its cached V rows are its K rows (KvCache's value_is_key)."""
+        return [layer.mixer.VALUE_IS_KEY for layer in self._keeping("kv")]
+
+    def state_shapes(self) -> list:
+        """The recurrent state of each layer that keeps one (a hybrid's DeltaNet layers); [] for the others."""
+        return [layer.mixer.state_shape() for layer in self._keeping("state")]
+
+    def memory_slots(self) -> list[int]:
+        """Each layer's index among the layers keeping its kind of memory (its KV cache layer, or state layer)."""
+        seen: dict[str, int] = {}
+        slots = []
+        for layer in self.layers:
+            kind = layer.mixer.MEMORY
+            slots.append(seen.get(kind, 0))
+            seen[kind] = slots[-1] + 1
+        return slots
 
 
 def vocab_size(meta: Mapping, arch: str) -> int:

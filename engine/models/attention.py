@@ -1,7 +1,8 @@
 """The attention mixer: grouped-query self-attention with RoPE over a KV cache, as the llama-like families
 have it. Its variants are fields of its args: q/k/v biases (Qwen2), per-head q/k norms (Qwen3, Gemma 3), either
 where the file has them (GLM-4.5), a sliding window and a RoPE base per layer (Gemma 3), NeoX or normal RoPE
-pairs; an output bias, attention sinks and YaRN-scaled RoPE (gpt-oss), which run on ops of their own (a
+pairs; an output bias, attention sinks and YaRN-scaled RoPE (gpt-oss), and an output gate (Qwen3.5: each head's
+query rows followed by as many gate rows, its output times their sigmoid), which run on ops of their own (a
 backend may lack them) and have no fused row-wise form.
 """
 
@@ -17,13 +18,14 @@ from engine.gguf.weights import LinearGroup, LinearWeight, load_vector
 from engine.models.layout import TensorSpec, bias, matrix, norm
 from engine.models.parts import first_problem, positive, shown
 from kernels.backend import (
-    OP_ATTENTION, OP_ATTENTION_SINKS, OP_LINEAR, OP_RMSNORM, OP_ROPE, OP_ROPE_SCALED, AttentionShape, AttentionSpec,
-    Backend, RopeScaling, Segment,
+    OP_ATTENTION, OP_ATTENTION_SINKS, OP_GATED_SIGMOID, OP_LINEAR, OP_RMSNORM, OP_ROPE, OP_ROPE_SCALED,
+    AttentionShape, AttentionSpec, Backend, RopeScaling, Segment,
 )
 
 
 @dataclass(frozen=True)
 class AttentionArgs:
+    MEMORY = "kv"  # what it keeps per conversation: KV rows (engine.kv.cache)
     VALUE_IS_KEY = False  # keys and values are cached apart
 
     n_head: int
@@ -42,16 +44,17 @@ class AttentionArgs:
     # the q/k/v biases and q/k norms a file may leave out (llama.cpp's TENSOR_NOT_REQUIRED: GLM-4.5-Air has
     # no norms, GLM-4.5 has them): listed as optional, each used where the file has it
     optional_extras: bool = False
+    output_gate: bool = False  # attn_q holds, per head, the query rows then the output gate's (Qwen3.5)
 
     @property
     def OPS(self) -> tuple[str, ...]:
         """The backend ops the part runs on."""
         return (OP_LINEAR, OP_RMSNORM, OP_ROPE, OP_ATTENTION, *((OP_ATTENTION_SINKS,) if self.sinks else ()),
-                *((OP_ROPE_SCALED,) if self.rope_scaling else ()))
+                *((OP_ROPE_SCALED,) if self.rope_scaling else ()), *((OP_GATED_SIGMOID,) if self.output_gate else ()))
 
     def tensors(self, p: str, n_embd: int) -> list[TensorSpec]:
         nh, nkv, hd = self.n_head, self.n_kv, self.head_dim
-        widths = {"q": nh * hd, "k": nkv * hd, "v": nkv * hd}
+        widths = {"q": nh * hd * (2 if self.output_gate else 1), "k": nkv * hd, "v": nkv * hd}
         tensors = [matrix(f"{p}attn_{t}.weight", n, n_embd) for t, n in widths.items()]
         tensors.append(matrix(p + "attn_output.weight", n_embd, nh * hd))
         extras = []
@@ -114,10 +117,16 @@ class Attention:
         def bias_of(t):
             return f"{p}attn_{t}.bias" if args.qkv_bias and wanted(f"{p}attn_{t}.bias") else None
 
+        if args.output_gate:  # the query and the gate apart, the gate computed with k and v
+            query, gate = LinearWeight.load_interleaved(file, p + "attn_q.weight", 2, hd, 2 * nh * hd, n_embd, backend)
+            extra = [gate]
+        else:
+            query, extra = LinearWeight.load(file, p + "attn_q.weight", nh * hd, n_embd, backend, bias_of("q")), []
         self.qkv = LinearGroup([
-            LinearWeight.load(file, p + "attn_q.weight", nh * hd, n_embd, backend, bias_of("q")),
+            query,
             LinearWeight.load(file, p + "attn_k.weight", nkv * hd, n_embd, backend, bias_of("k")),
             LinearWeight.load(file, p + "attn_v.weight", nkv * hd, n_embd, backend, bias_of("v")),
+            *extra,
         ])
         self.q_norm = self.k_norm = None
         if args.qk_norm and wanted(p + "attn_q_norm.weight"):
@@ -131,7 +140,7 @@ class Attention:
     def __call__(self, h, segments: Sequence[Segment], positions: np.ndarray, row_wise: bool):
         """h [rows, n_embd]; segments: the rows of each cache, at positions[row]."""
         be, a = self.backend, self.args
-        q, k, v = self.qkv(h, row_wise)
+        q, k, v, *gate = self.qkv(h, row_wise)
         if self.q_norm is not None:
             q = be.rmsnorm(q, self.q_norm, self.eps)
             k = be.rmsnorm(k, self.k_norm, self.eps)
@@ -139,11 +148,15 @@ class Attention:
         be.rope(q, positions, a.head_dim, a.rope_dims, rope_base, bool(a.rope_neox), a.rope_scaling)
         be.rope(k, positions, a.head_dim, a.rope_dims, rope_base, bool(a.rope_neox), a.rope_scaling)
         out = be.attention(q, k, v, segments, self.layer, self.shape, row_wise)
+        if gate:
+            out = be.gated("sigmoid", gate[0], out)
         return self.wo(out, row_wise)
 
-    def spec(self) -> AttentionSpec:
-        """This mixer as a backend's fused row-wise stack reads it."""
+    def spec(self) -> AttentionSpec | None:
+        """This mixer as a backend's fused row-wise stack reads it (the output gate has no fused form)."""
         a = self.args
+        if a.output_gate:
+            return None
         return AttentionSpec(qkv=tuple(w.handle for w in self.qkv.parts), out=self.wo.handle, q_norm=self.q_norm,
                              k_norm=self.k_norm, shape=self.shape, rope_dims=a.rope_dims,
                              rope_neox=bool(a.rope_neox), rope_base=float(a.rope_base), rope_scaling=a.rope_scaling)

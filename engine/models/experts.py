@@ -23,7 +23,9 @@ from engine.gguf.weights import LinearWeight, load_experts, load_vector, load_ve
 from engine.models.feed_forward import GatedMlp, GatedMlpArgs
 from engine.models.layout import BIAS, TensorSpec, bias, experts, matrix
 from engine.models.parts import first_problem, shown
-from kernels.backend import OP_LINEAR, OP_MOE_FFN, SWIGLU, SWIGLU_OAI, Backend, Gating, MoeFfnSpec, MoeSpec
+from kernels.backend import (
+    OP_GATED_SIGMOID, OP_LINEAR, OP_MOE_FFN, SWIGLU, SWIGLU_OAI, Backend, Gating, MoeFfnSpec, MoeSpec,
+)
 
 
 @dataclass(frozen=True)
@@ -39,13 +41,15 @@ class MoeArgs:
     selection_bias: bool = False  # the file may hold exp_probs_b, added to the gated probabilities to choose
                                   # the experts (llama.cpp: TENSOR_NOT_REQUIRED)
     n_shared_ff: int = 0  # the shared experts' width together (ffn_*_shexp); 0: none
+    shared_gate: bool = False  # the shared experts' output times sigmoid(x . ffn_gate_inp_shexp) (Qwen3.5)
     n_groups: int = 0  # group-limited routing (kernels.backend.MoeSpec): expert groups, 0 for none
     groups_used: int = 0
 
     @property
     def OPS(self) -> tuple[str, ...]:
         """The backend ops the part runs on."""
-        return (OP_LINEAR, OP_MOE_FFN, *(GatedMlpArgs.OPS if self.n_shared_ff else ()))
+        return (OP_LINEAR, OP_MOE_FFN, *(GatedMlpArgs.OPS if self.n_shared_ff else ()),
+                *((OP_GATED_SIGMOID,) if self.shared_gate else ()))
 
     @property
     def shared(self) -> GatedMlpArgs | None:
@@ -81,7 +85,13 @@ class MoeArgs:
             tensors.append(TensorSpec(self.selection_bias_name(p), (e,), BIAS, required=False))
         if self.shared is not None:
             tensors += self.shared.tensors(p, n_embd)
+        if self.shared_gate:
+            tensors.append(bias(self.shared_gate_name(p), n_embd))
         return tensors
+
+    @staticmethod
+    def shared_gate_name(p: str) -> str:
+        return p + "ffn_gate_inp_shexp.weight"
 
     def build(self, file: GGUFFile, p: str, layer: int, n_embd: int, backend: Backend) -> "MoeFfn":
         return MoeFfn(self, file, p, n_embd, backend)
@@ -98,6 +108,7 @@ class MoeArgs:
              f"{arch}: the experts' weights scale must be positive"),
             (all(f.activation in (SWIGLU, SWIGLU_OAI) for f in layers), f"{arch}: an unknown experts' activation"),
             (all(f.n_shared_ff >= 0 for f in layers), f"{arch}: the shared experts' width must not be negative"),
+            (all(f.n_shared_ff or not f.shared_gate for f in layers), f"{arch}: a shared experts' gate without them"),
             (all(f.groups_fit() for f in layers),
              f"{arch}.expert_group_count {shown([f.n_groups for f in layers])} must split the experts into groups of "
              f"two or more, and expert_group_used_count ({shown([f.groups_used for f in layers])}) must be between 1 "
@@ -125,6 +136,8 @@ class MoeFfn:
                                selection_bias=self._selection_bias(args, file, p), n_groups=args.n_groups,
                                groups_used=args.groups_used)
         self.shared = None if args.shared is None else GatedMlp(args.shared, file, p, n_embd, backend)
+        self.shared_gate = (LinearWeight.load_row(file, args.shared_gate_name(p), n_embd, backend)
+                            if args.shared_gate else None)
 
     @staticmethod
     def _selection_bias(args: MoeArgs, file: GGUFFile, p: str):
@@ -134,7 +147,10 @@ class MoeFfn:
     def __call__(self, h, row_wise: bool):
         out = self.backend.moe_ffn(self.experts, h, self.router(h, row_wise), row_wise)
         if self.shared is not None:  # llama.cpp adds the shared experts' output to the routed ones'
-            out = self.backend.add(out, self.shared(h, row_wise))
+            shared = self.shared(h, row_wise)
+            if self.shared_gate is not None:
+                shared = self.backend.gated("sigmoid", self.shared_gate(h, row_wise), shared)
+            out = self.backend.add(out, shared)
         return out
 
     def spec(self) -> MoeFfnSpec | None:

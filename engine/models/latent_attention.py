@@ -25,6 +25,7 @@ from kernels.backend import (OP_LATENT_ATTENTION, OP_LINEAR, OP_RMSNORM, Attenti
 @dataclass(frozen=True)
 class LatentAttentionArgs:
     OPS = (OP_LINEAR, OP_RMSNORM, OP_LATENT_ATTENTION)  # the backend ops the part runs on
+    MEMORY = "kv"  # what it keeps per conversation: KV rows (engine.kv.cache)
     VALUE_IS_KEY = True  # the one cached row is read as both key and value
     n_head: int
     rank: int  # kv_lora_rank: the cached latent's width

@@ -49,10 +49,14 @@ class PartArgs(Protocol):
 
 
 class MixerArgs(PartArgs, Protocol):
-    VALUE_IS_KEY: bool  # the layer's cached V rows are its K rows (kept once)
+    MEMORY: str  # what it keeps per conversation: "kv" (rows, KvCache) or "state" (a recurrent state)
+    VALUE_IS_KEY: bool  # "kv": the layer's cached V rows are its K rows (kept once)
 
     def kv_geometry(self) -> tuple[int, int]:
-        """What the layer keeps per position in the KV cache: (kv heads, head size)."""
+        """"kv": what the layer keeps per position in the KV cache: (kv heads, head size)."""
+
+    def state_shape(self) -> tuple[tuple[int, int], tuple[int, int, int]]:
+        """"state": its recurrent state's arrays (kernels.backend StateStore)."""
 
     def build(self, file: GGUFFile, p: str, layer: int, n_embd: int, eps: float, backend: Backend) -> Mixer:
         ...

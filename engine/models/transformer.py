@@ -37,6 +37,7 @@ from engine.errors import InvalidTokenId, KvCacheOverflow, KvCacheShapeMismatch
 from engine.gguf.reader import GGUFFile
 from engine.gguf.weights import LinearWeight, load_vector
 from engine.kv.cache import KvCache, KvDtype
+from engine.kv.recurrent import HybridCache
 from engine.models.args import ModelArgs
 from engine.models.block import Block
 from engine.models.model import UBATCH
@@ -57,7 +58,8 @@ class Transformer:
         self.args = args
         self.backend = be = backend or cpu_backend()
         self.embed = LinearWeight.load(file, "token_embd.weight", args.vocab_size, args.n_embd, be)
-        self.blocks = [Block(file, layer, i, args.n_embd, args.norm_eps, be) for i, layer in enumerate(args.layers)]
+        self.blocks = [Block(file, layer, i, args.n_embd, args.norm_eps, be, slot)
+                       for i, (layer, slot) in enumerate(zip(args.layers, args.memory_slots()))]
         self.norm = be.upload_vector(load_vector(file, "output_norm.weight", args.n_embd))
         # tied embeddings when the file has no separate output matrix
         self.output = (LinearWeight.load(file, "output.weight", args.vocab_size, args.n_embd, be)
@@ -75,6 +77,10 @@ class Transformer:
         return self.args.n_layers
 
     def new_cache(self, capacity: int, dtype: KvDtype | str = KvDtype.F16) -> KvCache:
+        states = self.args.state_shapes()
+        if states:
+            return HybridCache(*self.args.kv_geometry(), capacity, dtype, self.backend, self.args.kv_value_is_key(),
+                               states)
         return KvCache(*self.args.kv_geometry(), capacity, dtype, self.backend, self.args.kv_value_is_key())
 
     # -- the model interface ----------------------------------------------------------------------------
@@ -130,6 +136,8 @@ class Transformer:
         n = segments[-1].row_end
         if row_wise is None:
             row_wise = n == 1
+        for cache, toks in zip(caches, token_spans):
+            cache.feeding(len(toks), row_wise)
         be = self.backend
         x = self._embed(token_spans, n)
         runs = self._row_runs if row_wise else [_RowRun(self.blocks, None)]
@@ -172,7 +180,7 @@ class Transformer:
             if len(toks) == 0:
                 raise ValueError("empty token span")
             self._check_room(len(toks), cache)
-            segments.append(Segment(r, r + len(toks), cache.store, cache.len))
+            segments.append(Segment(r, r + len(toks), cache.store, cache.len, cache.state_store))
             r += len(toks)
         return segments
 
@@ -186,7 +194,8 @@ class Transformer:
     def _check_cache(self, cache: KvCache) -> None:
         kv_heads, head_dims = self.args.kv_geometry()
         if (cache.kv_heads != tuple(kv_heads) or cache.head_dims != tuple(head_dims)
-                or cache.value_is_key != tuple(self.args.kv_value_is_key())):
+                or cache.value_is_key != tuple(self.args.kv_value_is_key())
+                or tuple(cache.state_shapes) != tuple(self.args.state_shapes())):
             raise KvCacheShapeMismatch("the KV cache was made for a different model geometry")
         if cache.backend is not self.backend:
             raise KvCacheShapeMismatch(f"the KV cache lives on the {cache.backend.name} backend; this model runs "

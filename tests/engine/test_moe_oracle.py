@@ -1,4 +1,5 @@
-"""qwen3moe, gpt-oss, deepseek2 and glm4moe against llama.cpp: the tiny random models of tests/moe_models.py,
+"""qwen3moe, gpt-oss, deepseek2, glm4moe and qwen35 against llama.cpp: the tiny random models of
+tests/moe_models.py and tests/hybrid_models.py,
 teacher-forced through the prefill path and the row-wise path (what `fucina eval --path prefill|rows` runs), give
 llama.cpp's logits (tests/data/moe, recorded by record_llama_logits.py there) within the bars of DESIGN.md: the same
 top-1 wherever llama.cpp's top-1 beats its top-2 by more than 0.1, and mean |logit difference| at most 0.01 on the
@@ -15,7 +16,10 @@ from gguf.constants import GGMLQuantizationType as T
 
 from engine import generate
 from engine.models import load_model
+from tests.hybrid_models import HYBRID_ORACLE_MODELS
 from tests.moe_models import ORACLE_MODELS
+
+ORACLE_MODELS = ORACLE_MODELS | HYBRID_ORACLE_MODELS
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "moe"
 CLEAR_MARGIN = 0.1

@@ -1,5 +1,6 @@
-"""Record llama.cpp's logits on the tests' tiny MoE models (qwen3moe, gpt-oss, deepseek2 and glm4moe:
-tests/moe_models.py's ORACLE_MODELS) into the JSON files beside this script, which tests/engine/test_moe_oracle.py compares the
+"""Record llama.cpp's logits on the tests' tiny MoE and hybrid models (qwen3moe, gpt-oss, deepseek2 and glm4moe:
+tests/moe_models.py's ORACLE_MODELS; qwen35: tests/hybrid_models.py's HYBRID_ORACLE_MODELS) into the JSON files
+beside this script, which tests/engine/test_moe_oracle.py compares the
 engine's forwards with.
 
 Usage, from the repository root, with the project's Python:
@@ -32,7 +33,13 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))  # the repository root: the tests' writer
 
+from tests.hybrid_models import HYBRID_ORACLE_MODELS
 from tests.moe_models import ORACLE_MODELS, TOKENS
+
+ORACLE_MODELS = ORACLE_MODELS | HYBRID_ORACLE_MODELS
+# llama.cpp's CPU weight repacking (its "extra buffer types") crashes on the quantized tiny hybrids: they load
+# without it (the plain quantized kernels; the other models were recorded with it)
+UNREPACKED = set(HYBRID_ORACLE_MODELS)
 
 
 def llama_ctypes(lib: str | None, binding: str | None):
@@ -50,9 +57,10 @@ def llama_ctypes(lib: str | None, binding: str | None):
     return importlib.import_module("llama_cpp.llama_cpp")
 
 
-def llama_logits(llama, path: Path, tokens: list[int]) -> np.ndarray:
+def llama_logits(llama, path: Path, tokens: list[int], repack: bool = True) -> np.ndarray:
     """llama.cpp's logits [len(tokens), vocab] for the tokens fed in one batch from position 0."""
     model_params = llama.llama_model_default_params()
+    model_params.use_extra_bufts = repack
     model = llama.llama_model_load_from_file(str(path).encode(), model_params)
     if not model:
         raise SystemExit(f"llama.cpp could not load {path}")
@@ -99,7 +107,7 @@ def main() -> None:
             path = Path(tmp) / f"{name}.gguf"
             write, _, variant = ORACLE_MODELS[name]
             write(path)
-            logits = llama_logits(llama, path, TOKENS)
+            logits = llama_logits(llama, path, TOKENS, repack=name not in UNREPACKED)
             record = {"variant": variant, "gguf_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
                       "llama_cpp_commit": args.commit, "ids": TOKENS,
                       "logits": [[round(float(v), 5) for v in row] for row in logits]}
