@@ -1,6 +1,6 @@
 """Kill a piped `fucina chat --conversation` with SIGKILL at random moments, and check what survives.
 
-    python -m tests.sigkill_chat --kills 60 [--seed 1] [--model smollm2-135m-instruct] [--home DIR]
+    python -m tests.sigkill_chat --kills 60 [--seed 1] [--model smollm2-135m-instruct | FILE.gguf] [--home DIR]
 
 Each round starts `python -m app.cli chat MODEL --conversation new|ID` in a scratch data dir (FUCINA_HOME)
 with a few piped messages, each followed by /stats (its line on stdout comes after the reply before it was
@@ -16,7 +16,8 @@ After each round it counts:
                       that disagree with the stored branch's render (neither is a prefix of the other: a
                       reply may be in the sidecar before it is committed; and the last reply's sampled
                       tokens may differ from its text's tokens, which the next reply prefills again), or
-                      KV rows that are not the model's for those tokens (recomputed and compared)
+                      KV rows (and a hybrid model's state) that are not the model's for those tokens
+                      (recomputed and compared)
   crashes             the chat printed a traceback or an error line
 
 and prints them, with what the chat was doing at each kill (opening: before the conversation was open;
@@ -256,22 +257,28 @@ def _compare(report: Report, cid: str, model, session) -> None:
 
 
 def _row_error(model, cache, tokens: list[int]) -> float:
-    """The largest relative error of one position's rows (a layer's K or V) in the cache against the
-    model's rows for `tokens` computed afresh. A reply's rows were decoded a token at a time and the
-    fresh ones are prefilled at once, so they differ a little (about 0.05); a damaged row by about 1."""
+    """The largest relative error of one position's rows (a layer's K or V) in the cache, or of a recurrent
+    layer's state (a hybrid model's), against the model's for `tokens` computed afresh. A reply's rows were
+    decoded a token at a time and the fresh ones are prefilled at once, so they differ a little (about 0.05);
+    a damaged row by about 1."""
     from tests.kv_rows import keys_f32, values_f32
 
     n = len(tokens)
     fresh = model.new_cache(n, cache.dtype)
     model.forward(tokens, fresh)
+    pairs = [pair for layer in range(cache.n_layers)
+             for pair in ((keys_f32(cache, layer, n), keys_f32(fresh, layer, n)),
+                          (values_f32(cache, layer, n), values_f32(fresh, layer, n)))]
+    for layer in range(len(cache.state_shapes)):  # one "row" each: the whole conv window, the whole state
+        pairs += [(got[None], want[None]) for got, want in zip(cache.state_store.read(layer),
+                                                               fresh.state_store.read(layer))]
     worst = 0.0
-    for layer in range(cache.n_layers):
-        for got, want in ((keys_f32(cache, layer, n), keys_f32(fresh, layer, n)),
-                          (values_f32(cache, layer, n), values_f32(fresh, layer, n))):
-            with np.errstate(all="ignore"):
-                error = (np.linalg.norm((got - want).reshape(n, -1), axis=1)
-                         / np.maximum(np.linalg.norm(want.reshape(n, -1), axis=1), 1e-6))
-            worst = max(worst, float(np.max(np.nan_to_num(error, nan=np.inf))))
+    for got, want in pairs:
+        rows = len(got)
+        with np.errstate(all="ignore"):
+            error = (np.linalg.norm((got - want).reshape(rows, -1), axis=1)
+                     / np.maximum(np.linalg.norm(want.reshape(rows, -1), axis=1), 1e-6))
+        worst = max(worst, float(np.max(np.nan_to_num(error, nan=np.inf))))
     return worst
 
 
@@ -279,12 +286,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--kills", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--model", default="smollm2-135m-instruct", help="a catalog model, or a GGUF file's path")
     p.add_argument("--home", type=Path, default=None, help="data dir to use (default: a new temporary one)")
     args = p.parse_args(argv)
     from engine.platform.catalog import models_dir, pull
 
-    report = run(args.kills, pull(args.model, directory=models_dir()), seed=args.seed, home=args.home)
+    model = Path(args.model) if args.model.endswith(".gguf") else pull(args.model, directory=models_dir())
+    report = run(args.kills, model, seed=args.seed, home=args.home)
     print(report.summary())
     return 0 if report.ok else 1
 

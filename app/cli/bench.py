@@ -107,6 +107,8 @@ def _run_reopen(args, path, threads: int, log) -> int:
           f"{r['cold_prefilled_tokens']} tokens prefilled")
     print(f"  speedup {x['median']:.1f}x (min {x['min']:.1f}, max {x['max']:.1f}); sidecar {r['sidecar_bytes']:,} "
           f"bytes, {r['sidecar_bytes_per_token']:,} per token")
+    if r["state_checkpoint_bytes"]:
+        print(f"  recurrent state checkpoint beside it: {r['state_checkpoint_bytes']:,} bytes")
     return 0
 
 

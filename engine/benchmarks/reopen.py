@@ -17,6 +17,7 @@ from typing import Callable
 from engine.benchmarks.peer import summary
 from engine.history.store import HistoryStore
 from engine.kv import persist
+from engine.kv.state_persist import state_path
 from engine.models import load_model
 from engine.serving.session import ChatSession, sidecar_path
 
@@ -38,7 +39,10 @@ def reopen_benchmark(path: str, n_tokens: int, runs: int, log: Callable[[str], N
                 results.append(_first_token(model, saved, work, cid, sidecar))
                 log(f"run {i + 1}/{runs} {'warm' if sidecar else 'cold'}: first token after "
                     f"{results[-1]['ttft_s']:.3f} s ({results[-1]['prefilled_tokens']} tokens prefilled)")
-        sidecar_bytes = sidecar_path(cid, saved / "sidecars").stat().st_size
+        sidecar = sidecar_path(cid, saved / "sidecars")
+        sidecar_bytes = sidecar.stat().st_size
+        state = Path(state_path(sidecar))  # a hybrid model's state checkpoint beside it
+        state_bytes = state.stat().st_size if state.exists() else 0
     warm_s, cold_s = [r["ttft_s"] for r in warm], [r["ttft_s"] for r in cold]
     return {
         "model": str(path), "conversation_tokens": held, "runs": runs,
@@ -47,6 +51,7 @@ def reopen_benchmark(path: str, n_tokens: int, runs: int, log: Callable[[str], N
         "warm_prefilled_tokens": warm[0]["prefilled_tokens"], "warm_reused_tokens": warm[0]["reused_tokens"],
         "cold_prefilled_tokens": cold[0]["prefilled_tokens"],
         "sidecar_bytes": sidecar_bytes, "sidecar_bytes_per_token": warm[0]["bytes_per_token"],
+        "state_checkpoint_bytes": state_bytes,
     }
 
 
@@ -74,6 +79,7 @@ def _first_token(model, saved: Path, work: Path, cid: str, sidecar: bool) -> dic
     shutil.copytree(saved, work)
     if not sidecar:
         sidecar_path(cid, work / "sidecars").unlink()
+        Path(state_path(sidecar_path(cid, work / "sidecars"))).unlink(missing_ok=True)
     with HistoryStore(work / "history.db") as store:
         t0 = time.perf_counter()
         session = ChatSession(store, model, cid, sidecar_dir=work / "sidecars")

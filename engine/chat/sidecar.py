@@ -4,7 +4,9 @@ Opened once, before the chat's first turn: a file this model saved behind the sa
 resumes (its tokens and KV rows, the prefix included; zero re-prefill), any other starts over. From then on,
 every turn's end brings the file up to the cache: the positions from the first one the cache replaced or
 added since the last save are copied out there and written by the background writer
-(engine.kv.sidecar_writer), so the disk never stalls a reply.
+(engine.kv.sidecar_writer), so the disk never stalls a reply. A hybrid model's memory adds its recurrent
+state, saved whole at every turn's end beside the file (engine.kv.state_persist): a reopened hybrid chat
+resumes at the last checkpoint whose history the KV records hold, and reads again whatever follows it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Sequence
 
 from engine.gguf.reader import GGUFFile
 from engine.kv import persist as kv_persist
+from engine.kv import state_persist
 from engine.kv.cache import KvCache
 from engine.kv.sidecar_writer import WRITER
 
@@ -37,6 +40,8 @@ class Sidecar:
             fingerprint = hashlib.sha256(fingerprint + prefix_identity).digest()
         WRITER.flush()  # another conversation over this file may still be writing it
         loaded = kv_persist.load(path, cache, fingerprint)
+        if loaded is not None and cache.state_store is not None:
+            loaded = _resume_state(path, cache, fingerprint, loaded)
         if loaded is None:  # a stale or foreign file must not become this conversation's
             kv_persist.reset(path, cache, fingerprint, prefix_rows)
         # A fresh file holds nothing yet: the first save writes from position 0, a declared prefix's rows
@@ -53,4 +58,19 @@ class Sidecar:
         self.error = WRITER.take_failure(self.path)
         start = 0 if self.error else self.saved
         WRITER.submit(self.path, kv_persist.snapshot(cache, tokens, self.fingerprint, prefix_rows, start))
+        if cache.state_store is not None:  # after the KV records it goes with (the writer keeps the order)
+            checkpoint = state_persist.encode(self.fingerprint, tokens, cache.state_store.save())
+            WRITER.submit(self.path, state_persist.StateUpdate(checkpoint))
         self.saved = cache.len
+
+
+def _resume_state(path, cache: KvCache, fingerprint: bytes, loaded: kv_persist.Loaded) -> kv_persist.Loaded | None:
+    """The loaded KV records cut back to the state checkpoint that goes with them, the state loaded; None (the
+    cache emptied) without one: a hybrid chat cannot resume its KV records alone."""
+    found = state_persist.read(state_persist.state_path(path), fingerprint, cache.state_shapes, loaded.tokens)
+    if found is None:
+        cache.reset()
+        return None
+    position, arrays = found
+    cache.resume(position, arrays)
+    return kv_persist.Loaded(loaded.tokens[:position], loaded.prefix_rows)

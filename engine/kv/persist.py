@@ -1,9 +1,9 @@
 """Crash-safe append-only KV sidecar: a conversation reopens warm, with zero re-prefill (spec 13.4 kv_persist).
 
-Byte layout (format 4), little-endian. Header:
+Byte layout (format 5), little-endian. Header:
 
     off  size
-    0    8     magic b"FUXKV004"
+    0    8     magic b"FUXKV005"
     8    8     u64 record count                       } published together, one 12-byte write,
     16   4     u32 CRC-32 of the header, this field 0 } after the records they cover
     20   32    model fingerprint (model_fingerprint: SHA-256)
@@ -11,7 +11,10 @@ Byte layout (format 4), little-endian. Header:
     56   4     u32 n_layers
     60   8*n   per layer: u32 kv_heads, u32 row bytes (one head's row: head_dim*2 for f16, 34 per 32 for q8_0);
                kv_heads' top bit set: the layer's V rows are its K rows (latent attention), stored once
-    60+8n 8    u64 prefix_rows (0 without a preloaded prefix)
+    60+8n 4    u32 state layers (a hybrid model's recurrent layers, whose state is saved beside the file,
+               engine.kv.state_persist; 0 for the others), then per state layer u32 conv floats, u32 state
+               floats
+    ..    8    u64 prefix_rows (0 without a preloaded prefix)
 
 then one record per cache position, prefix included: u32 token id (0xFFFFFFFF for a prefix row, which has no
 token), then per layer its K rows (kv_heads * row bytes) and its V rows (none where they are the K rows), in
@@ -24,9 +27,9 @@ invisible; the header CRC refuses a damaged header (the count included) rather t
 fingerprint refuses a sidecar of another model with the same geometry. load verifies the records' CRCs in
 order and resumes the verified prefix: the first damaged record and everything after it are never resumed.
 A damaged or torn record inside the preloaded prefix resumes nothing (the prefix is all or nothing). The
-next save rewrites the file from the end of what was resumed. Files of formats 1 to 3 (FUXKV001/002: no
-record CRCs; FUXKV003: no latent flag) are refused like any foreign file: the conversation is prefilled again
-and the file rewritten.
+next save rewrites the file from the end of what was resumed. Files of formats 1 to 4 (FUXKV001/002: no
+record CRCs; FUXKV003: no latent flag; FUXKV004: no state layers) are refused like any foreign file: the
+conversation is prefilled again and the file rewritten.
 
 Two processes on one file: every read and write of the file holds an exclusive lock on it (file_lock), so
 their writes never interleave; and an update only extends a file whose last record before it is the one
@@ -49,7 +52,7 @@ from engine.errors import KvPersistTokenMismatch
 from engine.kv.cache import KvCache, KvDtype
 from engine.kv.file_lock import locked
 
-MAGIC = b"FUXKV004"
+MAGIC = b"FUXKV005"
 PREFIX_TOKEN = 0xFFFFFFFF
 _DTYPE_CODES = {KvDtype.F16: 0, KvDtype.Q8_0: 1}
 _COUNT = struct.Struct("<QI")  # record count, header CRC (at offset 8)
@@ -126,6 +129,9 @@ class Update:
     @property
     def count(self) -> int:
         return self.start + len(self.records)
+
+    def write_to(self, path) -> bool:
+        return apply(path, self)
 
 
 def snapshot(cache: KvCache, tokens: Sequence[int], fingerprint: bytes, prefix_rows: int, start: int) -> Update:
@@ -235,6 +241,8 @@ def _header(cache: KvCache, fingerprint: bytes, prefix_rows: int, count: int) ->
     layouts = (cache.row_layout(layer) for layer in range(cache.n_layers))
     body += b"".join(struct.pack("<II", heads | (_VALUE_IS_KEY if shared else 0), width * dtype.itemsize)
                      for (dtype, (heads, width)), shared in zip(layouts, cache.value_is_key))
+    body += struct.pack("<I", len(cache.state_shapes))
+    body += b"".join(struct.pack("<II", int(np.prod(conv)), int(np.prod(ssm))) for conv, ssm in cache.state_shapes)
     body += struct.pack("<Q", prefix_rows)
     return _with_count(MAGIC + _COUNT.pack(0, 0) + body, count)
 

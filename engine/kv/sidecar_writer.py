@@ -1,7 +1,7 @@
 """Sidecar updates written off the decoding thread, in submission order.
 
-A turn's end copies its new KV positions out of the cache (persist.snapshot, a memory copy) and hands them
-here, so streaming never waits on the disk. One writer serves the whole process: updates to one file must
+A turn's end copies its new KV positions out of the cache (persist.snapshot, a memory copy), and a hybrid
+model's state (state_persist.StateUpdate), and hands them here, so streaming never waits on the disk. One writer serves the whole process: updates to one file must
 land in order even when a conversation is closed and reopened while its last update is still in flight,
 and `flush` (before loading or deleting a sidecar) waits for them.
 
@@ -16,18 +16,24 @@ import sys
 import threading
 from collections import deque
 
+from typing import Protocol
+
 from engine.errors import KvSidecarLocked
-from engine.kv import persist
+
+
+class Update(Protocol):
+    def write_to(self, path: str) -> bool:
+        """Write to the sidecar at `path` (False: the file lost what the update extends)."""
 
 
 class SidecarWriter:
     def __init__(self):
-        self._pending: deque[tuple[str, persist.Update]] = deque()
+        self._pending: deque[tuple[str, Update]] = deque()
         self._lock = threading.Condition()
         self._busy = False
         self._stale: dict[str, str] = {}  # path -> why its last update failed
 
-    def submit(self, path: str | os.PathLike, update: persist.Update) -> None:
+    def submit(self, path: str | os.PathLike, update: Update) -> None:
         with self._lock:
             self._pending.append((os.fspath(path), update))
             start, self._busy = not self._busy, True
@@ -71,9 +77,9 @@ class SidecarWriter:
                     self._stale[path] = failure
 
     @staticmethod
-    def _write(path: str, update: persist.Update) -> str | None:
+    def _write(path: str, update: Update) -> str | None:
         try:
-            if persist.apply(path, update):
+            if update.write_to(path):
                 return None
             return (f"the sidecar {path} lost positions it held (removed, damaged, or rewritten by another "
                     f"process)")

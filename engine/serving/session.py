@@ -38,6 +38,7 @@ from engine.chat.window import DEFAULT_POLICY, ContextWindow, check_policy, fit_
 from engine.errors import FucinaError
 from engine.history.store import HistoryStore
 from engine.kv.sidecar_writer import WRITER
+from engine.kv.state_persist import state_path
 from engine.platform.locks import busy, conversation_lock
 from engine.model_tokenizer import tokenizer_for
 from engine.models.model import Model
@@ -71,6 +72,7 @@ def delete_conversation(store: HistoryStore, conversation_id: str, sidecar_dir=N
     path = sidecar_path(conversation_id, sidecar_dir)
     try:
         path.unlink(missing_ok=True)
+        Path(state_path(path)).unlink(missing_ok=True)  # a hybrid model's state checkpoint beside it
     except OSError as e:  # the conversation is gone; its sidecar, which nothing opens again, is left
         raise storage_error(e, path) from e
 

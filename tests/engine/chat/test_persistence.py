@@ -75,7 +75,7 @@ def test_a_preloaded_prefix_is_saved_and_resumed(tiny_chat, tmp_path):
     c.enable_persistence(path)
     assert chat(tiny_chat).enable_persistence(path) == 8  # the prefix is saved before any turn (waits for the writer)
     reply(c, "hi")
-    assert path.read_bytes()[:8] == b"FUXKV004"
+    assert path.read_bytes()[:8] == b"FUXKV005"
     reopened = chat(tiny_chat)  # no prefix of its own: the file's comes back with it
     assert reopened.enable_persistence(path) == c.cache.len
     assert reopened.prefix_rows == 8 and reopened.history == c.history

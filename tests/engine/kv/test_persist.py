@@ -3,6 +3,7 @@ token, and writers in two processes."""
 
 import struct
 import zlib
+from functools import partial
 
 import numpy as np
 import pytest
@@ -53,7 +54,7 @@ def saved(path, cache, tokens, prefix_rows=0, fp=FP):
 def test_round_trip_is_byte_exact(tmp_path, dtype):
     cache, tokens = filled(20, dtype=dtype), list(range(100, 120))
     path = saved(tmp_path / "c.kv", cache, tokens)
-    assert path.read_bytes()[:8] == b"FUXKV004"
+    assert path.read_bytes()[:8] == b"FUXKV005"
     out = like(cache)
     loaded = persist.load(path, out, FP)
     assert loaded.tokens == tokens and loaded.prefix_rows == 0
@@ -153,7 +154,7 @@ def test_a_preloaded_prefix_round_trips(tmp_path):
     cache, tokens = filled(9, dtype="q8_0"), [7, 8, 9, 10, 11, 12]
     path = saved(tmp_path / "c.kv", cache, tokens, prefix_rows=3)
     data = path.read_bytes()
-    assert data[:8] == b"FUXKV004"
+    assert data[:8] == b"FUXKV005"
     out = like(cache)
     loaded = persist.load(path, out, FP)
     assert loaded.tokens == tokens and loaded.prefix_rows == 3
@@ -282,15 +283,20 @@ def old_format_file(path, cache, tokens, prefix_rows):
     path.write_bytes(header + records)
 
 
-def format_3_file(path, cache, tokens, prefix_rows):
-    """A sidecar as format 3 wrote it: today's bytes under its magic (it had no latent flag to set)."""
+def format_3_or_4_file(magic, path, cache, tokens, prefix_rows):
+    """A sidecar as formats 3 and 4 wrote it: today's bytes without the state-layer count (3 had no latent flag
+    either, which these caches do not set), under its magic, its header CRC sealed."""
     saved(path, cache, tokens, prefix_rows)
-    data = bytearray(path.read_bytes())
-    data[:8] = b"FUXKV003"
-    path.write_bytes(bytes(data))
+    data = path.read_bytes()
+    end = 60 + 8 * cache.n_layers  # the state-layer count, then the prefix rows
+    body = data[20:end] + data[end + 4: end + 12]
+    unsealed = magic + data[8:16] + struct.pack("<I", 0) + body
+    path.write_bytes(magic + data[8:16] + struct.pack("<I", zlib.crc32(unsealed)) + body + data[end + 12:])
 
 
-@pytest.mark.parametrize("write", [old_format_file, format_3_file], ids=["formats 1 and 2", "format 3"])
+@pytest.mark.parametrize("write", [old_format_file, partial(format_3_or_4_file, b"FUXKV003"),
+                                   partial(format_3_or_4_file, b"FUXKV004")],
+                         ids=["formats 1 and 2", "format 3", "format 4"])
 @pytest.mark.parametrize("prefix_rows", [0, 2])
 def test_files_of_older_formats_are_refused_and_rewritten(tmp_path, prefix_rows, write):
     cache, tokens = filled(5), [1, 2, 3, 4, 5][prefix_rows:]
