@@ -25,7 +25,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 from engine.models import FAMILIES
-from engine.models.layout import EXPERTS, MATRIX
+from engine.models.layout import EXPERTS, MATRIX, NORM
 from engine.models.tiny import standard_metadata, write_metadata
 from engine.platform.catalog import resolve_model
 from tests.quant_weights import random_weight
@@ -35,6 +35,7 @@ TOKENIZER_MODEL = "qwen2.5-coder-0.5b-instruct"  # the starter whose tokenizer t
 # values, but activations do, and blocks of the test default's scales (up to 0.1: weights up to 12) blow a
 # latent attention's scores up until its softmax underflows into subnormals, which run many times slower.
 BLOCK_SCALES = (2e-4, 8e-4)
+_CENTERS = {"ssm_a": -0.5}  # a Gated DeltaNet layer's decay rates, by the name's last part
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,18 @@ SHAPES = {
                                  ("rope.dimension_count", 64), ("expert_gating_func", 2),
                                  ("expert_weights_norm", True), ("expert_weights_scale", 1.0)),
                              leave_out=("attn_q_norm.weight", "attn_k_norm.weight")),
+    # Qwen3.5-35B-A3B (35B parameters, 3B per token) with 64 of its 256 experts in each layer: 40 layers, every
+    # fourth gated full attention (16 heads of 256, 2 KV heads, RoPE on 64 dims), the others Gated DeltaNet (16
+    # q/k heads and 32 value heads of 128, a 4-tap conv); in each, experts of 512, 8 used, and a gated shared
+    # one of 512. A token reads what a 35B-A3B token reads; the file is 6 GB where the model's is 21 (its
+    # vocabulary, 248,320 tokens, is 63% larger than the file's 151,936: its output matrix too)
+    "qwen3.5-35b-a3b-64e": Shape("qwen35moe", 40, 2048, 16, 2, 512, tied=False, context=262144, head_dim=256,
+                                 experts=(64, 8), metadata=(
+                                     ("expert_shared_feed_forward_length", 512), ("full_attention_interval", 4),
+                                     ("rope.dimension_count", 64), ("rope.dimension_sections", [11, 11, 10, 0]),
+                                     ("rope.freq_base", 10000000.0), ("ssm.conv_kernel", 4),
+                                     ("ssm.state_size", 128), ("ssm.group_count", 16), ("ssm.time_step_rank", 32),
+                                     ("ssm.inner_size", 4096))),
 }
 
 
@@ -184,8 +197,8 @@ def write_synthetic(shape_name: str, path: Path, seed: int = 0) -> Path:
             *outer, cols = spec.shape
             weight = random_weight(formats[spec.name], int(np.prod(outer)), cols, rng, BLOCK_SCALES)
             writer.write_tensor_data(weight.reshape(*outer, -1))
-        else:  # norms near 1, biases near 0
-            base = 0.0 if spec.name.endswith(".bias") else 1.0
+        else:  # norms near 1, the other vectors near 0, and decay rates (-exp(A_log)) negative
+            base = _CENTERS.get(spec.name.split(".")[-1], 1.0 if spec.role == NORM else 0.0)
             writer.write_tensor_data((base + rng.normal(0, 0.05, spec.shape)).astype(np.float32))
     writer.close()
     return path
