@@ -35,9 +35,11 @@ from kernels.cpu import quant_dot as dot
 
 _TILE_BYTES = 4 << 20  # float32 tile of dequantized rows in GEMMs: big enough for sgemm, fits in L3
 # matmul inputs up to this many rows use the block kernels (weights read once, int8 dots, each weight
-# block unpacked once per tile of input rows); past it dequantized tiles and sgemm win (one thread,
-# loaded machine, block kernels / sgemm: 8 rows 0.3-0.6, 32 rows 0.6-1.1 on the starters' formats)
-_MATVEC_MAX_ROWS = 16
+# block unpacked once per tile of input rows); past it the integer GEMM wins, whose repacking of every
+# weight tile costs the same however few rows pass over it (2 threads, AVX-512 VNNI Xeon, block kernels /
+# int GEMM: 16 rows 0.22-0.45, 32 rows 0.44-0.71, 64 rows 0.64-1.03 over the starters' and the MoE shapes'
+# Q8_0, Q4_K and Q6_K matrices: a short prompt, the commonest, took twice as long through the GEMM)
+_MATVEC_MAX_ROWS = 48
 
 _PARALLEL_MIN_BYTES = dot.PARALLEL_MIN_BYTES
 _threads: int | None = None  # None: follow numba's own setting
