@@ -6,7 +6,7 @@ every turn's end brings the file up to the cache: the positions from the first o
 added since the last save are copied out there and written by the background writer
 (engine.kv.sidecar_writer), so the disk never stalls a reply. A hybrid model's memory adds its recurrent
 state, saved whole at every turn's end beside the file (engine.kv.state_persist): a reopened hybrid chat
-resumes at the last checkpoint whose history the KV records hold, and reads again whatever follows it.
+resumes at the newest checkpoint whose history the KV records hold, and reads again whatever follows it.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ class Sidecar:
     def __init__(self, path: str, fingerprint: bytes, saved: int):
         self.path, self.fingerprint = path, fingerprint
         self.saved = saved  # leading cache positions the file holds (or will, once its writes land)
+        self.saved_marks: list = []  # a hybrid's: the state checkpoints beside it (_checkpoints)
         self.error: str | None = None  # why the last write failed; the next save rewrites the file whole
 
     @classmethod
@@ -46,7 +47,10 @@ class Sidecar:
             kv_persist.reset(path, cache, fingerprint, prefix_rows)
         # A fresh file holds nothing yet: the first save writes from position 0, a declared prefix's rows
         # included (starting at cache.len would leave the prefix unwritten and every later append refused).
-        return cls(os.fspath(path), fingerprint, 0 if loaded is None else cache.len), loaded
+        sidecar = cls(os.fspath(path), fingerprint, 0 if loaded is None else cache.len)
+        if loaded is not None and cache.state_store is not None:
+            sidecar.saved_marks = _checkpoints(loaded.tokens, cache.marks())  # what the checkpoint file holds
+        return sidecar, loaded
 
     def rewind(self, positions: int) -> None:
         """The cache now holds only its first `positions`: the next save writes from there at the latest."""
@@ -58,19 +62,27 @@ class Sidecar:
         self.error = WRITER.take_failure(self.path)
         start = 0 if self.error else self.saved
         WRITER.submit(self.path, kv_persist.snapshot(cache, tokens, self.fingerprint, prefix_rows, start))
-        if cache.state_store is not None:  # after the KV records it goes with (the writer keeps the order)
-            checkpoint = state_persist.encode(self.fingerprint, tokens, cache.state_store.save())
-            WRITER.submit(self.path, state_persist.StateUpdate(checkpoint))
+        if cache.state_store is not None:  # after the KV records they go with (the writer keeps the order)
+            marks = cache.saved_marks()
+            held = _checkpoints(tokens, [p for p, _ in marks])
+            if self.error or held != self.saved_marks:
+                WRITER.submit(self.path, state_persist.StateUpdate(self.fingerprint, cache.state_shapes,
+                                                                   list(tokens), marks))
+            self.saved_marks = held
         self.saved = cache.len
 
 
+def _checkpoints(tokens: Sequence[int], positions: Sequence[int]) -> list[tuple[int, bytes]]:
+    """What names a set of state checkpoints: each one's position and the history it read."""
+    return [(p, state_persist.tokens_digest(tokens[:p])) for p in positions]
+
+
 def _resume_state(path, cache: KvCache, fingerprint: bytes, loaded: kv_persist.Loaded) -> kv_persist.Loaded | None:
-    """The loaded KV records cut back to the state checkpoint that goes with them, the state loaded; None (the
-    cache emptied) without one: a hybrid chat cannot resume its KV records alone."""
+    """The loaded KV records cut back to the newest state checkpoint that goes with them, the state loaded (and
+    the others marked); None (the cache emptied) without one: a hybrid chat cannot resume its KV records alone."""
     found = state_persist.read(state_persist.state_path(path), fingerprint, cache.state_shapes, loaded.tokens)
-    if found is None:
+    if not found:
         cache.reset()
         return None
-    position, arrays = found
-    cache.resume(position, arrays)
-    return kv_persist.Loaded(loaded.tokens[:position], loaded.prefix_rows)
+    cache.resume(found)
+    return kv_persist.Loaded(loaded.tokens[:cache.len], loaded.prefix_rows)

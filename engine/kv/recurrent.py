@@ -74,13 +74,19 @@ class HybridCache(KvCache):
             raise ValueError(f"this memory cannot be cut to {n} positions (it can to {self.truncation_point(n)})")
         self._forget_after(n)
 
-    def resume(self, n: int, state) -> None:
-        """Hold the first n positions of KV rows loaded into it and this state (a saved checkpoint's), marked."""
+    def saved_marks(self, count: int = 2) -> list[tuple[int, object]]:
+        """The newest `count` marks as (position, state): what a sidecar keeps (engine.kv.state_persist)."""
+        return [(p, self._marks[p]) for p in sorted(self._marks)[-count:]]
+
+    def resume(self, checkpoints: Sequence[tuple[int, object]]) -> None:
+        """Hold the KV rows loaded into it up to the newest of these saved (position, state) checkpoints, in
+        that state, each of them a mark."""
+        n = max(p for p, _ in checkpoints)
         if n > self.len:
             raise ValueError(f"a state at position {n} resumed over {self.len} loaded positions")
-        self.state_store.load(state)
+        self.state_store.load(dict(checkpoints)[n])
         self._forget_after(n)
-        self.mark()
+        self._marks = {p: state for p, state in checkpoints if p > 0}
 
     def _forget_after(self, n: int) -> None:
         self.len = n

@@ -1,27 +1,30 @@
 """A hybrid model's recurrent state saved beside its KV sidecar (engine.kv.persist): the checkpoint file
 `<sidecar>.state`, so a Qwen3.5 chat reopens warm too.
 
-The state holds every position it has read at once, so it is saved whole, at a turn's end (the position the
-KV records then reach), and a reopened chat resumes at that checkpoint: its KV records up to the position, the
-state as it was there, and the tokens after it read again (none, unless the KV records went further).
+The state holds every position it has read at once, so it is saved whole, at a turn's end: the memory's two
+newest marks (engine.kv.recurrent), the turn's end and its prompt but the last token. A reopened chat resumes
+at the newest checkpoint its KV records reach, the other kept as a mark: a history re-rendered otherwise than
+it was read (a reply whose text tokenizes otherwise than it was sampled) rewinds to the prompt's and reads the
+reply again, not the whole chat.
 
 Byte layout (format 5, as the KV sidecar's), little-endian:
 
     off  size
     0    8     magic b"FUXST005"
     8    32    model fingerprint (the sidecar's)
-    40   8     u64 position: how many positions the state has read
-    48   32    SHA-256 of the token ids behind positions [0, position) (u32 each): the history it read
-    80   4     u32 n_layers (the state's)
-    84   20*n  per layer: u32 conv rows, conv channels, value heads, head size, head size
-    ..         the layers' conv windows then delta-rule states, float32
+    40   4     u32 n_layers (the state's)
+    44   20*n  per layer: u32 conv rows, conv channels, value heads, head size, head size
+    ..   4     u32 checkpoints, then each:
+               u64 position: how many positions the state has read
+               32  SHA-256 of the token ids behind positions [0, position) (u32 each): the history it read
+               the layers' conv windows then delta-rule states, float32
     end-4 4    u32 CRC-32 of everything before it
 
-Integrity. The file is written whole to a temporary file, fsynced, and renamed over the old one, so a
-checkpoint is the old one or the new one, never a mix. A checkpoint is resumed only if its CRC verifies, its
-fingerprint and shapes are this model's and cache's, and its position and token hash match the KV records
-resumed with it (a sidecar rewound and rewritten after an edit holds another history there): a damaged or
-stale checkpoint is never resumed, and the chat is read again instead.
+Integrity. The file is written whole to a temporary file, fsynced, and renamed over the old one, so the
+checkpoints are the old ones or the new ones, never a mix. A checkpoint is resumed only if the file's CRC
+verifies, its fingerprint and shapes are this model's and cache's, and its position and token hash match the
+KV records resumed with it (a sidecar rewound and rewritten after an edit holds another history there): a
+damaged or stale checkpoint is never resumed, and the chat is read again instead.
 """
 
 from __future__ import annotations
@@ -36,8 +39,13 @@ from typing import Sequence
 import numpy as np
 
 MAGIC = b"FUXST005"
-_HEAD = struct.Struct("<8s32sQ32sI")
+_HEAD = struct.Struct("<8s32sI")
 _SHAPE = struct.Struct("<5I")
+_CHECKPOINT = struct.Struct("<Q32s")
+_COUNT = struct.Struct("<I")
+
+Arrays = tuple[list[np.ndarray], list[np.ndarray]]  # a StateStore save(): conv windows, delta-rule states
+Shapes = Sequence[tuple[tuple[int, int], tuple[int, int, int]]]
 
 
 def state_path(sidecar) -> str:
@@ -48,33 +56,39 @@ def tokens_digest(tokens: Sequence[int]) -> bytes:
     return hashlib.sha256(np.asarray(tokens, dtype="<u4").tobytes()).digest()
 
 
-def encode(fingerprint: bytes, tokens: Sequence[int], arrays: tuple[list[np.ndarray], list[np.ndarray]]) -> bytes:
-    """A checkpoint of the state `arrays` (a StateStore save(): conv windows, delta-rule states) after reading
-    `tokens` (the ids behind positions [0, len(tokens)))."""
-    conv, ssm = arrays
-    body = _HEAD.pack(MAGIC, fingerprint, len(tokens), tokens_digest(tokens), len(conv))
-    body += b"".join(_SHAPE.pack(*c.shape, *s.shape) for c, s in zip(conv, ssm))
-    body += b"".join(np.ascontiguousarray(a, dtype="<f4").tobytes() for a in [*conv, *ssm])
+def encode(fingerprint: bytes, shapes: Shapes, tokens: Sequence[int],
+           checkpoints: Sequence[tuple[int, Arrays]]) -> bytes:
+    """A file of the state `checkpoints` ((position, arrays of `shapes`), each having read tokens[:position])."""
+    body = _HEAD.pack(MAGIC, fingerprint, len(shapes))
+    body += b"".join(_SHAPE.pack(*conv, *ssm) for conv, ssm in shapes)
+    body += _COUNT.pack(len(checkpoints))
+    for position, (conv, ssm) in checkpoints:
+        body += _CHECKPOINT.pack(position, tokens_digest(tokens[:position]))
+        body += b"".join(np.ascontiguousarray(a, dtype="<f4").tobytes() for a in [*conv, *ssm])
     return body + struct.pack("<I", zlib.crc32(body))
 
 
 @dataclass
 class StateUpdate:
-    """A checkpoint to write beside a sidecar (off the decoding thread, after the KV records it goes with)."""
-    checkpoint: bytes
+    """Checkpoints to write beside a sidecar, encoded and written off the decoding thread, after the KV records
+    they go with (the states are copies no one changes: a memory's marks)."""
+    fingerprint: bytes
+    shapes: Shapes
+    tokens: list[int]
+    checkpoints: list[tuple[int, Arrays]]
 
     def write_to(self, sidecar) -> bool:
-        write(state_path(sidecar), self.checkpoint)
+        write(state_path(sidecar), encode(self.fingerprint, self.shapes, self.tokens, self.checkpoints))
         return True
 
 
-def write(path, checkpoint: bytes) -> None:
-    """Replace the checkpoint file at `path` with `checkpoint`, atomically (a crash leaves the old or the new;
-    two processes writing it leave one whole file)."""
+def write(path, data: bytes) -> None:
+    """Replace the checkpoint file at `path` with `data`, atomically (a crash leaves the old or the new; two
+    processes writing it leave one whole file)."""
     path = os.fspath(path)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "wb") as f:
-        f.write(checkpoint)
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -85,33 +99,43 @@ def write(path, checkpoint: bytes) -> None:
         os.close(directory)
 
 
-def read(path, fingerprint: bytes, shapes: Sequence[tuple[tuple[int, int], tuple[int, int, int]]],
-         tokens: Sequence[int]) -> tuple[int, tuple[list[np.ndarray], list[np.ndarray]]] | None:
-    """The checkpoint at `path` if it is whole and belongs here: (its position, its arrays), its position at
-    most len(tokens) and the tokens before it those it read; else None. Never raises on a file's contents."""
+def read(path, fingerprint: bytes, shapes: Shapes, tokens: Sequence[int]) -> list[tuple[int, Arrays]]:
+    """The checkpoints at `path` that belong here, oldest first: of a whole file of this model and shapes,
+    those at most len(tokens) positions in whose tokens before them are those they read ([] for none). Never
+    raises on a file's contents."""
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError:
-        return None
+        return []
     if len(data) < _HEAD.size + 4 or struct.unpack("<I", data[-4:])[0] != zlib.crc32(data[:-4]):
-        return None
-    magic, stored_fingerprint, position, digest, n_layers = _HEAD.unpack_from(data)
+        return []
+    magic, stored_fingerprint, n_layers = _HEAD.unpack_from(data)
     if magic != MAGIC or stored_fingerprint != fingerprint or n_layers != len(shapes):
-        return None
-    if position > len(tokens) or digest != tokens_digest(tokens[:position]):
-        return None
+        return []
     offset = _HEAD.size
     for conv, ssm in shapes:
         if _SHAPE.unpack_from(data, offset) != (*conv, *ssm):
-            return None
+            return []
         offset += _SHAPE.size
-    sizes = [int(np.prod(c)) for c, _ in shapes] + [int(np.prod(s)) for _, s in shapes]
-    if offset + 4 * sum(sizes) + 4 != len(data):
-        return None
-    flat = np.frombuffer(data, "<f4", sum(sizes), offset)
-    arrays, start = [], 0
-    for n, shape in zip(sizes, [c for c, _ in shapes] + [s for _, s in shapes]):
-        arrays.append(flat[start:start + n].reshape(shape).astype(np.float32))
-        start += n
-    return position, (arrays[:len(shapes)], arrays[len(shapes):])
+    layouts = [c for c, _ in shapes] + [s for _, s in shapes]
+    floats = sum(int(np.prod(shape)) for shape in layouts)
+    (count,) = _COUNT.unpack_from(data, offset)
+    offset += _COUNT.size
+    if offset + count * (_CHECKPOINT.size + 4 * floats) + 4 != len(data):
+        return []
+    found = []
+    for _ in range(count):
+        position, digest = _CHECKPOINT.unpack_from(data, offset)
+        offset += _CHECKPOINT.size
+        flat = np.frombuffer(data, "<f4", floats, offset)
+        offset += 4 * floats
+        if position > len(tokens) or digest != tokens_digest(tokens[:position]):
+            continue
+        arrays, start = [], 0
+        for shape in layouts:
+            n = int(np.prod(shape))
+            arrays.append(flat[start:start + n].reshape(shape).astype(np.float32))
+            start += n
+        found.append((position, (arrays[:len(shapes)], arrays[len(shapes):])))
+    return sorted(found, key=lambda c: c[0])

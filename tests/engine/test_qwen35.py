@@ -256,3 +256,18 @@ def test_a_checkpoint_of_another_history_is_not_resumed_and_records_past_one_are
     assert reopened.history == ahead.history
     assert reply(reopened, "fourth") == reply(ahead, "fourth")
     assert reopened.last_turn.token_ids == ahead.last_turn.token_ids
+
+
+def test_a_reopened_chat_whose_last_reply_renders_otherwise_reads_only_that_reply_again(chat_model, tmp_path):
+    """The checkpoint file keeps the turn's prompt too: a resent history that differs inside the last reply (its
+    text tokenizing otherwise than it was sampled) rewinds there, not to the start."""
+    model, tok = chat_model
+    path = tmp_path / "chat.kv"
+    saved = _saved_chat(chat_model, path)
+    reopened = chat(chat_model)
+    assert reopened.enable_persistence(path) == saved.cache.len
+    prompt_mark, end = reopened.cache.marks()
+    assert 0 < prompt_mark < end - 2 and end == saved.cache.len
+    otherwise = reopened.history[: end - 2] + tok.encode("!!", add_special=False)  # the reply's last two tokens
+    "".join(reopened.send_tokens(otherwise + tok.encode("<|im_end|>\n", add_special=False), reuse=True))
+    assert reopened.last_turn.stats.reused_tokens == prompt_mark
