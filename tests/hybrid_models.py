@@ -36,15 +36,18 @@ def qwen35_metadata(arch: str = QWEN35) -> dict:
 
 
 def write_qwen35_model(path: Path | str, variant: str = "f32", *, seed: int = QWEN35_SEED, arch: str = QWEN35,
-                       **overrides) -> None:
-    """The tiny qwen35 model of `variant` (a key of QWEN35_VARIANTS: the matrices' format); `overrides` go to
+                       next_token: bool = False, **overrides) -> None:
+    """The tiny qwen35 model of `variant` (a key of QWEN35_VARIANTS: the matrices' format), with a fifth layer
+    for next-token prediction (MTP: gated attention, its tensors after the model's, which are those of the model
+    without it; no shared_head_norm, as Qwen3.5's may leave out) where `next_token`; `overrides` go to
     write_tiny_model (a hostile file: other metadata, left-out tensors)."""
-    kwargs = {"n_layers": N_LAYERS, "n_embd": 256, "n_head": 4, "n_head_kv": 2, "n_ff": 512,
+    family = qwen35_metadata(arch) | ({f"{arch}.nextn_predict_layers": 1} if next_token else {})
+    kwargs = {"n_layers": N_LAYERS + int(next_token), "n_embd": 256, "n_head": 4, "n_head_kv": 2, "n_ff": 512,
               "qtype": QWEN35_VARIANTS[variant], "block_scales": Q4_K_BLOCK_SCALES,
               "std": {"token_embd.weight": EMBED_STD, "ssm_conv1d.weight": 0.3, "ssm_a": 0.2,
                       "ffn_gate_inp.weight": ROUTER_STD},
-              "center": {"ssm_a": -0.5}, "family_metadata": qwen35_metadata(arch), "tokenizer": True,
-              "tokenizer_pre": "qwen2", "seed": seed}
+              "center": {"ssm_a": -0.5}, "family_metadata": family, "tokenizer": True, "tokenizer_pre": "qwen2",
+              "seed": seed, "skip_tensors": (f"blk.{N_LAYERS}.nextn.shared_head_norm.weight",)}
     write_tiny_model(path, arch, **(kwargs | overrides))
 
 
@@ -54,17 +57,23 @@ QWEN35MOE_SEED = 5  # of the first 12, the one whose variants route clear of tie
 
 
 def write_qwen35moe_model(path: Path | str, variant: str = "f32", *, seed: int = QWEN35MOE_SEED,
-                          **overrides) -> None:
-    """The tiny qwen35moe model of `variant` (a key of QWEN35MOE_VARIANTS); `overrides` as write_qwen35_model's."""
+                          next_token: bool = False, **overrides) -> None:
+    """The tiny qwen35moe model of `variant` (a key of QWEN35MOE_VARIANTS); `next_token` and `overrides` as
+    write_qwen35_model's."""
     experts = {f"{QWEN35MOE}.{k}": v for k, v in {
         "expert_count": N_EXPERT, "expert_used_count": N_USED, "expert_feed_forward_length": N_FF_EXP,
-        "expert_shared_feed_forward_length": N_FF_EXP}.items()}
+        "expert_shared_feed_forward_length": N_FF_EXP, **({"nextn_predict_layers": 1} if next_token else {})}.items()}
     kwargs = {"qtype": T.F32, "expert_qtype": QWEN35MOE_VARIANTS[variant],
               "family_metadata": qwen35_metadata(QWEN35MOE) | experts}
-    write_qwen35_model(path, seed=seed, arch=QWEN35MOE, **(kwargs | overrides))
+    write_qwen35_model(path, seed=seed, arch=QWEN35MOE, next_token=next_token, **(kwargs | overrides))
 
 
 HYBRID_ORACLE_MODELS = {f"{QWEN35}-{v}": (partial(write_qwen35_model, variant=v), qtype, v)
                         for v, qtype in QWEN35_VARIANTS.items()}
 HYBRID_ORACLE_MODELS |= {f"{QWEN35MOE}-{v}": (partial(write_qwen35moe_model, variant=v), qtype, v)
                          for v, qtype in QWEN35MOE_VARIANTS.items()}
+# with the next-token-prediction layer: llama.cpp loads it and leaves it out of the forward, as the engine does
+HYBRID_ORACLE_MODELS |= {f"{QWEN35}-f32-mtp": (partial(write_qwen35_model, variant="f32", next_token=True), T.F32,
+                                               "f32"),
+                         f"{QWEN35MOE}-q4_k-mtp": (partial(write_qwen35moe_model, variant="q4_k", next_token=True),
+                                                   T.Q4_K, "q4_k")}

@@ -5,7 +5,8 @@ p + 1 and the model's final hidden state at p (after the output norm, what the o
 through its own norm (`enorm`, `hnorm`), joins them [embedding, hidden] and projects them back to the model's
 width (`eh_proj`), runs them through one decoder layer of the model's kind (the layer's tensors under its own
 `blk.N.` prefix, its KV rows in a cache of its own), and reads the next-token logits through its own norm
-(`shared_head_norm`) and head (`shared_head_head`, else the model's output matrix). Its embedding is
+(`shared_head_norm`, else the model's output norm: Qwen3.5's may leave it out) and head (`shared_head_head`,
+else the model's output matrix). Its embedding is
 `embed_tokens`, else the model's. At position 0 the embedding is zeroed (as the reference implementations
 do: the layer never saw a first token in training).
 
@@ -17,6 +18,7 @@ any other engine's bit for bit: its rows run row-wise, each the same bits howeve
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
@@ -35,7 +37,8 @@ def next_token_tensors(layer: LayerArgs, index: int, n_embd: int, vocab_size: in
     alone; load_predictor checks a layer whole)."""
     p = layer_prefix(index)
     own = [matrix(p + "nextn.eh_proj.weight", n_embd, 2 * n_embd), norm(p + "nextn.enorm.weight", n_embd),
-           norm(p + "nextn.hnorm.weight", n_embd), norm(p + "nextn.shared_head_norm.weight", n_embd),
+           norm(p + "nextn.hnorm.weight", n_embd), replace(norm(p + "nextn.shared_head_norm.weight", n_embd),
+                                                           required=False),
            matrix(p + "nextn.embed_tokens.weight", vocab_size, n_embd, required=False),
            matrix(p + "nextn.shared_head_head.weight", vocab_size, n_embd, required=False)]
     return layer.tensors(p, n_embd) + own
@@ -43,7 +46,7 @@ def next_token_tensors(layer: LayerArgs, index: int, n_embd: int, vocab_size: in
 
 class NextTokenPredictor:
     def __init__(self, file: GGUFFile, layer: LayerArgs, index: int, n_embd: int, eps: float,
-                 embed: LinearWeight, output: LinearWeight, backend: Backend):
+                 embed: LinearWeight, output: LinearWeight, output_norm, backend: Backend):
         p = layer_prefix(index) + "nextn."
         vocab = embed.out_dim
         be = self.backend = backend
@@ -59,7 +62,8 @@ class NextTokenPredictor:
         self.enorm, self.hnorm = vector("enorm.weight"), vector("hnorm.weight")
         self.eh_proj = LinearWeight.load(file, p + "eh_proj.weight", n_embd, 2 * n_embd, be)
         self.block = Block(file, layer, index, n_embd, eps, be, cache_layer=0)
-        self.head_norm = vector("shared_head_norm.weight")
+        self.head_norm = vector("shared_head_norm.weight") if p + "shared_head_norm.weight" in file.tensors \
+            else output_norm
         self.head = head_matrix("shared_head_head.weight", output)
 
     @property
@@ -108,7 +112,8 @@ def missing_tensors(file: GGUFFile, layer: LayerArgs, index: int, n_embd: int, v
 
 
 def load_predictor(file: GGUFFile, layers: Sequence[LayerArgs], first_index: int, n_embd: int, eps: float,
-                   embed: LinearWeight, output: LinearWeight, backend: Backend) -> NextTokenPredictor | None:
+                   embed: LinearWeight, output: LinearWeight, output_norm,
+                   backend: Backend) -> NextTokenPredictor | None:
     """The first next-token-prediction layer of `layers` (file indexes from `first_index`), or None where there
     is none or the file holds none of its tensors; a layer the file holds only part of is left out with a
     warning naming what it lacks (the model itself runs as before)."""
@@ -122,4 +127,4 @@ def load_predictor(file: GGUFFile, layers: Sequence[LayerArgs], first_index: int
                       f"{', '.join(missing[:4])}{' and more' if len(missing) > 4 else ''}; it is not used for drafts",
                       RuntimeWarning, stacklevel=3)
         return None
-    return NextTokenPredictor(file, layers[0], first_index, n_embd, eps, embed, output, backend)
+    return NextTokenPredictor(file, layers[0], first_index, n_embd, eps, embed, output, output_norm, backend)

@@ -7,8 +7,9 @@ pre-norm named post_attention_norm.
 llama.cpp rotates with its multi-axis RoPE (`rope.dimension_sections`, interleaved); a text position is the
 same on the first three axes, so every pair the sections give one of them turns as NeoX's; a pair they give
 the fourth (position 0 for text) would not turn, which no Qwen3.5 file does: such files are refused.
-`block_count` counts the next-token-prediction (MTP) layer appended to the model (`nextn_predict_layers`), not
-part of its forward.
+`block_count` counts the next-token-prediction (MTP) layer appended to the model (`nextn_predict_layers`): a
+gated full-attention layer, not part of the forward; a draft source's model (engine.models.next_token) where the
+file has its tensors (its head's norm, where it has none, the model's output norm, as llama.cpp's).
 """
 
 from dataclasses import replace
@@ -38,7 +39,7 @@ def model_args(meta: Mapping, arch: str = ARCH) -> ModelArgs:
     for i, layer in enumerate(args.layers):
         attention = replace(layer.mixer, scale=scale) if scale else layer.mixer
         layers.append(replace(layer, mixer=mixer if recurrent[i] else attention, ffn_norm="post_attention_norm.weight"))
-    args.layers = layers[:n_layers]
+    args.layers, args.next_token_layers = layers[:n_layers], layers[n_layers:]
     return args
 
 

@@ -28,4 +28,5 @@ def model_args(meta: Mapping) -> ModelArgs:
                                    or meta_int(meta, ARCH, "feed_forward_length")),
                       shared_gate=True)
     args.layers = [replace(layer, feed_forward=experts) for layer in args.layers]
+    args.next_token_layers = [replace(layer, feed_forward=experts) for layer in args.next_token_layers]
     return args

@@ -66,7 +66,7 @@ class Transformer:
                        if "output.weight" in file.tensors else self.embed)
         self._row_runs = _row_runs(be, self.blocks)
         self.next_token = load_predictor(file, args.next_token_layers, args.n_layers, args.n_embd, args.norm_eps,
-                                         self.embed, self.output, be)
+                                         self.embed, self.output, self.norm, be)
 
     @property
     def vocab_size(self) -> int:

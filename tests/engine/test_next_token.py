@@ -102,7 +102,7 @@ def test_the_layer_joins_the_embedding_and_the_hidden_state_as_the_reference_imp
     np.testing.assert_allclose(logits, expected, rtol=1e-3, atol=1e-3)
 
 
-def _speculate(model, prompt, n, config, source_of=None):
+def speculate_with_the_layer(model, prompt, n, config, source_of=None):
     """Decode n tokens with the decoder drafting from the model's next-token layer alone (no cost gate: every
     step drafts); the ids and the decoder's statistics."""
     cache = model.new_cache(len(prompt) + n + 1)
@@ -122,7 +122,7 @@ def _speculate(model, prompt, n, config, source_of=None):
 def test_drafts_of_the_next_token_layer_yield_the_plain_ids(which, config, request):
     model = request.getfixturevalue(which)
     plain = list(generate.sample(model, PROMPT, 30, Sampler(config)))
-    ids, stats = _speculate(model, PROMPT, 30, config)
+    ids, stats = speculate_with_the_layer(model, PROMPT, 30, config)
     assert ids == plain
     # every step after the first token verified a draft, but a last one with room for one token only
     assert stats.spec_steps + stats.fallback_steps == stats.steps - 1 and stats.fallback_steps <= 1
@@ -135,7 +135,7 @@ LONG_PROMPT = (TOKENS * 3)[:90]  # more rows than the layer reads in one call
 def test_after_a_long_prompt_the_ids_stay_plain_and_the_drafts_right(which, request):
     model = request.getfixturevalue(which)
     plain = list(generate.sample(model, LONG_PROMPT, 20, Sampler()))
-    ids, stats = _speculate(model, LONG_PROMPT, 20, SamplerConfig())
+    ids, stats = speculate_with_the_layer(model, LONG_PROMPT, 20, SamplerConfig())
     assert ids == plain
     assert which == "random_model" or stats.acceptance_rate() == 1.0
 
@@ -156,7 +156,7 @@ def test_a_long_prompt_is_read_at_the_first_draft_not_before_the_first_token(ran
 
 
 def test_the_echo_models_layer_drafts_what_the_model_then_samples(echo_model):
-    ids, stats = _speculate(echo_model, PROMPT, 40, SamplerConfig())
+    ids, stats = speculate_with_the_layer(echo_model, PROMPT, 40, SamplerConfig())
     assert len(set(ids)) > 10  # the permutation's orbit, not one repeated token
     assert stats.acceptance_rate() == 1.0 and stats.drafted >= 3 * (stats.spec_steps - 1)
     assert stats.tokens_per_step() > 3.0

@@ -21,10 +21,11 @@ from engine.models.attention import Attention
 from engine.models.delta_net import DeltaNet
 from engine.models.experts import MoeFfn
 from engine.models.model import UBATCH
-from engine.sampling import SamplerConfig
+from engine.sampling import Sampler, SamplerConfig
 from engine.speculative import stream
 from tests.chat_equivalences import CHATML, assert_a_reopened_chat_continues_as_the_uninterrupted_one, chat, reply
 from tests.engine.chat.conftest import byte_level_chatml_tokenizer
+from tests.engine.test_next_token import speculate_with_the_layer
 from tests.hybrid_models import QWEN35, QWEN35MOE, write_qwen35_model, write_qwen35moe_model
 from tests.moe_models import TOKENS, assert_refused
 from tests.row_wise import (
@@ -271,3 +272,35 @@ def test_a_reopened_chat_whose_last_reply_renders_otherwise_reads_only_that_repl
     otherwise = reopened.history[: end - 2] + tok.encode("!!", add_special=False)  # the reply's last two tokens
     "".join(reopened.send_tokens(otherwise + tok.encode("<|im_end|>\n", add_special=False), reuse=True))
     assert reopened.last_turn.stats.reused_tokens == prompt_mark
+
+
+@pytest.fixture(scope="module")
+def mtp_chat_model(tmp_path_factory):
+    """(model, tokenizer): qwen35moe with Q4_K experts and its next-token-prediction (MTP) layer."""
+    path = tmp_path_factory.mktemp("qwen35moe-mtp") / "m.gguf"
+    write_qwen35moe_model(path, "q4_k", next_token=True)
+    return load_model(path), byte_level_chatml_tokenizer()
+
+
+def test_the_mtp_layer_is_gated_attention_with_experts_and_the_models_output_norm(mtp_chat_model):
+    model, _ = mtp_chat_model
+    layer = model.next_token
+    assert isinstance(layer.block.mixer, Attention) and layer.block.mixer.args.output_gate
+    assert isinstance(layer.block.feed_forward, MoeFfn)
+    assert layer.head_norm is model.norm  # the file has no shared_head_norm
+
+
+@pytest.mark.parametrize("config", [SamplerConfig(), SamplerConfig(temperature=0.8, top_k=20, seed=3)],
+                         ids=["greedy", "seeded"])
+def test_drafts_of_the_mtp_layer_yield_the_plain_ids(mtp_chat_model, config):
+    model, _ = mtp_chat_model
+    plain = list(generate.sample(model, TOKENS[:12], 30, Sampler(config)))
+    ids, stats = speculate_with_the_layer(model, TOKENS[:12], 30, config)
+    assert ids == plain
+    assert stats.spec_steps > 0 and stats.drafted > stats.accepted  # rejected drafts rolled the state back
+
+
+def test_a_reopened_chat_speculating_with_the_mtp_layer_continues_as_the_uninterrupted_one(mtp_chat_model, tmp_path,
+                                                                                           drafts_pay):
+    reopened = assert_a_reopened_chat_continues_as_the_uninterrupted_one(mtp_chat_model, tmp_path, speculation=True)
+    assert next(s.drafted for s in reopened.draft_sources() if s.name == "next-token layer") > 0
