@@ -261,7 +261,8 @@ class LatentAttentionSpec:
 @dataclass(frozen=True)
 class DeltaNetSpec:
     """A Gated DeltaNet mixer's recurrence (kernels/cpu/delta_net.py says what it computes): n_k query/key heads
-    and n_v value heads of `head` dims; conv_w [channels, d_conv], dt_bias and a [n_v] resident float32."""
+    and n_v value heads of `head` dims; conv_w [d_conv, channels] (the file's transposed: each tap's weights for
+    every channel), dt_bias and a [n_v] resident float32."""
 
     n_k: int
     n_v: int

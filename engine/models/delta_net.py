@@ -77,7 +77,7 @@ class DeltaNet:
             ("ssm_beta.weight", a.n_v))])
         self.recurrence = DeltaNetSpec(
             n_k=a.n_k, n_v=a.n_v, head=a.head, eps=float(eps),
-            conv_w=backend.upload_vector(load_vectors(file, p + "ssm_conv1d.weight", (a.channels, a.d_conv))),
+            conv_w=backend.upload_vector(load_vectors(file, p + "ssm_conv1d.weight", (a.channels, a.d_conv)).T),
             dt_bias=backend.upload_vector(load_vector(file, p + "ssm_dt.bias", a.n_v)),
             a=backend.upload_vector(load_vector(file, p + "ssm_a", a.n_v)))
         self.norm = backend.upload_vector(load_vector(file, p + "ssm_norm.weight", a.head))

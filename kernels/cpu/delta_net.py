@@ -25,27 +25,33 @@ _OPTS = dict(cache=True, error_model="numpy")
 
 @njit(**_OPTS, parallel=True)
 def _conv_rows(mixed, conv_w, conv_state, out, conv_snaps):
-    """Causal conv + SiLU of every channel over the rows; slides conv_state [d_conv - 1, channels]; with
-    conv_snaps [m, d_conv - 1, channels] (non-empty) keeps the window after each row."""
+    """Causal conv + SiLU of every channel over the rows, a row per task (its channels contiguous): row t reads
+    positions t .. t + d_conv - 1 of [conv_state; mixed]; then conv_state [d_conv - 1, channels] slides on. With
+    conv_snaps [m, d_conv - 1, channels] (non-empty) keeps the window after each row. conv_w [d_conv, channels]."""
     m, channels = mixed.shape
-    taps = conv_w.shape[1]
+    taps = conv_w.shape[0]
     keep = conv_snaps.shape[0] > 0
-    for c in prange(channels):
-        window = np.empty(taps - 1 + m, dtype=np.float32)
-        for i in range(taps - 1):
-            window[i] = conv_state[i, c]
-        for t in range(m):
-            window[taps - 1 + t] = mixed[t, c]
-        for t in range(m):
-            acc = np.float32(0.0)
-            for i in range(taps):
-                acc += window[t + i] * conv_w[c, i]
-            out[t, c] = acc / (np.float32(1.0) + exp32(-acc))
-            if keep:
-                for i in range(taps - 1):
-                    conv_snaps[t, i, c] = window[t + 1 + i]
-        for i in range(taps - 1):
-            conv_state[i, c] = window[m + i]
+    for t in prange(m):
+        o = out[t]
+        for c in range(channels):
+            o[c] = 0
+        for i in range(taps):
+            k = t + i
+            row = conv_state[k] if k < taps - 1 else mixed[k - (taps - 1)]
+            w = conv_w[i]
+            for c in range(channels):
+                o[c] += row[c] * w[c]
+        for c in range(channels):
+            o[c] = o[c] / (np.float32(1.0) + exp32(-o[c]))
+        if keep:
+            for i in range(taps - 1):
+                k = t + 1 + i
+                conv_snaps[t, i] = conv_state[k] if k < taps - 1 else mixed[k - (taps - 1)]
+    last = np.empty((taps - 1, channels), np.float32)
+    for i in range(taps - 1):
+        k = m + i
+        last[i] = conv_state[k] if k < taps - 1 else mixed[k - (taps - 1)]
+    conv_state[:] = last
 
 
 @njit(**_OPTS, inline="always")
@@ -66,7 +72,8 @@ def _delta_heads(conv_out, alpha, beta, dt_bias, a, n_k, head, eps, state, out, 
     """The delta rule over the rows, a value head per task. conv_out [m, 2 n_k head + n_v head] (q, k made unit
     here, in place, before any head reads them). A head's state is kept key-major, state[h, i, j] = S[j][i]:
     every loop below runs over j, contiguous, each j's sum over i in order of i, so the loops vectorize with
-    no reassociation (the bits are those of the plain loops)."""
+    no reassociation (the bits are those of the plain loops). The state is read once and written once a row:
+    with S' = decay S + k d^T, S' q = decay (S q) + (k . q) d, and the delta d = v - decay (S k), times beta."""
     m = conv_out.shape[0]
     n_v = state.shape[0]
     keep = ssm_snaps.shape[0] > 0
@@ -79,7 +86,7 @@ def _delta_heads(conv_out, alpha, beta, dt_bias, a, n_k, head, eps, state, out, 
         s = state[h]
         kh = h % n_k
         sk = np.empty(head, np.float32)
-        o = np.empty(head, np.float32)
+        sq = np.empty(head, np.float32)
         for t in range(m):
             x = conv_out[t]
             b = np.float32(1.0) / (np.float32(1.0) + exp32(-beta[t, h]))
@@ -88,21 +95,21 @@ def _delta_heads(conv_out, alpha, beta, dt_bias, a, n_k, head, eps, state, out, 
             decay = np.float32(np.exp(soft * a[h]))
             q0, k0, v0 = kh * head, key_width + kh * head, 2 * key_width + h * head
             sk[:] = 0
-            for i in range(head):  # S decays; S k
+            sq[:] = 0
+            kq = np.float32(0.0)
+            for i in range(head):  # S k and S q of the state before this row: one read of it
+                ki, qi = x[k0 + i], x[q0 + i]
+                kq += ki * qi
+                for j in range(head):
+                    sk[j] += s[i, j] * ki
+                    sq[j] += s[i, j] * qi
+            for j in range(head):  # the delta (sk becomes it) and the output, from the decayed state's
+                sk[j] = (x[v0 + j] - decay * sk[j]) * b
+                out[t, h * head + j] = (decay * sq[j] + kq * sk[j]) * scale
+            for i in range(head):  # S = decay S + k d^T: one read and write of it
                 ki = x[k0 + i]
                 for j in range(head):
-                    s[i, j] *= decay
-                    sk[j] += s[i, j] * ki
-            for j in range(head):  # the delta, reusing sk
-                sk[j] = (x[v0 + j] - sk[j]) * b
-            o[:] = 0
-            for i in range(head):  # S += k d^T; S q
-                ki, qi = x[k0 + i], x[q0 + i]
-                for j in range(head):
-                    s[i, j] += ki * sk[j]
-                    o[j] += s[i, j] * qi
-            for j in range(head):
-                out[t, h * head + j] = o[j] * scale
+                    s[i, j] = s[i, j] * decay + ki * sk[j]
             if keep:
                 ssm_snaps[t, h] = s
 
@@ -111,7 +118,7 @@ def delta_net_rows(mixed: np.ndarray, alpha: np.ndarray, beta: np.ndarray, dt_bi
                    conv_w: np.ndarray, n_k: int, head: int, eps: float, conv_state: np.ndarray,
                    ssm_state: np.ndarray, snapshots: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """One conversation's rows through the mixer's recurrence: mixed [m, channels] (the attn_qkv product),
-    alpha, beta [m, n_v] logits; updates conv_state [d_conv - 1, channels] and ssm_state [n_v, head, head] in
+    alpha, beta [m, n_v] logits, conv_w [d_conv, channels]; updates conv_state [d_conv - 1, channels] and ssm_state [n_v, head, head] in
     place; snapshots (conv [m, d_conv - 1, channels], ssm [m, n_v, head, head]) receive the state after each
     row. Returns [m, n_v * head]. (The state's layout is [value head, key dim, value dim].)"""
     m = mixed.shape[0]
