@@ -63,16 +63,26 @@ class HybridCache(KvCache):
         if n >= self.len:
             return
         n = max(0, int(n))
+        state = self._state_at(n)
+        if state is None:
+            self.state_store.zero()
+        else:
+            self.state_store.load(state)
+        self._forget_after(n)
+
+    def _state_at(self, n: int):
+        """The state after n positions (n < len: a mark or a row of the last feed; len: the live one), as a
+        save() of it; None for n = 0 (the zero state). ValueError where it kept none."""
         start, end = self._rows
         if n == 0:
-            self.state_store.zero()
-        elif start < n <= end:
-            self.state_store.load(self.state_store.row_state(n - start - 1))
-        elif n in self._marks:
-            self.state_store.load(self._marks[n])
-        else:
-            raise ValueError(f"this memory cannot be cut to {n} positions (it can to {self.truncation_point(n)})")
-        self._forget_after(n)
+            return None
+        if n >= self.len:
+            return self.state_store.save()
+        if start < n <= end:
+            return self.state_store.row_state(n - start - 1)
+        if n in self._marks:
+            return self._marks[n]
+        raise ValueError(f"this memory cannot be cut to {n} positions (it can to {self.truncation_point(n)})")
 
     def saved_marks(self, count: int = 2) -> list[tuple[int, object]]:
         """The newest `count` marks as (position, state): what a sidecar keeps (engine.kv.state_persist)."""
@@ -108,18 +118,9 @@ class HybridCache(KvCache):
         self._marks = marks
 
     def copy_prefix(self, src: "HybridCache", n: int) -> None:
-        if not src.can_truncate(n):
-            raise ValueError(f"the source memory cannot give its first {n} positions alone")
         if src.state_shapes != self.state_shapes:
             raise ValueError("copy_prefix between hybrid memories of different state shapes")
-        if n >= src.len:
-            state = src.state_store.save()
-        elif n == 0:
-            state = None
-        elif src._rows[0] < n <= src._rows[1]:
-            state = src.state_store.row_state(n - src._rows[0] - 1)
-        else:
-            state = src._marks[n]
+        state = src._state_at(min(n, src.len))  # ValueError where it cannot give its first n positions alone
         self.reset()
         self.copy_rows(src, 0, n)
         if state is not None:

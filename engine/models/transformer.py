@@ -65,6 +65,7 @@ class Transformer:
         self.output = (LinearWeight.load(file, "output.weight", args.vocab_size, args.n_embd, be)
                        if "output.weight" in file.tensors else self.embed)
         self._row_runs = _row_runs(be, self.blocks)
+        self._state_shapes = tuple(args.state_shapes())  # a hybrid's recurrent layers' (checked every forward)
         self.next_token = load_predictor(file, args.next_token_layers, args.n_layers, args.n_embd, args.norm_eps,
                                          self.embed, self.output, self.norm, be)
 
@@ -77,10 +78,9 @@ class Transformer:
         return self.args.n_layers
 
     def new_cache(self, capacity: int, dtype: KvDtype | str = KvDtype.F16) -> KvCache:
-        states = self.args.state_shapes()
-        if states:
+        if self._state_shapes:
             return HybridCache(*self.args.kv_geometry(), capacity, dtype, self.backend, self.args.kv_value_is_key(),
-                               states)
+                               self._state_shapes)
         return KvCache(*self.args.kv_geometry(), capacity, dtype, self.backend, self.args.kv_value_is_key())
 
     # -- the model interface ----------------------------------------------------------------------------
@@ -195,7 +195,7 @@ class Transformer:
         kv_heads, head_dims = self.args.kv_geometry()
         if (cache.kv_heads != tuple(kv_heads) or cache.head_dims != tuple(head_dims)
                 or cache.value_is_key != tuple(self.args.kv_value_is_key())
-                or tuple(cache.state_shapes) != tuple(self.args.state_shapes())):
+                or tuple(cache.state_shapes) != self._state_shapes):
             raise KvCacheShapeMismatch("the KV cache was made for a different model geometry")
         if cache.backend is not self.backend:
             raise KvCacheShapeMismatch(f"the KV cache lives on the {cache.backend.name} backend; this model runs "
