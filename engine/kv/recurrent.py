@@ -109,7 +109,9 @@ class HybridCache(KvCache):
         self._forget_after(0)
 
     def checkpoint(self) -> tuple[int, object, dict]:
-        return self.len, self.state_store.save(), dict(self._marks)
+        # a mark here is that state already (marks are only copied from): a reopened chat's turn end
+        state = self._marks[self.len] if self.len in self._marks else self.state_store.save()
+        return self.len, state, dict(self._marks)
 
     def restore(self, checkpoint: tuple[int, object, dict]) -> None:
         n, state, marks = checkpoint

@@ -133,9 +133,9 @@ def read(path, fingerprint: bytes, shapes: Shapes, tokens: Sequence[int]) -> lis
         if position > len(tokens) or digest != tokens_digest(tokens[:position]):
             continue
         arrays, start = [], 0
-        for shape in layouts:
+        for shape in layouts:  # read-only views of the file's bytes: a state is only ever copied from
             n = int(np.prod(shape))
-            arrays.append(flat[start:start + n].reshape(shape).astype(np.float32))
+            arrays.append(flat[start:start + n].reshape(shape))
             start += n
         found.append((position, (arrays[:len(shapes)], arrays[len(shapes):])))
     return sorted(found, key=lambda c: c[0])
