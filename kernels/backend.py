@@ -58,12 +58,15 @@ OP_ROPE_SCALED = "rope_scaled"
 OP_LATENT_ATTENTION = "latent_attention"
 OP_DELTA_NET = "delta_net"
 OP_GATED_SIGMOID = "gated_sigmoid"
+OP_ATTENTION_SHARED = "attention_shared"
+OP_SCALE = "scale"
 # Ops that are a method above called with an argument a backend may not have kernels for: the method's name
 OP_VARIANTS = {OP_ATTENTION_SINKS: OP_ATTENTION,  # AttentionShape.sinks
                OP_ROPE_SCALED: OP_ROPE,  # a RopeScaling
-               OP_GATED_SIGMOID: OP_GATED}  # gated("sigmoid", ...)
+               OP_GATED_SIGMOID: OP_GATED,  # gated("sigmoid", ...)
+               OP_ATTENTION_SHARED: OP_ATTENTION}  # attention(q, None, None, ...): over rows another layer wrote
 OPS = frozenset((OP_EMBED, OP_LINEAR, OP_RMSNORM, OP_ROPE, OP_GATED, OP_ADD, OP_ATTENTION, OP_TAKE_ROWS,
-                 OP_MOE_FFN, OP_LATENT_ATTENTION, OP_DELTA_NET, *OP_VARIANTS))
+                 OP_MOE_FFN, OP_LATENT_ATTENTION, OP_DELTA_NET, OP_SCALE, *OP_VARIANTS))
 
 
 class BackendUnavailable(RuntimeError):
@@ -181,14 +184,20 @@ class RopeScaling:
     # mscale_all_dims 0: get_mscale(factor, 1)
     mscale: float = 1.0
     mscale_all_dims: float = 0.0
+    # each rotated pair's angle divided by its factor (ggml's freq_factors: the file's rope_freqs.weight;
+    # Gemma 4's proportional RoPE turns most pairs by ~0 with factors of 1e30); None: all 1
+    freq_factors: tuple[float, ...] | None = None
 
     def angle_factors(self, n_rot: int, base: float) -> np.ndarray:
         """Each rotated pair's angle multiplier (float64 [n_rot / 2]): ggml's freq_scale, mixed by YaRN's ramp
         (rope_yarn: theta_interp * (1 - mix) + theta_extrap * mix) with 1 over its correction dims."""
         freq_scale = float(np.float32(1) / np.float32(self.factor))
         pairs = np.arange(n_rot // 2, dtype=np.float64)
+        # a factor divides the pair's angle before YaRN's ramp mixes it (ggml's theta_extrap), and the mix is
+        # linear in it: dividing the mixed multiplier is the same
+        divisors = 1.0 if self.freq_factors is None else np.asarray(self.freq_factors, np.float64)
         if not self.yarn:
-            return np.full(pairs.size, freq_scale)
+            return np.full(pairs.size, freq_scale) / divisors
 
         def corr_dim(beta):  # ggml_rope_yarn_corr_dim, in float32 as ggml computes it
             f32 = np.float32
@@ -198,7 +207,7 @@ class RopeScaling:
         low = max(0.0, float(np.floor(corr_dim(self.beta_fast))))
         high = min(n_rot - 1.0, float(np.ceil(corr_dim(self.beta_slow))))
         mix = 1 - np.clip((pairs - low) / max(0.001, high - low), 0, 1)
-        return freq_scale * (1 - mix) + mix
+        return (freq_scale * (1 - mix) + mix) / divisors
 
     def magnitude(self) -> float:
         """What cos and sin are multiplied by: llama.cpp's yarn_attn_factor (which cancels YaRN's own factor
@@ -288,7 +297,9 @@ class Gating(str, Enum):
     SIGMOID = "sigmoid"  # a sigmoid of every logit, then the top k of it (DeepSeek-V3, GLM-4.5)
 
 
-SWIGLU, SWIGLU_OAI = "silu", "swiglu_oai"  # the experts' activations: silu(gate) * up; gpt-oss's clamped one
+# the experts' activations: silu(gate) * up; gpt-oss's clamped one; gelu(gate) * up (Gemma 4's, tanh approximation)
+SWIGLU, SWIGLU_OAI, GEGLU = "silu", "swiglu_oai", "gelu"
+EXPERT_ACTIVATIONS = (SWIGLU, SWIGLU_OAI, GEGLU)
 
 
 @dataclass(frozen=True)
@@ -305,7 +316,7 @@ class MoeSpec:
     gating: Gating
     normalize: bool  # the selected weights are divided by their sum
     scale: float  # then multiplied by this
-    activation: str = SWIGLU  # or SWIGLU_OAI
+    activation: str = SWIGLU  # one of EXPERT_ACTIVATIONS
     # float32 [n_expert, width] biases added to each expert's gate, up and down products (None: none)
     gate_bias: Any = field(default=None, compare=False)
     up_bias: Any = field(default=None, compare=False)
@@ -317,6 +328,9 @@ class MoeSpec:
     # runs whose two best scores sum highest; 0: none
     n_groups: int = 0
     groups_used: int = 0
+    # float32 [n_expert]: each expert's down product times its scale, before the weighting (Gemma 4's
+    # per_expert_scale, the file's ffn_down_exps.scale); None: none
+    down_scale: Any = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -407,11 +421,15 @@ class Backend(Protocol):
     def add(self, x: Act, y: Act) -> Act:
         """x + y (a residual)."""
 
+    def scale(self, x: Act, factor: float) -> Act:
+        """The op OP_SCALE: x times a float32 factor (ggml_scale; Gemma 4's per-layer inputs and layer scales)."""
+
     def attention(self, q: Act, k: Act, v: Act, segments: Sequence[Segment], layer: int, shape: AttentionShape,
                   row_wise: bool) -> Act:
         """Write each segment's k/v rows [rows, n_kv * head_dim] (post-RoPE) to its store at pos0.., then
         causal (and windowed) attention of its q rows over its store: [rows, n_head * head_dim] (with the
-        shape's sinks: the op OP_ATTENTION_SINKS)."""
+        shape's sinks: the op OP_ATTENTION_SINKS). k and v None (the op OP_ATTENTION_SHARED): nothing written,
+        the rows `layer` holds (an earlier layer of the forward wrote them) attended to."""
 
     def latent_attention(self, spec: LatentAttentionSpec, q: Act, kv: Act, segments: Sequence[Segment],
                          positions: np.ndarray, layer: int, row_wise: bool) -> Act:

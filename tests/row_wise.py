@@ -29,6 +29,17 @@ def assert_rows_equal_one_at_a_time(model, kv="f16", row_counts=ROW_COUNTS, prom
         np.testing.assert_array_equal(a, b)
 
 
+def assert_decode_equals_rows_past_a_prefill_chunk(model):
+    """Teacher-forced decode (one token a call) gives the bytes of the rows path, over more than a prefill chunk."""
+    from engine import generate
+    from engine.models.model import UBATCH
+
+    ids = random_tokens(model.vocab_size, UBATCH + 40, seed=5)
+    rows = np.concatenate(list(generate.teacher_forced(model, ids, path="rows")))
+    decode = np.concatenate(list(generate.teacher_forced(model, ids, path="decode")))
+    np.testing.assert_array_equal(decode, rows)
+
+
 def assert_same_cache(a, b):
     """Two caches hold the same positions, bit for bit, and the same recurrent state (a hybrid's)."""
     assert a.len == b.len

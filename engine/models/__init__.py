@@ -11,7 +11,9 @@ from typing import Callable, Mapping
 
 from engine.errors import SlowWeightTypeWarning, UnsupportedArchitecture, UnsupportedOnBackend
 from engine.gguf.reader import GGUFFile, open_gguf
-from engine.models import deepseek2, gemma3, glm4moe, gpt_oss, llama, qwen2, qwen3, qwen3moe, qwen35, qwen35moe
+from engine.models import (
+    deepseek2, gemma3, gemma4, glm4moe, gpt_oss, llama, qwen2, qwen3, qwen3moe, qwen35, qwen35moe,
+)
 from engine.models.args import ModelArgs
 from engine.models.footprint import check_fits
 from engine.models.model import Model
@@ -22,8 +24,8 @@ from engine.runtime import model_backend
 from kernels.backend import Backend
 
 FAMILIES: dict[str, Callable[[Mapping], ModelArgs]] = {
-    m.ARCH: m.model_args for m in (llama, qwen2, qwen3, qwen3moe, gemma3, gpt_oss, deepseek2, glm4moe, qwen35,
-                                   qwen35moe)}
+    m.ARCH: m.model_args for m in (llama, qwen2, qwen3, qwen3moe, gemma3, gemma4, gpt_oss, deepseek2, glm4moe,
+                                   qwen35, qwen35moe)}
 
 
 def register_family(arch: str, model_args: Callable[[Mapping], ModelArgs]) -> None:

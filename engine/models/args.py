@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from engine.errors import ConfigError
 import numpy as np
 
 from engine.gguf.meta import meta_float, meta_float_opt, meta_int, meta_int_opt, meta_value, per_layer, per_layer_int
-from engine.models.attention import AttentionArgs
+from engine.models.attention import SHARED_KV, AttentionArgs
 from engine.models.block import LayerArgs
 from engine.models.feed_forward import GatedMlpArgs
 from engine.models.layout import TensorSpec, layer_prefix, matrix, norm
@@ -31,6 +31,11 @@ class ModelArgs:
     # next-token-prediction layers the file appends after `layers` (GLM-4.5's MTP; engine.models.next_token):
     # not part of the forward, a draft source's model
     next_token_layers: list[LayerArgs] = field(default_factory=list)
+    # a part giving each layer an input of its own from the token ids and the embedded rows (Gemma 4's per-layer
+    # embeddings: LayerInputsArgs in engine.models.gemma4), or None
+    layer_inputs: Any = None
+    logit_softcap: float = 0.0  # > 0: logits = cap * tanh(logits / cap) (Gemma's final_logit_softcapping)
+    extra_tensors: tuple[TensorSpec, ...] = ()  # model-wide tensors a layer part reads (Gemma 4's rope_freqs)
 
     @property
     def n_layers(self) -> int:
@@ -45,7 +50,8 @@ class ModelArgs:
         may leave it out), the output norm, then each layer's."""
         e = self.n_embd
         tensors = [matrix("token_embd.weight", self.vocab_size, e),
-                   matrix("output.weight", self.vocab_size, e, required=False), norm("output_norm.weight", e)]
+                   matrix("output.weight", self.vocab_size, e, required=False), norm("output_norm.weight", e),
+                   *self.extra_tensors, *(self.layer_inputs.tensors(e) if self.layer_inputs else ())]
         for i, layer in enumerate(self.layers):
             tensors += layer.tensors(layer_prefix(i), e)
         for i, layer in enumerate(self.next_token_layers, self.n_layers):
@@ -69,11 +75,15 @@ class ModelArgs:
         return [layer.mixer.state_shape() for layer in self._keeping("state")]
 
     def memory_slots(self) -> list[int]:
-        """Each layer's index among the layers keeping its kind of memory (its KV cache layer, or state layer)."""
+        """Each layer's index among the layers keeping its kind of memory (its KV cache layer, or state layer);
+        a layer attending to another's KV rows (SHARED_KV) gets that layer's."""
         seen: dict[str, int] = {}
         slots = []
         for layer in self.layers:
             kind = layer.mixer.MEMORY
+            if kind == SHARED_KV:
+                slots.append(slots[layer.mixer.kv_from])
+                continue
             slots.append(seen.get(kind, 0))
             seen[kind] = slots[-1] + 1
         return slots

@@ -32,6 +32,11 @@ class LayerArgs:
             tensors += [norm(p + "post_attention_norm.weight", n_embd), norm(p + "post_ffw_norm.weight", n_embd)]
         return tensors + [norm(p + self.ffn_norm, n_embd), *self.feed_forward.tensors(p, n_embd)]
 
+    def build(self, file: GGUFFile, layer: int, n_embd: int, eps: float, backend: Backend,
+              cache_layer: int | None = None) -> "Block":
+        """The layer's block (a family with more to its layers builds its own Block)."""
+        return Block(file, self, layer, n_embd, eps, backend, cache_layer)
+
 
 class Block:
     def __init__(self, file: GGUFFile, args: LayerArgs, layer: int, n_embd: int, eps: float, backend: Backend,
@@ -39,6 +44,7 @@ class Block:
         """Layer `layer` of the file (its blk.N. tensors), its rows in a KV cache at `cache_layer` (default the
         same index; a next-token-prediction layer keeps a cache of its own)."""
         p = layer_prefix(layer)
+        self.index = layer
         self.backend = backend
         self.eps = eps
 
@@ -62,8 +68,9 @@ class Block:
         return LayerSpec(mixer=mixer, feed_forward=feed_forward, attn_norm=self.attn_norm, ffn_norm=self.ffn_norm,
                          post_attn_norm=self.post_attn_norm, post_ffn_norm=self.post_ffn_norm, eps=float(self.eps))
 
-    def __call__(self, x, segments: Sequence[Segment], positions: np.ndarray, row_wise: bool):
-        """x [rows, n_embd] of every segment through this layer, its ops row-wise or prefill."""
+    def __call__(self, x, segments: Sequence[Segment], positions: np.ndarray, row_wise: bool, layer_input=None):
+        """x [rows, n_embd] of every segment through this layer, its ops row-wise or prefill (layer_input: the
+        model's input of this layer, ModelArgs.layer_inputs; unused here)."""
         be = self.backend
         a = self.mixer(be.rmsnorm(x, self.attn_norm, self.eps), segments, positions, row_wise)
         if self.post_attn_norm is not None:

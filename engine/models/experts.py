@@ -24,7 +24,7 @@ from engine.models.feed_forward import GatedMlp, GatedMlpArgs
 from engine.models.layout import BIAS, TensorSpec, bias, experts, matrix
 from engine.models.parts import first_problem, shown
 from kernels.backend import (
-    OP_GATED_SIGMOID, OP_LINEAR, OP_MOE_FFN, SWIGLU, SWIGLU_OAI, Backend, Gating, MoeFfnSpec, MoeSpec,
+    EXPERT_ACTIVATIONS, OP_GATED_SIGMOID, OP_LINEAR, OP_MOE_FFN, SWIGLU, Backend, Gating, MoeFfnSpec, MoeSpec,
 )
 
 
@@ -36,7 +36,7 @@ class MoeArgs:
     gating: Gating = Gating.SOFTMAX
     normalize: bool = True  # the selected weights divided by their sum
     scale: float = 1.0  # then multiplied by this
-    activation: str = SWIGLU  # or SWIGLU_OAI (kernels.backend)
+    activation: str = SWIGLU  # one of kernels.backend's EXPERT_ACTIVATIONS
     biases: bool = False  # on the router and on each expert's gate, up and down products
     selection_bias: bool = False  # the file may hold exp_probs_b, added to the gated probabilities to choose
                                   # the experts (llama.cpp: TENSOR_NOT_REQUIRED)
@@ -106,7 +106,7 @@ class MoeArgs:
             (all(f.n_ff >= 1 for f in layers), f"{arch}.expert_feed_forward_length must be positive"),
             (all(math.isfinite(f.scale) and f.scale > 0 for f in layers),
              f"{arch}: the experts' weights scale must be positive"),
-            (all(f.activation in (SWIGLU, SWIGLU_OAI) for f in layers), f"{arch}: an unknown experts' activation"),
+            (all(f.activation in EXPERT_ACTIVATIONS for f in layers), f"{arch}: an unknown experts' activation"),
             (all(f.n_shared_ff >= 0 for f in layers), f"{arch}: the shared experts' width must not be negative"),
             (all(f.n_shared_ff or not f.shared_gate for f in layers), f"{arch}: a shared experts' gate without them"),
             (all(f.groups_fit() for f in layers),

@@ -58,8 +58,9 @@ class Transformer:
         self.args = args
         self.backend = be = backend or cpu_backend()
         self.embed = LinearWeight.load(file, "token_embd.weight", args.vocab_size, args.n_embd, be)
-        self.blocks = [Block(file, layer, i, args.n_embd, args.norm_eps, be, slot)
+        self.blocks = [layer.build(file, i, args.n_embd, args.norm_eps, be, slot)
                        for i, (layer, slot) in enumerate(zip(args.layers, args.memory_slots()))]
+        self.layer_inputs = args.layer_inputs.build(file, args, be) if args.layer_inputs else None
         self.norm = be.upload_vector(load_vector(file, "output_norm.weight", args.n_embd))
         # tied embeddings when the file has no separate output matrix
         self.output = (LinearWeight.load(file, "output.weight", args.vocab_size, args.n_embd, be)
@@ -139,7 +140,9 @@ class Transformer:
         for cache, toks in zip(caches, token_spans):
             cache.feeding(len(toks), row_wise)
         be = self.backend
-        x = self._embed(token_spans, n)
+        ids = self._token_ids(token_spans, n)
+        x = self.embed.rows(ids, self.args.embed_scale)
+        inputs = self.layer_inputs(ids, x, row_wise) if self.layer_inputs else [None] * self.n_layers
         runs = self._row_runs if row_wise else [_RowRun(self.blocks, None)]
         positions = None
         for run in runs:
@@ -149,7 +152,7 @@ class Transformer:
             if positions is None:
                 positions = np.concatenate([np.arange(s.pos0, s.pos0 + s.row_end - s.row_start) for s in segments])
             for block in run.blocks:
-                x = block(x, segments, positions, row_wise)
+                x = block(x, segments, positions, row_wise, inputs[block.index])
         for cache, s in zip(caches, segments):
             cache.advance(s.row_end - s.row_start)
         self._show_hidden(x, token_spans, caches, segments)
@@ -158,7 +161,11 @@ class Transformer:
         h = be.rmsnorm(x, self.norm, self.args.norm_eps)
         if not head:
             return be.to_host(h)
-        return be.to_host(self.output(h, row_wise))
+        logits = be.to_host(self.output(h, row_wise))
+        cap = self.args.logit_softcap
+        if cap > 0:  # as ggml: scaled by 1 / cap, tanh, scaled by cap, in float32
+            logits = np.tanh(logits * np.float32(1.0 / cap)) * np.float32(cap)
+        return logits
 
     def _show_hidden(self, x, token_spans, caches, segments) -> None:
         """Each cache's hidden-state sink (KvCache.hidden_sink) receives its rows' final normed hidden states:
@@ -184,12 +191,12 @@ class Transformer:
             r += len(toks)
         return segments
 
-    def _embed(self, token_spans, n: int) -> np.ndarray:
+    def _token_ids(self, token_spans, n: int) -> np.ndarray:
         ids = np.fromiter((t for toks in token_spans for t in toks), dtype=np.int64, count=n)
         if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
             bad = ids[(ids < 0) | (ids >= self.vocab_size)][0]
             raise InvalidTokenId(f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})")
-        return self.embed.rows(ids, self.args.embed_scale)
+        return ids
 
     def _check_cache(self, cache: KvCache) -> None:
         kv_heads, head_dims = self.args.kv_geometry()

@@ -1,8 +1,8 @@
 """Tokenizers that match llama.cpp token for token, built from GGUF metadata alone.
 
 `load_tokenizer(metadata)` picks the kind from `tokenizer.ggml.model`: "gpt2" is byte-level BPE,
-"llama" is SentencePiece. Both share one interface (base.Tokenizer); StreamDecoder turns generated
-ids into text as soon as it is complete UTF-8.
+"llama" is SentencePiece, "gemma4" SentencePiece-style BPE. All share one interface (base.Tokenizer);
+StreamDecoder turns generated ids into text as soon as it is complete UTF-8.
 """
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from __future__ import annotations
 from engine.errors import TokenizerError
 from engine.gguf.meta import meta_value
 from engine.tokenize.base import Tokenizer
-from engine.tokenize.bpe import BPETokenizer
+from engine.tokenize.bpe import BPETokenizer, SpacedBPETokenizer
 from engine.tokenize.spm import SPMTokenizer
 from engine.tokenize.stream import StreamDecoder
 
 __all__ = ["BPETokenizer", "SPMTokenizer", "StreamDecoder", "Tokenizer", "load_tokenizer"]
 
-_KINDS = {"gpt2": BPETokenizer, "llama": SPMTokenizer}
+_KINDS = {"gpt2": BPETokenizer, "llama": SPMTokenizer, "gemma4": SpacedBPETokenizer}
 
 
 def load_tokenizer(metadata: dict) -> Tokenizer:
@@ -28,6 +28,6 @@ def load_tokenizer(metadata: dict) -> Tokenizer:
     if kind is None:
         raise TokenizerError(
             f"unsupported tokenizer kind tokenizer.ggml.model = {model!r}; "
-            f"supported: {', '.join(repr(k) for k in _KINDS)} (byte-level BPE, SentencePiece)"
+            f"supported: {', '.join(repr(k) for k in _KINDS)} (byte-level BPE, SentencePiece, SentencePiece-style BPE)"
         )
     return kind.from_metadata(metadata)

@@ -1,4 +1,5 @@
-"""Byte-level BPE (GPT-2 / Llama 3 / Qwen / SmolLM), built from GGUF metadata alone.
+"""Byte-level BPE (GPT-2 / Llama 3 / Qwen / SmolLM) and SentencePiece-style BPE (Gemma 4), built from GGUF
+metadata alone.
 
 A plain fragment is cut into words by the model's pre-tokenizer; each word's UTF-8 bytes are spelled
 in GPT-2's printable byte alphabet and merged by rank (merge.py). Whole words are cached.
@@ -15,6 +16,7 @@ from engine.gguf.meta import meta_value
 from engine.tokenize.base import Tokenizer
 from engine.tokenize.merge import SpanTable, encode_words
 from engine.tokenize.pretokenize import pretokenizer_for
+from engine.tokenize.spm import SPACE
 from engine.tokenize.vocab import Vocab, read_vocab
 
 
@@ -84,3 +86,37 @@ class BPETokenizer(Tokenizer):
             bytes([_FROM_ALPHABET[c]]) if c in _FROM_ALPHABET else c.encode("utf-8", "surrogateescape")
             for c in text
         )
+
+
+class SpacedBPETokenizer(BPETokenizer):
+    """SentencePiece-style BPE (tokenizer.ggml.model "gemma4", Gemma 4's), as llama.cpp runs it: spaces are
+    written "▁", the text is cut only at newlines ("[^\\n]+|[\\n]+") and each piece merged by rank over its
+    raw UTF-8 characters (no byte alphabet); a run of newlines that is a token stays whole; a symbol outside
+    the vocabulary falls back to its <0xXX> byte tokens. BOS is always added (llama.cpp overrides a file's
+    add_bos_token false)."""
+
+    def __init__(self, vocab: Vocab, merges: Sequence[str], pre: str | None = None):
+        super().__init__(vocab, merges, "gemma4")
+        self._byte_ids = np.array([vocab.ids.get(f"<0x{b:02X}>", -1) for b in range(256)], dtype=np.int64)
+
+    @classmethod
+    def from_metadata(cls, metadata: dict) -> SpacedBPETokenizer:
+        merges = meta_value(metadata, "tokenizer.ggml.merges", "strings", TokenizerError)
+        if not merges:
+            raise TokenizerError("BPE model without merges (tokenizer.ggml.merges is missing or empty)")
+        vocab = read_vocab(metadata, bos=None, eos=None, unk=None, add_bos=True)
+        vocab.add_bos = True
+        return cls(vocab, merges)
+
+    def _split_words(self, text: str, after_special: bool) -> list[str]:
+        return self.pretokenizer.split(text.replace(" ", SPACE))
+
+    def _encode_new_words(self, words: list[str]) -> list[tuple[int, ...]]:
+        token_ids = self.vocab.ids
+        whole = {w: (token_ids[w],) for w in words if w in token_ids and not w.strip("\n")}
+        todo = [w for w in words if w not in whole]
+        merged = dict(zip(todo, encode_words(todo, self._merges, self._ranks, self._tokens, self._byte_ids)))
+        return [whole[w] if w in whole else merged[w] for w in words]
+
+    def _normal_bytes(self, text: str) -> bytes:
+        return text.replace(SPACE, " ").encode("utf-8", "surrogateescape")

@@ -53,6 +53,7 @@ _RULE_SETS: dict[str, tuple[str, ...]] = {
     "qwen2": (QWEN2,),
     "qwen35": (QWEN35,),
     "smollm": (r"\p{N}", GPT2),
+    "gemma4": ("[^\n]+|[\n]+",),  # SentencePiece-style BPE: only newlines cut the text
     "deepseek-llm": (
         "[\r\n]",
         rf"\s?[{_DEEPSEEK_LLM_LETTERS}]+",

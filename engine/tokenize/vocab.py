@@ -157,5 +157,10 @@ def _end_of_generation(vocab: Vocab) -> frozenset[int]:
     # ends only one of its messages (the reasoning's analysis channel, before the final answer)
     if "<|return|>" in vocab.ids and "<|call|>" in vocab.ids and vocab.ids.get("<|end|>") != vocab.eos_id:
         eog.discard(vocab.ids.get("<|end|>"))
+    # Gemma 4's (and PLaMo's) "</s>" is a normal token: where their own end markers are, it ends nothing
     eog.discard(None)
+    end_s = vocab.ids.get("</s>")
+    if end_s in eog and any(vocab.ids.get(t) in eog for t in ("<|tool_response>", "<|plamo:eos|>")):
+        eog.discard(end_s)
+        vocab.types[end_s] = NORMAL
     return frozenset(eog)

@@ -178,6 +178,9 @@ class CpuBackend:
     def add(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         return x + y
 
+    def scale(self, x: np.ndarray, factor: float) -> np.ndarray:
+        return x * np.float32(factor)
+
     def delta_net(self, spec: DeltaNetSpec, mixed, alpha, beta, segments: Sequence[Segment], layer: int):
         parts = []
         for s in segments:
@@ -192,11 +195,12 @@ class CpuBackend:
                   row_wise: bool) -> np.ndarray:
         n, hd = q.shape[0], shape.head_dim
         q3 = q.reshape(n, shape.n_head, hd)
-        k3, v3 = k.reshape(n, shape.n_kv, hd), v.reshape(n, shape.n_kv, hd)
         out = np.empty_like(q3)
         for s in segments:
             r0, r1, store = s.row_start, s.row_end, s.store
-            store.write_f32(layer, s.pos0, k3[r0:r1], v3[r0:r1])
+            if k is not None:  # else another layer's rows, written earlier in this forward
+                kv_rows = (n, shape.n_kv, hd)
+                store.write_f32(layer, s.pos0, k.reshape(kv_rows)[r0:r1], v.reshape(kv_rows)[r0:r1])
             # row-wise: each row attends as a one-row prefill would, over the keys up to its own position
             spans = [(r, r + 1) for r in range(r0, r1)] if row_wise else [(r0, r1)]
             for a, b in spans:

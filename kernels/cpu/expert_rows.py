@@ -22,6 +22,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit, prange
 
+from kernels.backend import GEGLU, SWIGLU, SWIGLU_OAI
 from kernels.common.quant_blocks import KERNEL
 from kernels.cpu import ops
 from kernels.cpu.moe_route import route_row
@@ -46,7 +47,8 @@ class Experts(NamedTuple):
     groups_used: int
     normalize: bool
     scale: float
-    clamped: bool           # gpt-oss's clamped SwiGLU (else silu(gate) * up)
+    activation: int         # ACTIVATION_CODES of kernels.backend's expert activation
+    down_scale: np.ndarray  # float32 [n_expert]: each expert's down product times it; [0]: none
 
 
 @njit(**KERNEL, inline="always")
@@ -109,16 +111,32 @@ def _add_bias(rows, bias, used, starts, col0):
                 rows[s, col0 + c] += bias[used[g], c]
 
 
+_CLAMPED = 3  # gpt-oss's clamped SwiGLU; the others are ops.gated_range's codes
+ACTIVATION_CODES = {SWIGLU: ops.SILU, GEGLU: ops.GELU, SWIGLU_OAI: _CLAMPED}
+
+
 @njit(**KERNEL)
-def _swiglu_range(gate_up, clamped, hidden, lo, hi):
+def _swiglu_range(gate_up, activation, hidden, lo, hi):
     """hidden[p] = the activation of pair p's gate and up products (the two halves of gate_up[p])."""
     n_ff = hidden.shape[1]
     for p in range(lo, hi):
         gate, up = gate_up[p, :n_ff], gate_up[p, n_ff:]
-        if clamped:
+        if activation == _CLAMPED:
             ops.swiglu_oai_into(gate, up, ops.OAI_ALPHA, ops.OAI_LIMIT, hidden[p])
         else:
-            ops.gated_range(ops.SILU, gate, up, hidden[p], 0, n_ff)
+            ops.gated_range(activation, gate, up, hidden[p], 0, n_ff)
+
+
+@njit(**KERNEL)
+def _scale_rows(rows, scale, used, starts):
+    """Each selected expert's rows times its scale (none when scale is empty), as ggml multiplies the product."""
+    if scale.shape[0] == 0:
+        return
+    for g in range(used.size):
+        s = scale[used[g]]
+        for r in range(starts[g], starts[g + 1]):
+            for c in range(rows.shape[1]):
+                rows[r, c] *= s
 
 
 @njit(**KERNEL)
@@ -135,10 +153,10 @@ def _weighted_range(expert_out, pair, weights, out, lo, hi):
 
 
 @njit(parallel=True, **KERNEL)
-def _swiglu_parallel(gate_up, clamped, hidden, chunks):
+def _swiglu_parallel(gate_up, activation, hidden, chunks):
     n = hidden.shape[0]
     for c in prange(chunks):
-        _swiglu_range(gate_up, clamped, hidden, c * n // chunks, (c + 1) * n // chunks)
+        _swiglu_range(gate_up, activation, hidden, c * n // chunks, (c + 1) * n // chunks)
 
 
 @njit(parallel=True, **KERNEL)
@@ -196,11 +214,12 @@ def expert_rows(formats, ex, h, logits, threads, out):
     expert_out = np.empty((m * k, n_embd), np.float32)
     parallel = threads > 1 and m * k >= _PAIRS_PARALLEL
     if parallel:
-        _swiglu_parallel(gate_up, ex.clamped, hidden, threads)
+        _swiglu_parallel(gate_up, ex.activation, hidden, threads)
     else:
-        _swiglu_range(gate_up, ex.clamped, hidden, 0, m * k)
+        _swiglu_range(gate_up, ex.activation, hidden, 0, m * k)
     _experts_products(formats, (ex.down, ex.down), ex.types[2:], 1, n_embd, used, starts, hidden, expert_out,
                       threads)
+    _scale_rows(expert_out, ex.down_scale, used, starts)
     _add_bias(expert_out, ex.down_bias, used, starts, 0)
     if parallel:
         _weighted_parallel(expert_out, pair, weights, out, threads)

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels.backend import SWIGLU_OAI, MoeSpec
+from kernels.backend import GEGLU, SWIGLU_OAI, MoeSpec
 from kernels.common import formats
 from kernels.cpu import ops, quant
-from kernels.cpu.expert_rows import Experts, expert_rows
+from kernels.cpu.expert_rows import ACTIVATION_CODES, Experts, expert_rows
 from kernels.cpu.moe_route import GATING_CODES, route, selection_bias_of
 
 _NO_BIAS = np.zeros((0, 0), np.float32)
+_NO_SCALE = np.zeros(0, np.float32)
 
 
 def kernel_experts(spec: MoeSpec) -> Experts:
@@ -32,7 +33,9 @@ def kernel_experts(spec: MoeSpec) -> Experts:
                    n_expert=spec.n_expert, n_used=spec.n_used, gating=GATING_CODES[spec.gating],
                    selection_bias=selection_bias_of(spec.selection_bias), n_groups=int(spec.n_groups),
                    groups_used=int(spec.groups_used), normalize=bool(spec.normalize),
-                   scale=float(spec.scale), clamped=spec.activation == SWIGLU_OAI)
+                   scale=float(spec.scale), activation=ACTIVATION_CODES[spec.activation],
+                   down_scale=_NO_SCALE if spec.down_scale is None else np.ascontiguousarray(spec.down_scale,
+                                                                                             np.float32))
 
 
 def moe_ffn(spec: MoeSpec, x: np.ndarray, router_logits: np.ndarray, row_wise: bool) -> np.ndarray:
@@ -59,13 +62,15 @@ def moe_ffn(spec: MoeSpec, x: np.ndarray, router_logits: np.ndarray, row_wise: b
 
 def _expert(spec: MoeSpec, e: int, x: np.ndarray, product) -> np.ndarray:
     """Expert e's output for the rows x, through `product` (quant.matmul or quant.rows)."""
-    def biased_product(weight, bias, inputs):
+    def product_of(weight, inputs, bias, scale=None):  # the product, times the expert's scale, plus its bias
         rows = weight.out_dim // spec.n_expert
         y = product(weight.qtype, weight.raw[e * rows : (e + 1) * rows], inputs)
+        if scale is not None:
+            y *= np.float32(scale[e])
         if bias is not None:
             y += bias[e]
         return y
 
-    gate, up = biased_product(spec.gate, spec.gate_bias, x), biased_product(spec.up, spec.up_bias, x)
-    hidden = ops.swiglu_oai(gate, up) if spec.activation == SWIGLU_OAI else ops.silu_mul(gate, up)
-    return biased_product(spec.down, spec.down_bias, hidden)
+    gate, up = product_of(spec.gate, x, spec.gate_bias), product_of(spec.up, x, spec.up_bias)
+    hidden = {SWIGLU_OAI: ops.swiglu_oai, GEGLU: ops.gelu_mul}.get(spec.activation, ops.silu_mul)(gate, up)
+    return product_of(spec.down, hidden, spec.down_bias, spec.down_scale)

@@ -16,7 +16,8 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType as T
 
 from kernels.backend import (
-    OP_ATTENTION_SINKS, OP_DELTA_NET, OP_GATED_SIGMOID, OP_LATENT_ATTENTION, OP_MOE_FFN, OP_ROPE_SCALED, OPS,
+    OP_ATTENTION_SHARED, OP_ATTENTION_SINKS, OP_DELTA_NET, OP_GATED_SIGMOID, OP_LATENT_ATTENTION, OP_MOE_FFN,
+    OP_ROPE_SCALED, OP_SCALE, OPS,
     Q8_0_BLOCK, Q8_0_BLOCK_BYTES,
     AttentionShape, BackendUnavailable, Segment, kv_rows_f32,
 )
@@ -131,10 +132,10 @@ class GpuBackend:
         return ops.supports(qtype)
 
     def supports_op(self, op: str) -> bool:
-        # every op of the seam but the experts', attention sinks, scaled RoPE, latent attention and the hybrids'
-        # (no kernels yet)
+        # every op of the seam but the experts', attention sinks, scaled RoPE, latent attention, the hybrids' and
+        # Gemma 4's (no kernels yet)
         return op in OPS and op not in (OP_MOE_FFN, OP_ATTENTION_SINKS, OP_ROPE_SCALED, OP_LATENT_ATTENTION,
-                                        OP_DELTA_NET, OP_GATED_SIGMOID)
+                                        OP_DELTA_NET, OP_GATED_SIGMOID, OP_ATTENTION_SHARED, OP_SCALE)
 
     def upload_weight(self, qtype, raw, out_dim, in_dim, bias=None) -> GpuWeight:
         if ops.supports(qtype):

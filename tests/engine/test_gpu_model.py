@@ -26,9 +26,9 @@ def _models(tmp_path, gpu, arch, qtype):
 # activation rounding in its block kernels (llama.cpp's scheme), hence the looser bound. (K-quants are random
 # blocks in synthetic models, whose huge logits magnify that rounding; the kernel tests cover their blocks.)
 @pytest.mark.parametrize("qtype,tol", [(T.F16, 2e-4), (T.Q8_0, 3e-2)], ids=["F16", "Q8_0"])
-# the GPU has no experts op (nor latent attention, nor the hybrids' recurrence) yet
+# the GPU has no experts op (nor latent attention, nor the hybrids' recurrence, nor Gemma 4's ops) yet
 @pytest.mark.parametrize("arch", sorted(set(FAMILIES) - {"qwen3moe", "gpt-oss", "deepseek2", "glm4moe", "qwen35",
-                                                         "qwen35moe"}))
+                                                         "qwen35moe", "gemma4"}))
 def test_prefill_then_decode_matches_the_cpu(tmp_path, gpu, arch, qtype, tol):
     cpu, gpu_model = _models(tmp_path, gpu, arch, qtype)
     logits = {}

@@ -84,7 +84,7 @@ def test_unsupported_architecture_lists_supported(tmp_path):
     f = open_gguf(path)
     f.metadata["general.architecture"] = "mamba9"
     with pytest.raises(UnsupportedArchitecture,
-                       match="'mamba9' is not supported.*deepseek2, gemma3, glm4moe, gpt-oss, llama, qwen2, qwen3"):
+                       match="'mamba9' is not supported.*deepseek2, gemma3, gemma4, glm4moe, gpt-oss, llama, qwen2, qwen3"):
         build_model(f)
 
 

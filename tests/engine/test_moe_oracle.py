@@ -16,10 +16,11 @@ from gguf.constants import GGMLQuantizationType as T
 
 from engine import generate
 from engine.models import load_model
+from tests.gemma4_models import GEMMA4_ORACLE_MODELS
 from tests.hybrid_models import HYBRID_ORACLE_MODELS
 from tests.moe_models import ORACLE_MODELS
 
-ORACLE_MODELS = ORACLE_MODELS | HYBRID_ORACLE_MODELS
+ORACLE_MODELS = ORACLE_MODELS | HYBRID_ORACLE_MODELS | GEMMA4_ORACLE_MODELS
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "moe"
 CLEAR_MARGIN = 0.1

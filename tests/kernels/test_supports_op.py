@@ -1,10 +1,11 @@
 """Backends say which ops of the seam they run (kernels.backend.OPS): the CPU runs them all, the devices all but
-the experts' (moe_ffn), latent attention (DeepSeek's), the Gated DeltaNet recurrence (Qwen3.5's) and the variants
-of attention, RoPE and the gated product that gpt-oss and Qwen3.5 need, and none claims an op it does not know."""
+the experts' (moe_ffn), latent attention (DeepSeek's), the Gated DeltaNet recurrence (Qwen3.5's), Gemma 4's scale
+and the variants of attention, RoPE and the gated product that gpt-oss, Qwen3.5 and Gemma 4 need, and none claims an
+op it does not know."""
 
 import pytest
 
-from kernels.backend import OP_DELTA_NET, OP_LATENT_ATTENTION, OP_MOE_FFN, OP_VARIANTS, OPS, Backend
+from kernels.backend import OP_DELTA_NET, OP_LATENT_ATTENTION, OP_MOE_FFN, OP_SCALE, OP_VARIANTS, OPS, Backend
 from kernels.cpu.backend import CpuBackend
 
 
@@ -15,7 +16,7 @@ def _runs_every_op_and_no_other(backend, refused: frozenset = frozenset()) -> No
     assert not backend.supports_op("")
 
 
-DEVICES_LACK = frozenset({OP_MOE_FFN, OP_LATENT_ATTENTION, OP_DELTA_NET, *OP_VARIANTS})
+DEVICES_LACK = frozenset({OP_MOE_FFN, OP_LATENT_ATTENTION, OP_DELTA_NET, OP_SCALE, *OP_VARIANTS})
 
 
 def test_every_op_name_is_a_method_of_the_protocol_or_a_variant_of_one():

@@ -1,5 +1,6 @@
 """Record llama.cpp's logits on the tests' tiny MoE and hybrid models (qwen3moe, gpt-oss, deepseek2 and glm4moe:
-tests/moe_models.py's ORACLE_MODELS; qwen35: tests/hybrid_models.py's HYBRID_ORACLE_MODELS) into the JSON files
+tests/moe_models.py's ORACLE_MODELS; qwen35: tests/hybrid_models.py's HYBRID_ORACLE_MODELS; gemma4:
+tests/gemma4_models.py's GEMMA4_ORACLE_MODELS) into the JSON files
 beside this script, which tests/engine/test_moe_oracle.py compares the
 engine's forwards with.
 
@@ -33,13 +34,14 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))  # the repository root: the tests' writer
 
+from tests.gemma4_models import GEMMA4_ORACLE_MODELS
 from tests.hybrid_models import HYBRID_ORACLE_MODELS
 from tests.moe_models import ORACLE_MODELS, TOKENS
 
-ORACLE_MODELS = ORACLE_MODELS | HYBRID_ORACLE_MODELS
-# llama.cpp's CPU weight repacking (its "extra buffer types") crashes on the quantized tiny hybrids: they load
-# without it (the plain quantized kernels; the other models were recorded with it)
-UNREPACKED = set(HYBRID_ORACLE_MODELS)
+ORACLE_MODELS = ORACLE_MODELS | HYBRID_ORACLE_MODELS | GEMMA4_ORACLE_MODELS
+# llama.cpp's CPU weight repacking (its "extra buffer types") crashes on the quantized tiny hybrids and Gemma 4s:
+# they load without it (the plain quantized kernels; the other models were recorded with it)
+UNREPACKED = set(HYBRID_ORACLE_MODELS) | set(GEMMA4_ORACLE_MODELS)
 
 
 def llama_ctypes(lib: str | None, binding: str | None):
@@ -91,17 +93,29 @@ def llama_logits(llama, path: Path, tokens: list[int], repack: bool = True) -> n
         llama.llama_model_free(model)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def recording_parser(description: str) -> argparse.ArgumentParser:
+    """The options every recording script takes: where llama.cpp is, and its commit."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lib", help="folder of libllama (default: LLAMA_CPP_LIB_PATH)")
     parser.add_argument("--binding", help="folder holding the llama_cpp package (default: PYTHONPATH)")
     parser.add_argument("--commit", default="", help="the llama.cpp commit the library was built from, to record")
+    return parser
+
+
+def quiet_llama(args: argparse.Namespace):
+    """llama.cpp's ctypes module (recording_parser's options), its backend started and its log silenced."""
+    llama = llama_ctypes(args.lib, args.binding)
+    llama.quiet = llama.llama_log_callback(lambda level, text, data: None)  # kept alive: the library calls it
+    llama.llama_log_set(llama.quiet, None)
+    llama.llama_backend_init()
+    return llama
+
+
+def main() -> None:
+    parser = recording_parser(__doc__)
     parser.add_argument("--only", nargs="+", choices=list(ORACLE_MODELS), help="record these models only")
     args = parser.parse_args()
-    llama = llama_ctypes(args.lib, args.binding)
-    quiet = llama.llama_log_callback(lambda level, text, data: None)  # kept: the library calls it
-    llama.llama_log_set(quiet, None)
-    llama.llama_backend_init()
+    llama = quiet_llama(args)
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.only or ORACLE_MODELS:
             path = Path(tmp) / f"{name}.gguf"
