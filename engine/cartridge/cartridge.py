@@ -10,6 +10,11 @@ Composition: several cartridges served together are written one after another in
 part keeps the rotations it was built at (its keys are frozen vectors), and the chat's tokens follow at
 position composed_rows(parts). Two parts cut from one joint prefill compose back into exactly that
 prefill's cache.
+
+A hybrid model's memory (engine.kv.recurrent) also holds a recurrent state, which has read every position:
+its cartridge keeps the attention layers' rows and the state after the document, one snapshot of the whole
+prefix. Such cartridges do not compose (a state cannot be placed after another document's): one is served
+alone, and its end is a mark the chat can rewind to.
 """
 
 from __future__ import annotations
@@ -35,6 +40,10 @@ class Cartridge:
     head_dims: tuple[int, ...]  # per layer (a q8_0 row's width is in blocks, not elements)
     name: str = ""  # the document's file name
     model: str = ""  # the model file's name, for the library's list (the fingerprint is what is checked)
+    # a hybrid model's recurrent state after the prefix (a StateStore save: conv windows, delta-rule states) and
+    # its layers' shapes; None and () for a memory of rows only
+    state: tuple[list[np.ndarray], list[np.ndarray]] | None = None
+    state_shapes: tuple = ()
 
     @classmethod
     def from_cache(cls, cache: KvCache, tokens: Sequence[int], fingerprint: bytes, document: str,
@@ -45,9 +54,9 @@ class Cartridge:
         k = [cache.read_rows(layer, 0, cache.len)[0].copy() for layer in range(cache.n_layers)]
         v = [k[layer] if cache.value_is_key[layer] else cache.read_rows(layer, 0, cache.len)[1].copy()
              for layer in range(cache.n_layers)]  # a layer whose V rows are its K rows keeps them once
-        return cls(k, v, cache.dtype,
-                   np.asarray(tokens, dtype=np.int64), fingerprint, document, cache.head_dims, name,
-                   model)
+        state = cache.state_store.save() if cache.state_shapes else None  # copies
+        return cls(k, v, cache.dtype, np.asarray(tokens, dtype=np.int64), fingerprint, document, cache.head_dims,
+                   name, model, state, tuple(cache.state_shapes))
 
     @property
     def rows(self) -> int:
@@ -62,20 +71,25 @@ class Cartridge:
         return (self.dtype.value, tuple(k.shape[1] for k in self.k), tuple(self.head_dims))
 
     def byte_size(self) -> int:
-        return sum(a.nbytes for a in {id(a): a for a in self.k + self.v}.values())  # shared rows once
+        state = [] if self.state is None else [*self.state[0], *self.state[1]]
+        return sum(a.nbytes for a in {id(a): a for a in self.k + self.v + state}.values())  # shared rows once
 
     def append_to_cache(self, cache: KvCache) -> None:
         """Write the rows at the cache's end and advance it past them."""
-        if cache.geometry() != self.geometry():
+        if cache.geometry() != self.geometry() or tuple(cache.state_shapes) != self.state_shapes:
             raise KvCacheShapeMismatch(f"the cartridge of {self.name or self.document[:16]} was built for another "
                                        f"cache type or model geometry than this chat's")
         end = cache.len + self.rows
         if end > cache.capacity:
             raise ContextFull(f"the attached documents take {end} positions but the chat's context holds "
                               f"{cache.capacity}")
+        if self.state is not None and cache.len:
+            raise InvalidPrefix("a hybrid model's cartridge is a whole prefix: it starts an empty cache")
         for layer, (k, v) in enumerate(zip(self.k, self.v)):
             cache.write_rows(layer, cache.len, k, v)
         cache.len = end
+        if self.state is not None:  # the state after the document, a mark the chat can rewind to
+            cache.resume([(end, self.state)])
 
 
 def cartridge_id(document: str, fingerprint: bytes, dtype: KvDtype) -> str:
@@ -90,8 +104,9 @@ def composed_rows(parts: Sequence[Cartridge]) -> int:
 def write_composed(parts: Sequence[Cartridge], cache: KvCache) -> None:
     """Serve `parts` in order from an empty cache: afterwards it holds composed_rows(parts) positions. Every
     part must fit the cache's geometry and the model; nothing is written when one does not."""
-    if not cache.composable:  # engine.kv.memory: a state, not rows a cartridge's can sit beside
-        raise InvalidPrefix("this model's memory cannot take documents' cartridges")
+    if not cache.composable and len(parts) > 1:  # engine.kv.memory: a state cannot follow another document's
+        raise InvalidPrefix(f"this model keeps a recurrent state, which cannot be composed from {len(parts)} "
+                            f"documents' cartridges: attach one document at a time")
     if cache.len:
         raise InvalidPrefix(f"cartridges are written into an empty KV cache; this one holds {cache.len} positions")
     if not parts:

@@ -10,7 +10,7 @@ import os
 import threading
 
 from engine.cartridge.build import DEFAULT_DISK_BUDGET, Attached, OnProgress, attach, prefix_ids
-from engine.cartridge.fleet import FleetDocument
+from engine.cartridge.fleet import PER_ANSWER, FleetDocument
 from engine.cartridge.ingest import Document
 from engine.kv.cache import KvDtype
 from engine.models.model import Model
@@ -30,10 +30,18 @@ def read_for_chat(model: Model, tokenizer: Tokenizer, template, document: Docume
                   disk_budget: int = DEFAULT_DISK_BUDGET) -> Attached | FleetDocument:
     """The document for a chat of `context` tokens: its cartridge (loaded, or built and stored) when its
     prefix fits `budget` rows (default: document_budget(context)), else its fleet, opened (every part read,
-    none chosen yet)."""
+    none chosen yet; one part served per answer where documents do not compose)."""
     budget = budget or document_budget(context)
     if len(prefix_ids(tokenizer, template, document)) <= budget:
         return attach(model, tokenizer, template, document, dtype, directory=directory, on_progress=on_progress,
                       cancel=cancel, disk_budget=disk_budget)
-    return FleetDocument.open(model, tokenizer, template, document, budget, dtype, directory=directory,
+    return FleetDocument.open(model, tokenizer, template, document, budget, dtype,
+                              per_answer=PER_ANSWER if documents_compose(model) else 1, directory=directory,
                               on_progress=on_progress, cancel=cancel, disk_budget=disk_budget)
+
+
+def documents_compose(model: Model) -> bool:
+    """Whether several documents' cartridges can be served together on this model: not where its memory keeps a
+    recurrent state (a hybrid's: engine.kv.memory's `composable`), whose cartridge is a snapshot of one whole
+    prefix; there a fleet serves one part per answer."""
+    return not model.args.state_shapes()

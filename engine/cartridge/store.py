@@ -3,8 +3,9 @@
 A file is named by its cartridge's id (document hash, model fingerprint, cache type) and holds the spec's
 state dict: `layers.<i>.k` and `layers.<i>.v` ([rows, kv_heads, head_dim] f16, or [rows, kv_heads, row
 bytes] u8 of q8_0 blocks: the cache's storage form, so a load is bitwise the rows that were saved; no
-`layers.<i>.v` where the layer's V rows are its K rows, as latent attention's), and
-`draft_reference` (i64 token ids). Its metadata records the format, the model fingerprint, the geometry,
+`layers.<i>.v` where the layer's V rows are its K rows, as latent attention's), `draft_reference` (i64 token
+ids) and, for a hybrid model, its recurrent state after the document: `state.<i>.conv` and `state.<i>.ssm`
+(f32) per recurrent layer. Its metadata records the format, the model fingerprint, the geometry,
 the document's hash and name, and a CRC-32 of the tensor bytes.
 
 Loading refuses (CartridgeRefused) a file that does not parse, fails its CRC, or was built for another
@@ -55,6 +56,9 @@ def save(cart: Cartridge, directory: str | os.PathLike | None = None) -> Path:
         if v is not k:  # a layer whose V rows are its K rows (Cartridge.from_cache) keeps them once
             tensors[f"layers.{i}.v"] = _tensor(cart.dtype, v)
     tensors["draft_reference"] = cart.draft_reference.astype(np.int64)
+    if cart.state is not None:
+        for i, (conv, ssm) in enumerate(zip(*cart.state)):
+            tensors[f"state.{i}.conv"], tensors[f"state.{i}.ssm"] = conv, ssm
     metadata = {"format": FORMAT, "fingerprint": cart.fingerprint.hex(), "kv_dtype": cart.dtype.value,
                 "kv_heads": json.dumps([k.shape[1] for k in cart.k]), "head_dims": json.dumps(list(cart.head_dims)),
                 "rows": str(cart.rows), "document": cart.document, "name": cart.name, "model": cart.model,
@@ -98,11 +102,12 @@ def load(path: str | os.PathLike, like: KvCache, fingerprint: bytes) -> Cartridg
         tensors = safetensors.numpy.load(data)
     except Exception as e:  # safetensors raises its own error type for every kind of damage
         raise CartridgeRefused(f"the cartridge {path} is damaged: {e}") from None
-    n, shared = like.n_layers, like.value_is_key
+    n, shared, shapes = like.n_layers, like.value_is_key, like.state_shapes
     want = ({f"layers.{i}.k" for i in range(n)} | {f"layers.{i}.v" for i in range(n) if not shared[i]}
-            | {"draft_reference"})
+            | {"draft_reference"} | {f"state.{i}.{part}" for i in range(len(shapes)) for part in ("conv", "ssm")})
     if set(tensors) != want:
-        raise CartridgeRefused(f"the cartridge {path} does not hold the {n} layers of this model's KV cache")
+        raise CartridgeRefused(f"the cartridge {path} does not hold the {n} layers of this model's KV cache"
+                               f"{' and its recurrent state' if shapes else ''}")
     tokens = tensors["draft_reference"]
     k = [_rows(like, path, tensors[f"layers.{i}.k"], i, len(tokens)) for i in range(n)]
     v = [k[i] if shared[i] else _rows(like, path, tensors[f"layers.{i}.v"], i, len(tokens)) for i in range(n)]
@@ -111,7 +116,20 @@ def load(path: str | os.PathLike, like: KvCache, fingerprint: bytes) -> Cartridg
     if meta.get("crc32") != str(tensors_crc(tensors)):
         raise CartridgeRefused(f"the cartridge {path} is damaged (its rows fail their checksum)")
     return Cartridge(k, v, like.dtype, tokens, fingerprint, meta.get("document", ""), like.head_dims,
-                     meta.get("name", ""), meta.get("model", ""))
+                     meta.get("name", ""), meta.get("model", ""), _state(path, tensors, shapes), tuple(shapes))
+
+
+def _state(path: Path, tensors: dict, shapes) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
+    """The recurrent state in the file, when its layers are of this model's shapes (None: the model has none)."""
+    if not shapes:
+        return None
+    conv = [tensors[f"state.{i}.conv"] for i in range(len(shapes))]
+    ssm = [tensors[f"state.{i}.ssm"] for i in range(len(shapes))]
+    for i, (c, s, (conv_shape, ssm_shape)) in enumerate(zip(conv, ssm, shapes)):
+        if (c.dtype, s.dtype) != (np.float32, np.float32) or (c.shape, s.shape) != (conv_shape, ssm_shape):
+            raise CartridgeRefused(f"the cartridge {path} has a recurrent state of other shapes than this model's "
+                                   f"(layer {i})")
+    return conv, ssm
 
 
 @dataclass(frozen=True)

@@ -48,8 +48,8 @@ class Sidecar:
         # A fresh file holds nothing yet: the first save writes from position 0, a declared prefix's rows
         # included (starting at cache.len would leave the prefix unwritten and every later append refused).
         sidecar = cls(os.fspath(path), fingerprint, 0 if loaded is None else cache.len)
-        if loaded is not None and cache.state_store is not None:
-            sidecar.saved_marks = _checkpoints(loaded.tokens, cache.marks())  # what the checkpoint file holds
+        if loaded is not None and cache.state_store is not None:  # what the checkpoint file holds
+            sidecar.saved_marks = _checkpoints(loaded.tokens, [p for p, _ in _saved_marks(cache, prefix_rows)])
         return sidecar, loaded
 
     def rewind(self, positions: int) -> None:
@@ -63,7 +63,7 @@ class Sidecar:
         start = 0 if self.error else self.saved
         WRITER.submit(self.path, kv_persist.snapshot(cache, tokens, self.fingerprint, prefix_rows, start))
         if cache.state_store is not None:  # after the KV records they go with (the writer keeps the order)
-            marks = cache.saved_marks()
+            marks = _saved_marks(cache, prefix_rows)
             held = _checkpoints(tokens, [p for p, _ in marks])
             if self.error or held != self.saved_marks:
                 WRITER.submit(self.path, state_persist.StateUpdate(self.fingerprint, cache.state_shapes,
@@ -77,12 +77,23 @@ def _checkpoints(tokens: Sequence[int], positions: Sequence[int]) -> list[tuple[
     return [(p, state_persist.tokens_digest(tokens[:p])) for p in positions]
 
 
+def _saved_marks(cache: KvCache, prefix_rows: int) -> list[tuple[int, object]]:
+    """The marks a checkpoint file keeps, at positions counted from the end of the prefix (a cartridge's, whose
+    tokens the file does not hold): the history each one read is tokens[:position]."""
+    return [(p - prefix_rows, state) for p, state in cache.saved_marks() if p >= prefix_rows]
+
+
 def _resume_state(path, cache: KvCache, fingerprint: bytes, loaded: kv_persist.Loaded) -> kv_persist.Loaded | None:
     """The loaded KV records cut back to the newest state checkpoint that goes with them, the state loaded (and
-    the others marked); None (the cache emptied) without one: a hybrid chat cannot resume its KV records alone."""
+    the others marked); None without one, the cache back to its prefix (a cartridge's rows and state, a mark):
+    a hybrid chat cannot resume its KV records alone."""
+    prefix = loaded.prefix_rows
     found = state_persist.read(state_persist.state_path(path), fingerprint, cache.state_shapes, loaded.tokens)
     if not found:
-        cache.reset()
+        if cache.can_truncate(prefix):
+            cache.truncate(prefix)
+        else:
+            cache.reset()
         return None
-    cache.resume(found)
-    return kv_persist.Loaded(loaded.tokens[:cache.len], loaded.prefix_rows)
+    cache.resume([(prefix + p, state) for p, state in found])
+    return kv_persist.Loaded(loaded.tokens[: cache.len - prefix], prefix)

@@ -12,7 +12,8 @@ that does them asks the memory first instead of assuming (as llama.cpp's memory 
   a slot copies another's prompt prefix only where that one can be cut there.
 - `persistable`: whether its positions can be saved to a sidecar and loaded back (a conversation without
   it reopens by reading its chat again).
-- `composable`: whether rows made elsewhere (documents' cartridges) can be placed in it.
+- `composable`: whether rows made elsewhere (documents' cartridges) can be placed in it one after another; a
+  memory that cannot takes one cartridge, a snapshot of the whole prefix (engine.cartridge.cartridge).
 """
 
 from __future__ import annotations

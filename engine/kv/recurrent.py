@@ -23,7 +23,7 @@ KEEP_ROWS_MAX = 16  # a verify's rows are fewer; longer row-wise feeds (scoring)
 
 class HybridCache(KvCache):
     persistable = True  # KV records and, beside them, state checkpoints at turn ends (engine.kv.state_persist)
-    composable = False  # a cartridge's rows cannot be placed before a state that never read them
+    composable = False  # a state cannot follow another document's: one cartridge, a snapshot, starts it
 
     def __init__(self, kv_heads: Sequence[int], head_dims: Sequence[int], capacity: int,
                  dtype: KvDtype | str, backend: Backend, value_is_key: Sequence[bool],

@@ -20,7 +20,6 @@ from engine.models import load_model
 from engine.models.attention import Attention
 from engine.models.delta_net import DeltaNet
 from engine.models.experts import MoeFfn
-from engine.models.model import UBATCH
 from engine.sampling import Sampler, SamplerConfig
 from engine.speculative import stream
 from tests.chat_equivalences import CHATML, assert_a_reopened_chat_continues_as_the_uninterrupted_one, chat, reply
@@ -29,8 +28,8 @@ from tests.engine.test_next_token import speculate_with_the_layer
 from tests.hybrid_models import QWEN35, QWEN35MOE, write_qwen35_model, write_qwen35moe_model
 from tests.moe_models import TOKENS, assert_refused
 from tests.row_wise import (
-    assert_batched_step_equals_each_alone, assert_rows_equal_one_at_a_time, assert_speculative_yields_the_plain_ids,
-    random_tokens,
+    assert_batched_step_equals_each_alone, assert_decode_equals_rows_past_a_prefill_chunk,
+    assert_rows_equal_one_at_a_time, assert_speculative_yields_the_plain_ids,
 )
 
 
@@ -75,10 +74,7 @@ def test_rows_equal_one_at_a_time_and_leave_the_same_state(model):
 
 
 def test_decode_equals_rows_past_a_prefill_chunk(model):
-    ids = random_tokens(model.vocab_size, UBATCH + 40, seed=5)
-    rows = np.concatenate(list(generate.teacher_forced(model, ids, path="rows")))
-    decode = np.concatenate(list(generate.teacher_forced(model, ids, path="decode")))
-    np.testing.assert_array_equal(decode, rows)
+    assert_decode_equals_rows_past_a_prefill_chunk(model)
 
 
 def test_a_batched_decode_step_equals_each_conversation_alone(model):
@@ -142,11 +138,11 @@ def test_a_copied_prefix_continues_as_its_donor(model):
     np.testing.assert_array_equal(model.forward([9], copy), model.forward([9], donor))
 
 
-def test_a_hybrid_memory_is_saved_to_sidecars_and_refuses_cartridge_rows_by_name(model):
+def test_a_hybrid_memory_is_saved_to_sidecars_and_refuses_composed_cartridges_by_name(model):
     cache = model.new_cache(8)
     assert cache.persistable and not cache.composable
-    with pytest.raises(InvalidPrefix, match="cannot take documents' cartridges"):
-        write_composed([object()], cache)
+    with pytest.raises(InvalidPrefix, match="recurrent state, which cannot be composed from 2 documents"):
+        write_composed([object(), object()], cache)
 
 
 @pytest.mark.parametrize("key, value, vtype, match", [

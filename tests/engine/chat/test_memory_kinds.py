@@ -4,7 +4,8 @@ A KV cache answers yes to everything; a recurrent state cannot be cut below its 
 copy (a hybrid family's: engine.kv.recurrent, tests/engine/test_qwen35.py). `StateLikeCache` answers as a state
 that keeps none does, over a KV cache's storage, and can be neither saved nor composed, so every refusing branch
 runs on a dense model: a speculative turn then goes back to
-its checkpoint and feeds the kept tokens again, and still equals a plain turn bit for bit.
+its checkpoint and feeds the kept tokens again, and still equals a plain turn bit for bit. (A hybrid's
+cartridges, one snapshot each: tests/engine/cartridge/test_hybrid_cartridges.py.)
 """
 
 import numpy as np
@@ -82,9 +83,9 @@ def test_a_memory_that_cannot_be_saved_keeps_no_sidecar(tiny_chat, tmp_path):
     assert not (tmp_path / "chat.kv").exists()
 
 
-def test_cartridges_are_not_placed_in_a_memory_that_cannot_compose(tiny_chat):
-    with pytest.raises(InvalidPrefix, match="cannot take documents' cartridges"):
-        write_composed([object()], _state_like(tiny_chat[0]))
+def test_several_cartridges_are_not_composed_in_a_memory_that_cannot_compose(tiny_chat):
+    with pytest.raises(InvalidPrefix, match="cannot be composed from 2 documents' cartridges"):
+        write_composed([object(), object()], _state_like(tiny_chat[0]))
 
 
 def test_a_prefix_is_copied_only_from_a_memory_that_can_be_cut_there(tiny_chat):
