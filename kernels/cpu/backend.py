@@ -20,7 +20,7 @@ from kernels.common import gguf_weights, kv_rows, q8_0
 from kernels.common.state_store import HostStateStore
 from kernels.cpu import moe, ops, quant, quant_dot
 from kernels.cpu.delta_net import delta_net_rows
-from kernels.cpu.attention import attention_prefill
+from kernels.cpu.attention import attention_prefill, decode_rows
 from kernels.cpu.latent_attention import latent_attention
 from kernels.cpu.row_stack import ExpertsFfn, Layer as KernelLayer, Mlp, RowArgs, forward_rows
 from kernels.cpu.row_variants import RowVariants
@@ -36,6 +36,9 @@ class CpuWeight:
     out_dim: int
     in_dim: int
     bias: np.ndarray | None
+
+
+_NO_SINKS = np.zeros(0, np.float32)
 
 
 class CpuKvStore:
@@ -201,16 +204,20 @@ class CpuBackend:
             if k is not None:  # else another layer's rows, written earlier in this forward
                 kv_rows = (n, shape.n_kv, hd)
                 store.write_f32(layer, s.pos0, k.reshape(kv_rows)[r0:r1], v.reshape(kv_rows)[r0:r1])
+            n_keys = s.pos0 + (r1 - r0)
+            keys, values = store.read(layer, 0, n_keys)
+            if row_wise and store.dtype == "f16":  # each row over the keys up to its own, read as f16 bits
+                decode_rows(np.ascontiguousarray(q3[r0:r1]), keys, values, np.arange(s.pos0 + 1, n_keys + 1), shape.window,
+                            np.float32(shape.scale), _NO_SINKS if shape.sinks is None else shape.sinks, out[r0:r1])
+                continue
+            keys = store.decode(keys)
+            values = keys if store.v[layer] is store.k[layer] else store.decode(values)  # latent rows: once
             # row-wise: each row attends as a one-row prefill would, over the keys up to its own position
             spans = [(r, r + 1) for r in range(r0, r1)] if row_wise else [(r0, r1)]
             for a, b in spans:
                 pos0 = s.pos0 + (a - r0)
-                n_keys = pos0 + (b - a)
-                keys, values = store.read(layer, 0, n_keys)
-                keys = store.decode(keys)
-                values = keys if store.v[layer] is store.k[layer] else store.decode(values)  # latent rows: once
-                out[a:b] = attention_prefill(q3[a:b], keys, values, pos0, shape.window, shape.scale,
-                                             threads=quant.threads(), sinks=shape.sinks)
+                out[a:b] = attention_prefill(q3[a:b], keys[: pos0 + b - a], values[: pos0 + b - a], pos0,
+                                             shape.window, shape.scale, threads=quant.threads(), sinks=shape.sinks)
         return out.reshape(n, -1)
 
     def latent_attention(self, spec: LatentAttentionSpec, q, kv, segments: Sequence[Segment], positions: np.ndarray,
