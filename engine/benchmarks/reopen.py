@@ -8,6 +8,7 @@ stops at its first token. The warm runs include loading the sidecar.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -80,6 +81,8 @@ def _first_token(model, saved: Path, work: Path, cid: str, sidecar: bool) -> dic
     if not sidecar:
         sidecar_path(cid, work / "sidecars").unlink()
         Path(state_path(sidecar_path(cid, work / "sidecars"))).unlink(missing_ok=True)
+    if hasattr(os, "sync"):  # the copy's writeback is not the reopen's: it would compete for the cores while timed
+        os.sync()
     with HistoryStore(work / "history.db") as store:
         t0 = time.perf_counter()
         session = ChatSession(store, model, cid, sidecar_dir=work / "sidecars")
