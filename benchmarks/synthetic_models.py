@@ -104,6 +104,21 @@ SHAPES = {
                                      ("rope.freq_base", 10000000.0), ("ssm.conv_kernel", 4),
                                      ("ssm.state_size", 128), ("ssm.group_count", 16), ("ssm.time_step_rank", 32),
                                      ("ssm.inner_size", 4096))),
+    # Gemma 4 26B-A4B (25B parameters, 4B per token; its GGUF metadata as llama.cpp's converter writes it) with 32
+    # of its 128 experts in each layer: 30 layers, every sixth full attention (16 heads of 512, 2 KV heads, V
+    # normed, proportional RoPE) and the others a 1024-token window (heads of 256, 8 KV heads); in each a dense
+    # GeGLU MLP of 2112 and experts of 704 (not whole K-quant blocks: Q5_0, as llama.cpp's Q4_K_M falls back),
+    # 8 used. A token reads what a 26B-A4B token reads; the file's vocabulary is the Qwen2.5 starter's 151,936
+    # where the model's is 262,144 (its output matrix 42% smaller), and it holds an output matrix of its own
+    "gemma-4-26b-a4b-32e": Shape("gemma4", 30, 2816, 16, 8, 2112, tied=False, context=262144, head_dim=512,
+                                 window=1024, experts=(32, 8), metadata=(
+                                     ("expert_feed_forward_length", 704), ("attention.key_length_swa", 256),
+                                     ("attention.value_length_swa", 256), ("rope.dimension_count", 512),
+                                     ("rope.dimension_count_swa", 256), ("rope.freq_base_swa", 10000.0),
+                                     ("attention.head_count_kv", [8, 8, 8, 8, 8, 2] * 5),
+                                     ("attention.sliding_window_pattern", ([True] * 5 + [False]) * 5),
+                                     ("final_logit_softcapping", 30.0), ("attention.shared_kv_layers", 0),
+                                     ("embedding_length_per_layer_input", 0))),
 }
 
 
