@@ -15,7 +15,7 @@ from app.cli.progress import ProgressBar, tokens
 from engine.cartridge.build import Attached
 from engine.cartridge.chat_documents import Restored, restore
 from engine.cartridge.fleet import FleetDocument
-from engine.cartridge.for_chat import read_for_chat
+from engine.cartridge.for_chat import check_document_count, read_for_chat
 from engine.cartridge.ingest import read_document
 from engine.chat import template_for_model
 from engine.model_tokenizer import tokenizer_for
@@ -51,6 +51,7 @@ def attach_documents(model, paths, kv: str, context: int, *, budget: int | None 
     one, the parts are read and none is attached)."""
     if not paths:
         return []
+    check_document_count(model, len(paths))
     tokenizer = tokenizer_for(model)
     template = template_for_model(model.file.metadata, tokenizer)
     attached = []

@@ -26,7 +26,7 @@ from engine.cartridge import store as cartridge_store
 from engine.cartridge.build import DEFAULT_DISK_BUDGET, Attached
 from engine.cartridge.chat_documents import record, restore
 from engine.cartridge.fleet import FleetDocument
-from engine.cartridge.for_chat import read_for_chat
+from engine.cartridge.for_chat import check_document_count, read_for_chat
 from engine.cartridge.ingest import read_document
 from engine.chat import template_for_model
 from engine.errors import CartridgeCancelled, CartridgeRefused, FucinaError
@@ -169,6 +169,8 @@ class DocumentAttacher(QObject):
         with self._lock:
             self._cancels[key] = cancel
         try:
+            if self.worker.model is not None:  # a hybrid model takes one document: refused before it is read
+                check_document_count(self.worker.model, len(self._new_chat) + 1)
             doc = _NewChatDocument(key, path, self._read(path, key, cancel))
             name = doc.name
             self._check_fits(doc)

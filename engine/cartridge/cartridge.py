@@ -105,8 +105,7 @@ def write_composed(parts: Sequence[Cartridge], cache: KvCache) -> None:
     """Serve `parts` in order from an empty cache: afterwards it holds composed_rows(parts) positions. Every
     part must fit the cache's geometry and the model; nothing is written when one does not."""
     if not cache.composable and len(parts) > 1:  # engine.kv.memory: a state cannot follow another document's
-        raise InvalidPrefix(f"this model keeps a recurrent state, which cannot be composed from {len(parts)} "
-                            f"documents' cartridges: attach one document at a time")
+        raise not_composable(len(parts))
     if cache.len:
         raise InvalidPrefix(f"cartridges are written into an empty KV cache; this one holds {cache.len} positions")
     if not parts:
@@ -122,6 +121,12 @@ def write_composed(parts: Sequence[Cartridge], cache: KvCache) -> None:
     except BaseException:
         cache.reset()
         raise
+
+
+def not_composable(count: int) -> InvalidPrefix:
+    """The refusal of `count` documents on a model whose memory takes one cartridge (a hybrid's)."""
+    return InvalidPrefix(f"this model keeps a recurrent state, which cannot be composed from {count} documents' "
+                         f"cartridges: attach one document at a time")
 
 
 def composition_identity(parts: Sequence[Cartridge]) -> bytes:

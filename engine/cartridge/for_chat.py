@@ -10,6 +10,7 @@ import os
 import threading
 
 from engine.cartridge.build import DEFAULT_DISK_BUDGET, Attached, OnProgress, attach, prefix_ids
+from engine.cartridge.cartridge import not_composable
 from engine.cartridge.fleet import PER_ANSWER, FleetDocument
 from engine.cartridge.ingest import Document
 from engine.kv.cache import KvDtype
@@ -38,6 +39,13 @@ def read_for_chat(model: Model, tokenizer: Tokenizer, template, document: Docume
     return FleetDocument.open(model, tokenizer, template, document, budget, dtype,
                               per_answer=PER_ANSWER if documents_compose(model) else 1, directory=directory,
                               on_progress=on_progress, cancel=cancel, disk_budget=disk_budget)
+
+
+def check_document_count(model: Model, count: int) -> None:
+    """Refuse, before any of them is read, more documents than the model can serve a chat behind at once
+    (InvalidPrefix)."""
+    if count > 1 and not documents_compose(model):
+        raise not_composable(count)
 
 
 def documents_compose(model: Model) -> bool:

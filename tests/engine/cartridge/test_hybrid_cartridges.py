@@ -8,7 +8,7 @@ import pytest
 from engine.cartridge import store
 from engine.cartridge.build import build, prefix_ids
 from engine.cartridge.cartridge import write_composed
-from engine.cartridge.for_chat import documents_compose, read_for_chat
+from engine.cartridge.for_chat import check_document_count, documents_compose, read_for_chat
 from engine.cartridge.fleet import FleetDocument
 from engine.cartridge.ingest import Document
 from engine.chat import template_for_model
@@ -65,6 +65,9 @@ def test_several_cartridges_are_refused_by_name(hybrid):
     with pytest.raises(InvalidPrefix, match="recurrent state, which cannot be composed from 2 documents"):
         write_composed(parts, cache)
     assert cache.len == 0
+    check_document_count(model, 1)  # the command line and the app ask before they read a second one
+    with pytest.raises(InvalidPrefix, match="attach one document at a time"):
+        check_document_count(model, 2)
 
 
 def test_a_stored_cartridge_loads_bitwise_with_its_state_and_a_foreign_one_is_refused(hybrid, tmp_path):
