@@ -124,9 +124,10 @@ def write_composed(parts: Sequence[Cartridge], cache: KvCache) -> None:
 
 
 def not_composable(count: int) -> InvalidPrefix:
-    """The refusal of `count` documents on a model whose memory takes one cartridge (a hybrid's)."""
-    return InvalidPrefix(f"this model keeps a recurrent state, which cannot be composed from {count} documents' "
-                         f"cartridges: attach one document at a time")
+    """The refusal of `count` documents on a model whose memory takes one cartridge (a hybrid's); the advice
+    first, where a document's chip shows the start of it."""
+    return InvalidPrefix(f"attach one document at a time: this model keeps a recurrent state, which cannot be "
+                         f"composed from {count} documents' cartridges")
 
 
 def composition_identity(parts: Sequence[Cartridge]) -> bytes:

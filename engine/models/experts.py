@@ -134,7 +134,7 @@ class MoeFfn:
                                scale=args.scale, activation=args.activation, gate_bias=expert_biases(gate_b, f),
                                up_bias=expert_biases(up_b, f), down_bias=expert_biases(down_b, n_embd),
                                selection_bias=self._selection_bias(args, file, p), n_groups=args.n_groups,
-                               groups_used=args.groups_used)
+                               groups_used=args.groups_used, down_scale=self._down_scale(args, file, p))
         self.shared = None if args.shared is None else GatedMlp(args.shared, file, p, n_embd, backend)
         self.shared_gate = (LinearWeight.load_row(file, args.shared_gate_name(p), n_embd, backend)
                             if args.shared_gate else None)
@@ -143,6 +143,13 @@ class MoeFfn:
     def _selection_bias(args: MoeArgs, file: GGUFFile, p: str):
         name = args.selection_bias_name(p)
         return load_vector(file, name, args.n_expert) if args.selection_bias and name in file.tensors else None
+
+    @staticmethod
+    def _down_scale(args: MoeArgs, file: GGUFFile, p: str):
+        """Each expert's down-product scale where the file has one (as llama.cpp loads ffn_down_exps.scale for
+        every family: Gemma 4's per_expert_scale), else None."""
+        name = p + "ffn_down_exps.scale"
+        return load_vector(file, name, args.n_expert) if name in file.tensors else None
 
     def __call__(self, h, row_wise: bool):
         out = self.backend.moe_ffn(self.experts, h, self.router(h, row_wise), row_wise)

@@ -29,14 +29,14 @@ from engine.gguf.meta import (
     ZeroPolicy, meta_float, meta_float_opt, meta_int, meta_int_opt, per_layer_int,
 )
 from engine.gguf.reader import GGUFFile
-from engine.gguf.weights import LinearWeight, load_experts, load_vector
+from engine.gguf.weights import LinearWeight, load_vector
 from engine.models.args import ModelArgs, sliding_layers, vocab_size
 from engine.models.attention import ROPE_FREQS, AttentionArgs
 from engine.models.block import Block, LayerArgs
 from engine.models.experts import MoeArgs
 from engine.models.feed_forward import GatedMlpArgs
 from engine.models.layout import NORM, TensorSpec, layer_prefix, matrix, norm
-from kernels.backend import GEGLU, OP_GATED, OP_MOE_FFN, OP_SCALE, Backend, Gating, MoeSpec
+from kernels.backend import GEGLU, OP_GATED, OP_MOE_FFN, OP_SCALE, Backend, Gating
 
 ARCH = "gemma4"
 SWA_ROPE_BASE = 10000.0  # llama.cpp's rope_freq_base_train_swa when the file has none
@@ -154,24 +154,16 @@ class Gemma4Block(Block):
         super().__init__(file, args, layer, n_embd, eps, backend, cache_layer)
         p = layer_prefix(layer)
 
-        def vector(name, n=n_embd):
-            return backend.upload_vector(load_vector(file, p + name, n))
+        def vector(name):
+            return backend.upload_vector(load_vector(file, p + name, n_embd))
 
         self.experts = None
-        if args.experts is not None:
-            a = args.experts
-            router_name, gate, up, down = a.names(p)
-            self.router = LinearWeight.load(file, router_name, a.n_expert, n_embd, backend)
+        if args.experts is not None:  # the experts' part (its router run on the input below), and their norms
+            moe = args.experts.build(file, p, layer, n_embd, backend)
+            self.router, self.experts = moe.router, moe.experts
             # rms_norm(x) / sqrt(n_embd) * scale, in one norm: the scale's vector times 1 / sqrt(n_embd)
             self.router_norm = backend.upload_vector(load_vector(file, p + "ffn_gate_inp.scale", n_embd)
                                                      * (1.0 / math.sqrt(n_embd)))
-            scale_name = p + "ffn_down_exps.scale"
-            self.experts = MoeSpec(
-                gate=load_experts(file, gate, a.n_expert, a.n_ff, n_embd, backend),
-                up=load_experts(file, up, a.n_expert, a.n_ff, n_embd, backend),
-                down=load_experts(file, down, a.n_expert, n_embd, a.n_ff, backend), n_expert=a.n_expert,
-                n_used=a.n_used, gating=a.gating, normalize=a.normalize, scale=a.scale, activation=a.activation,
-                down_scale=load_vector(file, scale_name, a.n_expert) if scale_name in file.tensors else None)
             self.pre_norm_2, self.post_norm_1, self.post_norm_2 = (vector(name) for name in _EXPERT_NORMS)
         self.per_layer = None
         if args.per_layer_input:

@@ -61,9 +61,7 @@ class BPETokenizer(Tokenizer):
 
     @classmethod
     def from_metadata(cls, metadata: dict) -> BPETokenizer:
-        merges = meta_value(metadata, "tokenizer.ggml.merges", "strings", TokenizerError)
-        if not merges:
-            raise TokenizerError("byte-level BPE model without merges (tokenizer.ggml.merges is missing or empty)")
+        merges = _merges(metadata)
         pre = meta_value(metadata, "tokenizer.ggml.pre", "string", TokenizerError)
         # llama.cpp's BPE defaults when metadata is silent: id 11 for BOS (none for GLM) and EOS
         vocab = read_vocab(metadata, bos=None if pre in _GLM else 11, eos=11, unk=None, add_bos=pre in _LLAMA3)
@@ -95,18 +93,15 @@ class SpacedBPETokenizer(BPETokenizer):
     the vocabulary falls back to its <0xXX> byte tokens. BOS is always added (llama.cpp overrides a file's
     add_bos_token false)."""
 
-    def __init__(self, vocab: Vocab, merges: Sequence[str], pre: str | None = None):
+    def __init__(self, vocab: Vocab, merges: Sequence[str]):
         super().__init__(vocab, merges, "gemma4")
         self._byte_ids = np.array([vocab.ids.get(f"<0x{b:02X}>", -1) for b in range(256)], dtype=np.int64)
 
     @classmethod
     def from_metadata(cls, metadata: dict) -> SpacedBPETokenizer:
-        merges = meta_value(metadata, "tokenizer.ggml.merges", "strings", TokenizerError)
-        if not merges:
-            raise TokenizerError("BPE model without merges (tokenizer.ggml.merges is missing or empty)")
         vocab = read_vocab(metadata, bos=None, eos=None, unk=None, add_bos=True)
         vocab.add_bos = True
-        return cls(vocab, merges)
+        return cls(vocab, _merges(metadata))
 
     def _split_words(self, text: str, after_special: bool) -> list[str]:
         return self.pretokenizer.split(text.replace(" ", SPACE))
@@ -120,3 +115,10 @@ class SpacedBPETokenizer(BPETokenizer):
 
     def _normal_bytes(self, text: str) -> bytes:
         return text.replace(SPACE, " ").encode("utf-8", "surrogateescape")
+
+
+def _merges(metadata: dict) -> list[str]:
+    merges = meta_value(metadata, "tokenizer.ggml.merges", "strings", TokenizerError)
+    if not merges:
+        raise TokenizerError("BPE model without merges (tokenizer.ggml.merges is missing or empty)")
+    return merges

@@ -207,8 +207,9 @@ class CpuBackend:
             n_keys = s.pos0 + (r1 - r0)
             keys, values = store.read(layer, 0, n_keys)
             if row_wise and store.dtype == "f16":  # each row over the keys up to its own, read as f16 bits
-                decode_rows(np.ascontiguousarray(q3[r0:r1]), keys, values, np.arange(s.pos0 + 1, n_keys + 1), shape.window,
-                            np.float32(shape.scale), _NO_SINKS if shape.sinks is None else shape.sinks, out[r0:r1])
+                sinks = _NO_SINKS if shape.sinks is None else shape.sinks
+                decode_rows(np.ascontiguousarray(q3[r0:r1]), keys, values, np.arange(s.pos0 + 1, n_keys + 1),
+                            shape.window, np.float32(shape.scale), sinks, out[r0:r1])
                 continue
             keys = store.decode(keys)
             values = keys if store.v[layer] is store.k[layer] else store.decode(values)  # latent rows: once
