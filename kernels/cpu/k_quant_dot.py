@@ -119,7 +119,7 @@ def _super_blocks(builder, row, nbytes, block_bytes, add):
         add(b, builder.gep(row, [builder.mul(b, ir.Constant(b.type, block_bytes))]))
 
 
-def _q4_k_scales_mins(builder, sb):
+def q4_k_scales_mins(builder, sb):
     """The eight 6-bit scales then the eight mins of a Q4_K super-block, <16 x i16>: llama.cpp's utmp words
     (scales 0-3, scales 4-7, mins 0-3, mins 4-7 from the 12 packed bytes u0, u1, u2), all four at once."""
     i32x4 = _vec(_I32, 4)
@@ -134,6 +134,39 @@ def _q4_k_scales_mins(builder, sb):
     return builder.zext(builder.bitcast(words, _vec(_I8, 16)), _vec(_I16, 16))
 
 
+def q4_k_values(builder, sb):
+    """A Q4_K super-block's unsigned 4-bit values as two lists of four <32 x i8>: run j's low nibbles (sub-block
+    2j, weights 64j .. 64j + 31) and its high ones (sub-block 2j + 1, the next 32)."""
+    low, high = [], []
+    for j in range(4):
+        q = _at(builder, sb, 16 + 32 * j)
+        _prefetch(builder, q, PREFETCH_BYTES)
+        packed = _load32(builder, q)
+        low.append(builder.and_(packed, _const(_I8, [15] * 32)))
+        high.append(builder.lshr(packed, _const(_I8, [4] * 32)))
+    return low, high
+
+
+def q6_k_values(builder, sb):
+    """A Q6_K super-block's unsigned 6-bit values (q + 32) as eight <32 x i8>, its runs of 32 weights in order:
+    per half of 128, the low or high nibbles of its two 32-byte runs of ql with two bits of qh on top."""
+    runs = []
+    for h in range(2):
+        ql1, ql2 = _load32(builder, _at(builder, sb, 64 * h)), _load32(builder, _at(builder, sb, 64 * h + 32))
+        _prefetch(builder, _at(builder, sb, 64 * h), PREFETCH_BYTES)
+        qh = _load32(builder, _at(builder, sb, 128 + 32 * h))
+        bytes_of = lambda v: _const(_I8, [v] * 32)  # noqa: E731
+        low4 = lambda v: builder.and_(v, bytes_of(15))  # noqa: E731
+        high4 = lambda v: builder.lshr(v, bytes_of(4))  # noqa: E731
+        tops = (builder.shl(builder.and_(qh, bytes_of(3)), bytes_of(4)),
+                builder.shl(builder.and_(qh, bytes_of(12)), bytes_of(2)),
+                builder.and_(qh, bytes_of(48)),
+                builder.lshr(builder.and_(qh, bytes_of(192)), bytes_of(2)))
+        bottoms = (low4(ql1), low4(ql2), high4(ql1), high4(ql2))
+        runs += [builder.or_(bottoms[p], tops[p]) for p in range(4)]
+    return runs
+
+
 def _q4_k_dots(builder, row, nbytes, inputs):
     """Per super-block: d = xd * d_w, dmin = -xd * dmin_w; sumi (8 int32 lanes) = sum over the four runs of
     64 weights of scale_lo * (low nibbles . x) + scale_hi * (high nibbles . x) (pmaddubsw, pmaddwd);
@@ -144,16 +177,10 @@ def _q4_k_dots(builder, row, nbytes, inputs):
 
     def add(b, sb):
         d_w, dmin_w = _f16(builder, sb), _f16(builder, _at(builder, sb, 2))
-        scales_mins = _q4_k_scales_mins(builder, sb)
+        scales_mins = q4_k_scales_mins(builder, sb)
         mins = _lanes(builder, scales_mins, 8, 8)
         scale = [builder.shuffle_vector(scales_mins, scales_mins, _const(_I32, [j] * 16)) for j in range(8)]
-        low, high = [], []
-        for j in range(4):
-            q = _at(builder, sb, 16 + 32 * j)
-            _prefetch(builder, q, PREFETCH_BYTES)
-            packed = _load32(builder, q)
-            low.append(builder.and_(packed, _const(_I8, [15] * 32)))
-            high.append(builder.lshr(packed, _const(_I8, [4] * 32)))
+        low, high = q4_k_values(builder, sb)
         e = builder.mul(b, ir.Constant(b.type, 256))
         for t, (xq, xd, bsums) in enumerate(inputs):
             xd_b = builder.load(builder.gep(xd, [b]))
@@ -193,23 +220,10 @@ def _q6_k_dots(builder, row, nbytes, inputs):
         scales8 = builder.load(builder.bitcast(_at(builder, sb, 192), _vec(_I8, 16).as_pointer()), align=1)
         scales16 = builder.sext(scales8, _vec(_I16, 16))
         runs = []  # (values, group scales) of each run of 32 weights, in order
-        for h in range(2):
-            ql1, ql2 = _load32(builder, _at(builder, sb, 64 * h)), _load32(builder, _at(builder, sb, 64 * h + 32))
-            _prefetch(builder, _at(builder, sb, 64 * h), PREFETCH_BYTES)
-            qh = _load32(builder, _at(builder, sb, 128 + 32 * h))
-            bytes_of = lambda v: _const(_I8, [v] * 32)  # noqa: E731
-            low4 = lambda v: builder.and_(v, bytes_of(15))  # noqa: E731
-            high4 = lambda v: builder.lshr(v, bytes_of(4))  # noqa: E731
-            tops = (builder.shl(builder.and_(qh, bytes_of(3)), bytes_of(4)),
-                    builder.shl(builder.and_(qh, bytes_of(12)), bytes_of(2)),
-                    builder.and_(qh, bytes_of(48)),
-                    builder.lshr(builder.and_(qh, bytes_of(192)), bytes_of(2)))
-            bottoms = (low4(ql1), low4(ql2), high4(ql1), high4(ql2))
-            for p in range(4):
-                group = 8 * h + 2 * p  # this run's two 16-weight groups
-                pair = builder.shuffle_vector(scales8, scales8, _const(_I32, [group] * 8 + [group + 1] * 8))
-                scale = builder.sext(pair, _vec(_I16, 16))
-                runs.append((builder.or_(bottoms[p], tops[p]), scale))
+        for k, values in enumerate(q6_k_values(builder, sb)):
+            group = 2 * k  # this run's two 16-weight groups
+            pair = builder.shuffle_vector(scales8, scales8, _const(_I32, [group] * 8 + [group + 1] * 8))
+            runs.append((values, builder.sext(pair, _vec(_I16, 16))))
         e = builder.mul(b, ir.Constant(b.type, 256))
         for t, (xq, xd, bsums) in enumerate(inputs):
             d = builder.fmul(builder.load(builder.gep(xd, [b])), d_w)

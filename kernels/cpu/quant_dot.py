@@ -33,7 +33,7 @@ from kernels.common.quant_blocks import (
     BF16, F16, F32, KERNEL, KERNEL_ONCE, MXFP4, N16, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
     bits, idx, join, k_scale_min, load_f16, q3_k_scale, span,
 )
-from kernels.cpu import float_dot, int8_dot, k_quant_dot, row_lanes
+from kernels.cpu import float_dot, int8_dot, k_quant_dot, k_quant_lanes, row_lanes
 from kernels.cpu.int8_dot import (
     rows_dot_mxfp4, rows_dot_q4_0, rows_dot_q4_1, rows_dot_q5_0, rows_dot_q5_1, rows_dot_q8_0,
 )
@@ -232,21 +232,30 @@ def _all_rows(dot, qtype):
     plain = njit(inline="always")(product)
     if not (row_lanes.AVAILABLE and qtype in row_lanes.FORMATS):
         return plain
-    lanes = row_lanes.products_of(qtype)
-
-    def product_lanes(w, X, act, Y, n16):
-        if X.shape[0] < row_lanes.MIN_INPUT_ROWS:
-            dot(w, act.xq, act.xd, act.xsum, Y)
-        else:
-            lanes(w, act.xq, act.xd, act.xsum, act.xs4, Y)
-    return ByLanes(plain, njit(inline="always")(product_lanes))
+    return _by_lanes(plain, row_lanes.products_of(qtype), row_lanes.MIN_INPUT_ROWS)
 
 
-def _super_block_rows(dot):
-    """A K-quant's product against activations in blocks of 256: every input row at once."""
+def _super_block_rows(dot, qtype):
+    """A K-quant's product against activations in blocks of 256: every input row at once; for format sets
+    with the lanes, from k_quant_lanes.MIN_INPUT_ROWS rows in groups of 16 in vector lanes where the host
+    has them (the same bits)."""
     def product(w, X, act, Y, n16):
         dot(w, act.kq, act.kd, act.kbsums, Y)
-    return njit(inline="always")(product)
+    plain = njit(inline="always")(product)
+    if not row_lanes.AVAILABLE:
+        return plain
+    return _by_lanes(plain, k_quant_lanes.products_of(qtype), k_quant_lanes.MIN_INPUT_ROWS)
+
+
+def _by_lanes(plain, lanes, min_rows):
+    """plain(w, X, act, Y, n16) for format sets without the lanes; for sets with them, lanes(w, act, Y) from
+    min_rows input rows."""
+    def product_lanes(w, X, act, Y, n16):
+        if X.shape[0] < min_rows:
+            plain(w, X, act, Y, n16)
+        else:
+            lanes(w, act, Y)
+    return ByLanes(plain, njit(inline="always")(product_lanes))
 
 
 def _each_row(dot):
@@ -260,7 +269,7 @@ def _each_row(dot):
 # product(formats, qtype, w, X, act, Y, n16): Y[n] = w times X[n] for every input row n, given
 # act = activations(X, needs(qtypes))
 _product = switch({
-    Q4_K: _super_block_rows(dot_q4_k), Q6_K: _super_block_rows(dot_q6_k), Q8_0: _all_rows(dot_q8_0, Q8_0),
+    Q4_K: _super_block_rows(dot_q4_k, Q4_K), Q6_K: _super_block_rows(dot_q6_k, Q6_K), Q8_0: _all_rows(dot_q8_0, Q8_0),
     Q5_0: _all_rows(dot_q5_0, Q5_0), Q4_0: _all_rows(dot_q4_0, Q4_0), Q4_1: _all_rows(dot_q4_1, Q4_1),
     Q5_1: _all_rows(dot_q5_1, Q5_1), MXFP4: _all_rows(dot_mxfp4, MXFP4), Q5_K: _each_row(dot_q5_k),
     Q3_K: _each_row(dot_q3_k), Q2_K: _each_row(dot_q2_k), F32: _each_row(dot_f32), F16: _each_row(dot_f16),

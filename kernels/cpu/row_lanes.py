@@ -70,6 +70,25 @@ def _quad_dot(builder, tile, xq_row, b, k, acc):
     return builder.call(vnni, [acc, w, x4])
 
 
+def kernel_arguments(context, builder, sig, args):
+    """A lanes kernel's arguments (..., n, out, col0 at 7, 8 and 9): its arrays by position, n and col0."""
+    arrays = {i: context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 1, 2, 3, 4, 5, 6, 8)}
+    return arrays, args[7], args[9]
+
+
+def tile_rows(builder, w_a, r0):
+    """Pointers to weight rows r0 .. r0 + 15 of w_a (a 2-d uint8 array); past its last row (a last group of
+    fewer than 16), that row again."""
+    n_rows, row_bytes = cgutils.unpack_tuple(builder, w_a.shape, 2)
+    last = builder.sub(n_rows, ir.Constant(r0.type, 1))
+    rows = []
+    for r in range(ROWS):
+        row = builder.add(r0, ir.Constant(r0.type, r))
+        row = builder.select(builder.icmp_signed(">", row, last), last, row)
+        rows.append(builder.gep(w_a.data, [builder.mul(row, row_bytes)]))
+    return rows
+
+
 def _make_kernel(center):
     """rows(packed, d, dmin, xq, xd, xsum, xs4, n, out, col0): out[n, col0 : col0 + 16] = the dots of the
     tile's 16 weight rows with input row n (xq [m, cols] int8, xd [m, blocks] float32, xsum [m, blocks] and
@@ -79,8 +98,7 @@ def _make_kernel(center):
     @intrinsic
     def rows(typingctx, packed, d, dmin, xq, xd, xsum, xs4, n, out, col0):
         def codegen(context, builder, sig, args):
-            a = {i: context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 1, 2, 3, 4, 5, 6, 8)}
-            n_v, col0_v = args[7], args[9]
+            a, n_v, col0_v = kernel_arguments(context, builder, sig, args)
             i64 = n_v.type
             c = lambda v: ir.Constant(i64, v)  # noqa: E731
             blocks = cgutils.unpack_tuple(builder, a[0].shape, 4)[0]
@@ -150,6 +168,19 @@ def _store_rows(context, builder, out_a, out_type, n, col0, values):
                   [values, dst, ir.Constant(_I32, 4), mask])
 
 
+def transpose_rows(builder, rows):
+    """ROWS vectors of n int32, one per weight row -> n vectors of ROWS lanes: vector i holds every row's
+    element i, row r's in lane r."""
+    n = rows[0].type.count
+    while len(rows) > 1:
+        width = rows[0].type.count
+        rows = [builder.shuffle_vector(rows[i], rows[i + 1], ir.Constant(ir.VectorType(_I32, 2 * width),
+                list(range(2 * width)))) for i in range(0, len(rows), 2)]
+    every = rows[0]  # row r's element i at r * n + i
+    return [builder.shuffle_vector(every, every, ir.Constant(_IVEC, [r * n + i for r in range(ROWS)]))
+            for i in range(n)]
+
+
 def _make_unpack(qtype):
     """unpack(w, r0, packed, d, dmin): weight rows r0 .. r0 + 15 of w [rows, row bytes] into the tile: their
     unsigned values, block b's group k of four of every row side by side in packed[b, k] ([blocks of 32, 8,
@@ -168,12 +199,7 @@ def _make_unpack(qtype):
             c = lambda v: ir.Constant(r0_v.type, v)  # noqa: E731
             row_bytes = cgutils.unpack_tuple(builder, w_a.shape, 2)[1]
             blocks = cgutils.unpack_tuple(builder, packed_a.shape, 4)[0]
-            last = builder.sub(cgutils.unpack_tuple(builder, w_a.shape, 2)[0], c(1))
-            rows = []  # past the weight's last row (its last group of fewer than 16), that row again
-            for r in range(ROWS):
-                row = builder.add(r0_v, c(r))
-                row = builder.select(builder.icmp_signed(">", row, last), last, row)
-                rows.append(builder.gep(w_a.data, [builder.mul(row, row_bytes)]))
+            rows = tile_rows(builder, w_a, r0_v)
             tile = builder.bitcast(packed_a.data, _IVEC.as_pointer())
             ahead = builder.mul(row_bytes, c(ROWS))
             half16 = ir.VectorType(ir.HalfType(), ROWS)
@@ -186,14 +212,9 @@ def _make_unpack(qtype):
                     _call(builder, "llvm.prefetch.p0i8", ir.VoidType(), [builder.gep(p, [at]), ir.Constant(_I32, 0),
                                                                        ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
                 # 16 rows of eight groups -> eight vectors of one group of 16 rows
-                groups = [builder.bitcast(values(builder, p, sub), ir.VectorType(_I32, _QUADS)) for p in ptrs]
-                while len(groups) > 1:
-                    n = groups[0].type.count
-                    groups = [builder.shuffle_vector(groups[i], groups[i + 1], ir.Constant(ir.VectorType(_I32, 2 * n),
-                              list(range(2 * n)))) for i in range(0, len(groups), 2)]
-                every = groups[0]  # row r's group k at r * 8 + k
-                for k in range(_QUADS):
-                    group = builder.shuffle_vector(every, every, ir.Constant(_IVEC, [r * _QUADS + k for r in range(ROWS)]))
+                groups = transpose_rows(builder, [builder.bitcast(values(builder, p, sub), ir.VectorType(_I32, _QUADS))
+                                                  for p in ptrs])
+                for k, group in enumerate(groups):
                     builder.store(group, builder.gep(tile, [builder.add(builder.mul(b, c(_QUADS)), c(k))]), align=4)
                 for field, array in ((d_at, d_a),) + (((dmin_at, dmin_a),) if dmin_at is not None else ()):
                     halves = ir.Constant(half16, None)
@@ -215,13 +236,15 @@ _KERNELS = {center: _make_kernel(center) for center in _CENTER.values()}
 
 
 def products_of(qtype):
-    """products(w, xq, xd, xsum, xs4, Y) for a format in FORMATS: Y = the products of every weight row of w
-    with every input row (xq, xd, xsum as int8_dot.quantize gives them, per row, and xs4 [m, blocks * 8] the
-    sums of each group of four values), 16 weight rows at a time (the last group may be short)."""
+    """products(w, act, Y) for a format in FORMATS: Y = the products of every weight row of w with every
+    input row (act: kernels.cpu.quant_dot.Activations: xq, xd, xsum as int8_dot.quantize gives them, per row,
+    and xs4 [m, blocks * 8] the sums of each group of four values), 16 weight rows at a time (the last group
+    may be short)."""
     unpack = _make_unpack(qtype)
     kernel = _KERNELS[_CENTER[qtype]]
 
-    def products(w, xq, xd, xsum, xs4, Y):
+    def products(w, act, Y):
+        xq, xd, xsum, xs4 = act.xq, act.xd, act.xsum, act.xs4
         m, blocks = xd.shape
         packed = np.empty((blocks, _QUADS, ROWS, 4), np.uint8)
         d = np.empty((blocks, ROWS), np.float32)
