@@ -60,11 +60,13 @@ OP_DELTA_NET = "delta_net"
 OP_GATED_SIGMOID = "gated_sigmoid"
 OP_ATTENTION_SHARED = "attention_shared"
 OP_SCALE = "scale"
+OP_MOE_STREAMED = "moe_ffn_streamed"
 # Ops that are a method above called with an argument a backend may not have kernels for: the method's name
 OP_VARIANTS = {OP_ATTENTION_SINKS: OP_ATTENTION,  # AttentionShape.sinks
                OP_ROPE_SCALED: OP_ROPE,  # a RopeScaling
                OP_GATED_SIGMOID: OP_GATED,  # gated("sigmoid", ...)
-               OP_ATTENTION_SHARED: OP_ATTENTION}  # attention(q, None, None, ...): over rows another layer wrote
+               OP_ATTENTION_SHARED: OP_ATTENTION,  # attention(q, None, None, ...): over rows another layer wrote
+               OP_MOE_STREAMED: OP_MOE_FFN}  # a MoeSpec with a source: experts read from disk on demand
 OPS = frozenset((OP_EMBED, OP_LINEAR, OP_RMSNORM, OP_ROPE, OP_GATED, OP_ADD, OP_ATTENTION, OP_TAKE_ROWS,
                  OP_MOE_FFN, OP_LATENT_ATTENTION, OP_DELTA_NET, OP_SCALE, *OP_VARIANTS))
 
@@ -331,6 +333,23 @@ class MoeSpec:
     # float32 [n_expert]: each expert's down product times its scale, before the weighting (Gemma 4's
     # per_expert_scale, the file's ffn_down_exps.scale); None: none
     down_scale: Any = field(default=None, compare=False)
+    # an ExpertSource: the experts read on demand instead of through gate, up and down's mapped bytes (the
+    # weights then give their formats and shapes only); None: mapped
+    source: Any = field(default=None, compare=False)
+
+
+class ExpertSource(Protocol):
+    """A layer's experts read from disk on demand (an engine's expert store): `acquire` makes experts
+    resident in slots of stacked buffers shaped like the file's stacked tensors, of `capacity` experts."""
+
+    capacity: int
+    gate: Any  # uint8 [capacity * n_ff, row bytes]: slot s's rows [s * n_ff, (s + 1) * n_ff); up the same
+    up: Any
+    down: Any  # uint8 [capacity * n_embd, row bytes]
+
+    def acquire(self, experts: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+        """The slots (int64) of these distinct experts, at most `capacity`, each read into one where it is not
+        resident; pairs: the rows this call routes to each (what a cache may keep by)."""
 
 
 @dataclass(frozen=True)

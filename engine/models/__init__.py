@@ -15,6 +15,7 @@ from engine.models import (
     deepseek2, gemma3, gemma4, glm4moe, gpt_oss, llama, qwen2, qwen3, qwen3moe, qwen35, qwen35moe,
 )
 from engine.models.args import ModelArgs
+from engine.models.expert_store import StreamOptions
 from engine.models.footprint import check_fits
 from engine.models.model import Model
 from engine.models.next_token import missing_tensors
@@ -34,8 +35,9 @@ def register_family(arch: str, model_args: Callable[[Mapping], ModelArgs]) -> No
     FAMILIES[arch] = model_args
 
 
-def build_model(file: GGUFFile, backend: Backend | None = None) -> Model:
-    """The model of a GGUF file on `backend` (default: the one engine.runtime.configure_backend chose)."""
+def build_model(file: GGUFFile, backend: Backend | None = None, expert_cache_bytes: int | None = None) -> Model:
+    """The model of a GGUF file on `backend` (default: the one engine.runtime.configure_backend chose);
+    expert_cache_bytes: its experts will stream from disk into a cache of that size (what memory it needs)."""
     arch = file.architecture
     try:
         model_args = FAMILIES[arch]
@@ -47,7 +49,7 @@ def build_model(file: GGUFFile, backend: Backend | None = None) -> Model:
     args = model_args(file.metadata)
     check_args(file, args)
     check_tensors(file, args)
-    check_fits(file)  # before the scan: a file too large to run is not read through
+    check_fits(file, expert_cache_bytes)  # before the scan: a file too large to run is not read through
     check_weights(file)
     backend = backend or model_backend()
     missing = sorted(op for op in args.ops() if not backend.supports_op(op))
@@ -98,10 +100,16 @@ def has_next_token_layer(file: GGUFFile) -> bool:
                                                            args.n_embd, args.vocab_size) == []
 
 
-def load_model(path: str | os.PathLike, backend: Backend | None = None) -> Model:
+def load_model(path: str | os.PathLike, backend: Backend | None = None,
+               experts: StreamOptions | None = None) -> Model:
+    """The model of the GGUF at `path`; experts: its experts read from the file on demand into a cache of this
+    budget (engine.models.expert_store) rather than mapped."""
     file = open_gguf(path)
     try:
-        return build_model(file, backend)
+        model = build_model(file, backend, None if experts is None else experts.cache_bytes)
+        if experts is not None:
+            model.stream_experts(experts)
+        return model
     except Exception:
         file.close()
         raise

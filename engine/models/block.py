@@ -60,6 +60,10 @@ class Block:
             self.post_attn_norm = vector("post_attention_norm.weight")
             self.post_ffn_norm = vector("post_ffw_norm.weight")
 
+    def moe_parts(self) -> list:
+        """The layer's Mixture-of-Experts feed-forwards (engine.models.experts.MoeFfn), which may stream."""
+        return [self.feed_forward] if hasattr(self.feed_forward, "stream_from") else []
+
     def spec(self) -> LayerSpec | None:
         """This layer as a backend's fused row-wise stack reads it; None when a part has no fused form."""
         mixer, feed_forward = self.mixer.spec(), self.feed_forward.spec()

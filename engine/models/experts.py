@@ -13,13 +13,14 @@ but not to weight them (exp_probs_b).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
-from engine.errors import ConfigError
+from engine.errors import ConfigError, UnsupportedWeightType
 from engine.gguf.meta import ZeroPolicy, meta_float_opt, meta_int, meta_int_opt, meta_value
 from engine.gguf.reader import GGUFFile
 from engine.gguf.weights import LinearWeight, load_experts, load_vector, load_vectors
+from engine.models.expert_store import ExpertStore
 from engine.models.feed_forward import GatedMlp, GatedMlpArgs
 from engine.models.layout import BIAS, TensorSpec, bias, experts, matrix
 from engine.models.parts import first_problem, shown
@@ -127,6 +128,7 @@ class MoeFfn:
             return None if name is None else load_vectors(file, name, (e, width))
 
         self.router = LinearWeight.load(file, router, e, n_embd, backend, router_b)
+        self._stacks = tuple(file.tensor(name) for name in (gate, up, down))  # where streaming reads them
         self.experts = MoeSpec(gate=load_experts(file, gate, e, f, n_embd, backend),
                                up=load_experts(file, up, e, f, n_embd, backend),
                                down=load_experts(file, down, e, n_embd, f, backend),
@@ -161,8 +163,19 @@ class MoeFfn:
         return out
 
     def spec(self) -> MoeFfnSpec | None:
-        """The fused row stack's form; shared experts have none yet (the layer runs through the composed ops)."""
-        return MoeFfnSpec(router=self.router.handle, experts=self.experts) if self.shared is None else None
+        """The fused row stack's form; shared experts and streamed ones have none yet (the layer runs through the
+        composed ops)."""
+        if self.shared is not None or self.experts.source is not None:
+            return None
+        return MoeFfnSpec(router=self.router.handle, experts=self.experts)
+
+    def stream_from(self, store: ExpertStore, layer: int) -> None:
+        """Read the experts from `store` on demand from now on, not through the file's mapping."""
+        slow = [info.name for info in self._stacks if not self.backend.native(info.ggml_type)]
+        if slow:
+            raise UnsupportedWeightType(f"{store.path}: {', '.join(slow)} have a format the {self.backend.name} "
+                                        f"backend has no kernels of its own for, which streaming needs")
+        self.experts = replace(self.experts, source=store.layer(layer, *self._stacks, self.experts.n_expert))
 
 
 def routed_experts(meta: Mapping, arch: str, unset_gating: Gating) -> MoeArgs:

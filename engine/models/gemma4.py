@@ -157,10 +157,9 @@ class Gemma4Block(Block):
         def vector(name):
             return backend.upload_vector(load_vector(file, p + name, n_embd))
 
-        self.experts = None
+        self.moe = None
         if args.experts is not None:  # the experts' part (its router run on the input below), and their norms
-            moe = args.experts.build(file, p, layer, n_embd, backend)
-            self.router, self.experts = moe.router, moe.experts
+            self.moe = args.experts.build(file, p, layer, n_embd, backend)
             # rms_norm(x) / sqrt(n_embd) * scale, in one norm: the scale's vector times 1 / sqrt(n_embd)
             self.router_norm = backend.upload_vector(load_vector(file, p + "ffn_gate_inp.scale", n_embd)
                                                      * (1.0 / math.sqrt(n_embd)))
@@ -176,14 +175,17 @@ class Gemma4Block(Block):
     def spec(self):
         return None
 
+    def moe_parts(self) -> list:
+        return [self.moe] if self.moe is not None else []
+
     def __call__(self, x, segments, positions, row_wise: bool, layer_input=None):
         be, eps = self.backend, self.eps
         a = self.mixer(be.rmsnorm(x, self.attn_norm, eps), segments, positions, row_wise)
         x = be.add(x, be.rmsnorm(a, self.post_attn_norm, eps))
         f = self.feed_forward(be.rmsnorm(x, self.ffn_norm, eps), row_wise)
-        if self.experts is not None:  # the dense MLP and the experts, each normed after, added
-            logits = self.router(be.rmsnorm(x, self.router_norm, eps), row_wise)
-            routed = be.moe_ffn(self.experts, be.rmsnorm(x, self.pre_norm_2, eps), logits, row_wise)
+        if self.moe is not None:  # the dense MLP and the experts, each normed after, added
+            logits = self.moe.router(be.rmsnorm(x, self.router_norm, eps), row_wise)
+            routed = be.moe_ffn(self.moe.experts, be.rmsnorm(x, self.pre_norm_2, eps), logits, row_wise)
             f = be.add(be.rmsnorm(f, self.post_norm_1, eps), be.rmsnorm(routed, self.post_norm_2, eps))
         x = be.add(x, be.rmsnorm(f, self.post_ffn_norm, eps))
         if self.per_layer is not None:

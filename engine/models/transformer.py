@@ -33,16 +33,17 @@ from typing import Sequence
 
 import numpy as np
 
-from engine.errors import InvalidTokenId, KvCacheOverflow, KvCacheShapeMismatch
+from engine.errors import ConfigError, InvalidTokenId, KvCacheOverflow, KvCacheShapeMismatch, UnsupportedOnBackend
 from engine.gguf.reader import GGUFFile
 from engine.gguf.weights import LinearWeight, load_vector
 from engine.kv.cache import KvCache, KvDtype
 from engine.kv.recurrent import HybridCache
 from engine.models.args import ModelArgs
 from engine.models.block import Block
+from engine.models.expert_store import ExpertStore, StreamOptions
 from engine.models.model import UBATCH
 from engine.models.next_token import load_predictor
-from kernels.backend import Backend, RowStack, Segment, cpu_backend
+from kernels.backend import OP_MOE_STREAMED, Backend, RowStack, Segment, cpu_backend
 
 
 # Row-wise calls take at most this many rows (verification needs far fewer): the logits of a call
@@ -67,8 +68,25 @@ class Transformer:
                        if "output.weight" in file.tensors else self.embed)
         self._row_runs = _row_runs(be, self.blocks)
         self._state_shapes = tuple(args.state_shapes())  # a hybrid's recurrent layers' (checked every forward)
+        self.expert_store: ExpertStore | None = None  # stream_experts
         self.next_token = load_predictor(file, args.next_token_layers, args.n_layers, args.n_embd, args.norm_eps,
                                          self.embed, self.output, self.norm, be)
+
+    def stream_experts(self, options: StreamOptions) -> ExpertStore:
+        """Read the layers' experts from the file on demand, into a cache of options.cache_bytes, from now on
+        (engine.models.expert_store); the store's stats say what it read. The next-token layers' experts stay
+        mapped."""
+        if not self.backend.supports_op(OP_MOE_STREAMED):
+            raise UnsupportedOnBackend(f"the {self.backend.name} backend cannot stream experts from disk; run the "
+                                       f"model on the CPU (--backend cpu)")
+        parts = [(block.index, part) for block in self.blocks for part in block.moe_parts()]
+        if not parts:
+            raise ConfigError(f"{self.file.path}: the model has no experts to stream")
+        self.expert_store = ExpertStore(self.file.path, options, len(parts))
+        for layer, part in parts:
+            part.stream_from(self.expert_store, layer)
+        self._row_runs = _row_runs(self.backend, self.blocks)  # streamed experts run through the composed ops
+        return self.expert_store
 
     @property
     def vocab_size(self) -> int:

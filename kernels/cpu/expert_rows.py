@@ -59,13 +59,14 @@ def _act_rows(act, lo, hi):
 
 
 @njit(**KERNEL)
-def _experts_range(formats, ws, wtypes, count, width, used, starts, X, act, Y, lo, hi):
-    """The share [lo, hi) of the selected experts' work, laid end to end: expert g of `used` is weight i of the
-    first `count` of ws, rows [used[g] * width, (used[g] + 1) * width), into columns [i * width, (i + 1) *
-    width) of Y, times its rows starts[g]:starts[g + 1] of X; each of its weight rows costs as many units
-    as it has input rows, so threads given equal shares get equal work however the rows were routed."""
+def _experts_range(formats, ws, wtypes, count, width, blocks, starts, X, act, Y, lo, hi):
+    """The share [lo, hi) of the selected experts' work, laid end to end: expert g's
+    weight i of the first `count` of ws is its rows [blocks[g] * width, (blocks[g] + 1) * width), into
+    columns [i * width, (i + 1) * width) of Y, times its rows starts[g]:starts[g + 1] of X; each of its weight
+    rows costs as many units as it has input rows, so threads given equal shares get equal work however the
+    rows were routed."""
     per = count * width
-    for g in range(used.size):
+    for g in range(blocks.size):
         n = starts[g + 1] - starts[g]
         first, last = starts[g] * per, starts[g + 1] * per  # the expert's units
         if last <= lo or first >= hi:
@@ -75,29 +76,30 @@ def _experts_range(formats, ws, wtypes, count, width, used, starts, X, act, Y, l
         for i in range(count):
             a, b = max(r0, i * width) - i * width, min(r1, (i + 1) * width) - i * width
             if a < b:
-                e0, s0, s1 = used[g] * width, starts[g], starts[g + 1]
+                e0, s0, s1 = blocks[g] * width, starts[g], starts[g + 1]
                 tiled_product(formats, wtypes[i], ws[i][e0 + a : e0 + b], X[s0:s1], _act_rows(act, s0, s1),
                               Y[s0:s1, i * width + a : i * width + b])
 
 
 @njit(parallel=True, **KERNEL)
-def _experts_parallel(formats, ws, wtypes, count, width, used, starts, X, act, Y, chunks):
-    total = starts[used.size] * count * width
+def _experts_parallel(formats, ws, wtypes, count, width, blocks, starts, X, act, Y, chunks):
+    total = starts[blocks.size] * count * width
     for c in prange(chunks):
-        _experts_range(formats, ws, wtypes, count, width, used, starts, X, act, Y, c * total // chunks,
+        _experts_range(formats, ws, wtypes, count, width, blocks, starts, X, act, Y, c * total // chunks,
                        (c + 1) * total // chunks)
 
 
 @njit(**KERNEL)
-def _experts_products(formats, ws, wtypes, count, width, used, starts, X, Y, threads):
-    """Y = each selected expert's products (the first `count` weights of ws) with its rows of X."""
+def _experts_products(formats, ws, wtypes, count, width, blocks, starts, X, Y, threads):
+    """Y = each selected expert's products (the first `count` weights of ws, its rows at blocks[g]) with its
+    rows of X."""
     act = activations_split(X, needs(wtypes[:count]), threads)
-    nbytes = used.size * count * width * ws[0].shape[1]
+    nbytes = blocks.size * count * width * ws[0].shape[1]
     if threads > 1 and nbytes >= PARALLEL_MIN_BYTES:
-        _experts_parallel(formats, ws, wtypes, count, width, used, starts, X, act, Y, threads)
+        _experts_parallel(formats, ws, wtypes, count, width, blocks, starts, X, act, Y, threads)
     else:
-        _experts_range(formats, ws, wtypes, count, width, used, starts, X, act, Y, 0,
-                       starts[used.size] * count * width)
+        _experts_range(formats, ws, wtypes, count, width, blocks, starts, X, act, Y, 0,
+                       starts[blocks.size] * count * width)
 
 
 @njit(**KERNEL)
@@ -171,18 +173,17 @@ _PAIRS_PARALLEL = 64
 
 
 @njit(**KERNEL)
-def expert_rows(formats, ex, h, logits, threads, out):
-    """out [m, n_embd] = the experts' weighted SwiGLU sum for the rows of h [m, n_embd] (normed) with router
-    logits [m, n_expert] (bias added); formats holds ex.types."""
+def route_and_group(ex, h, logits):
+    """Each row of h [m, n_embd] routed by its router logits [m, n_expert] (bias added), and the (row, slot)
+    pairs grouped by expert, experts in the order first selected: (used: the experts, starts: where each one's
+    pairs start, and the total after them, pair [m, k]: where each (row, slot)'s expert output will sit,
+    weights [m, k]: its weight, x [m * k, n_embd]: the pairs' input rows)."""
     m, k = h.shape[0], ex.n_used
-    n_ff = ex.gate.shape[0] // ex.n_expert
-    n_embd = out.shape[1]
     selected = np.empty((m, k), np.int64)
     weights = np.empty((m, k), np.float32)
     for i in range(m):
         route_row(logits[i], k, ex.gating, ex.selection_bias, ex.n_groups, ex.groups_used, ex.normalize,
                   np.float32(ex.scale), selected[i], weights[i])
-    # the (row, slot) pairs grouped by expert, experts in the order first selected
     group = np.full(ex.n_expert, -1, np.int64)
     used = np.empty(m * k, np.int64)
     counts = np.zeros(m * k + 1, np.int64)
@@ -198,7 +199,7 @@ def expert_rows(formats, ex, h, logits, threads, out):
     used = used[:n_used]
     starts = np.cumsum(counts[: n_used + 1])
     at = starts.copy()
-    pair = np.empty((m, k), np.int64)  # where each (row, slot)'s expert output sits
+    pair = np.empty((m, k), np.int64)
     x = np.empty((m * k, h.shape[1]), np.float32)
     for i in range(m):
         for j in range(k):
@@ -206,22 +207,45 @@ def expert_rows(formats, ex, h, logits, threads, out):
             pair[i, j] = at[g]
             x[at[g]] = h[i]
             at[g] += 1
-    gate_up = np.empty((m * k, 2 * n_ff), np.float32)
-    _experts_products(formats, (ex.gate, ex.up), ex.types[:2], 2, n_ff, used, starts, x, gate_up, threads)
+    return used, starts, pair, weights, x
+
+
+@njit(**KERNEL)
+def expert_outputs(formats, ex, n_ff, used, blocks, starts, x, threads, expert_out):
+    """expert_out[p] = the output of pair p's expert for its input x[p] (its scale and biases applied), the
+    pairs of the experts `used` in turn (their n_ff rows of ex's gate and up, and their down rows, at row block
+    blocks[g]; their pairs from starts[g], from 0 to the last, starts[used.size])."""
+    pairs = starts[used.size]
+    n_embd = expert_out.shape[1]
+    gate_up = np.empty((x.shape[0], 2 * n_ff), np.float32)
+    _experts_products(formats, (ex.gate, ex.up), ex.types[:2], 2, n_ff, blocks, starts, x, gate_up, threads)
     _add_bias(gate_up, ex.gate_bias, used, starts, 0)
     _add_bias(gate_up, ex.up_bias, used, starts, n_ff)
-    hidden = np.empty((m * k, n_ff), np.float32)
-    expert_out = np.empty((m * k, n_embd), np.float32)
-    parallel = threads > 1 and m * k >= _PAIRS_PARALLEL
-    if parallel:
+    hidden = np.empty((x.shape[0], n_ff), np.float32)
+    if threads > 1 and pairs >= _PAIRS_PARALLEL:
         _swiglu_parallel(gate_up, ex.activation, hidden, threads)
     else:
-        _swiglu_range(gate_up, ex.activation, hidden, 0, m * k)
-    _experts_products(formats, (ex.down, ex.down), ex.types[2:], 1, n_embd, used, starts, hidden, expert_out,
+        _swiglu_range(gate_up, ex.activation, hidden, 0, pairs)
+    _experts_products(formats, (ex.down, ex.down), ex.types[2:], 1, n_embd, blocks, starts, hidden, expert_out,
                       threads)
     _scale_rows(expert_out, ex.down_scale, used, starts)
     _add_bias(expert_out, ex.down_bias, used, starts, 0)
-    if parallel:
+
+
+@njit(**KERNEL)
+def weighted_sum(expert_out, pair, weights, threads, out):
+    """out[i] = the weighted sum of row i's experts' outputs, in slot order, in float32."""
+    if threads > 1 and pair.size >= _PAIRS_PARALLEL:
         _weighted_parallel(expert_out, pair, weights, out, threads)
     else:
-        _weighted_range(expert_out, pair, weights, out, 0, m)
+        _weighted_range(expert_out, pair, weights, out, 0, out.shape[0])
+
+
+@njit(**KERNEL)
+def expert_rows(formats, ex, h, logits, threads, out):
+    """out [m, n_embd] = the experts' weighted SwiGLU sum for the rows of h [m, n_embd] (normed) with router
+    logits [m, n_expert] (bias added); formats holds ex.types."""
+    used, starts, pair, weights, x = route_and_group(ex, h, logits)
+    expert_out = np.empty((x.shape[0], out.shape[1]), np.float32)
+    expert_outputs(formats, ex, ex.gate.shape[0] // ex.n_expert, used, used, starts, x, threads, expert_out)
+    weighted_sum(expert_out, pair, weights, threads, out)

@@ -3,17 +3,20 @@ in one kernel call, row-wise or prefill alike (kernels.cpu.expert_rows). Experts
 generic products per selected expert (row-wise: kernels.cpu.quant.rows, each row on its own; prefill:
 kernels.cpu.quant.matmul over the rows routed to it, its weights read once per call, as ggml_mul_mat_id
 reads them) on zero-copy views of the expert's rows in the stacked tensors, and their weighted sum in the
-order the experts were selected, in f32, as llama.cpp's build_moe_ffn adds its views.
+order the experts were selected, in f32, as llama.cpp's build_moe_ffn adds its views. Experts read from disk on
+demand (a MoeSpec's source) take the native kernels' path in groups as many as the source holds at once.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from kernels.backend import GEGLU, SWIGLU_OAI, MoeSpec
+from kernels.backend import GEGLU, SWIGLU_OAI, ExpertSource, MoeSpec
 from kernels.common import formats
 from kernels.cpu import ops, quant
-from kernels.cpu.expert_rows import ACTIVATION_CODES, Experts, expert_rows
+from kernels.cpu.expert_rows import (
+    ACTIVATION_CODES, Experts, expert_outputs, expert_rows, route_and_group, weighted_sum,
+)
 from kernels.cpu.moe_route import GATING_CODES, route, selection_bias_of
 
 _NO_BIAS = np.zeros((0, 0), np.float32)
@@ -46,8 +49,13 @@ def moe_ffn(spec: MoeSpec, x: np.ndarray, router_logits: np.ndarray, row_wise: b
     out = np.empty((x.shape[0], spec.down.out_dim // spec.n_expert), np.float32)
     if all(quant.has_native_kernel(w.qtype) for w in (spec.gate, spec.up, spec.down)):
         experts = kernel_experts(spec)
-        expert_rows(formats.of(experts.types), experts, x, logits, quant.threads(), out)
+        if spec.source is None:
+            expert_rows(formats.of(experts.types), experts, x, logits, quant.threads(), out)
+        else:
+            _streamed(spec.source, experts, x, logits, out)
         return out
+    if spec.source is not None:
+        raise ValueError("experts read on demand need a native kernel for their formats")
     selected, weights = route(logits, spec.n_used, spec.gating, spec.normalize, spec.scale, spec.selection_bias,
                               (spec.n_groups, spec.groups_used))
     outputs = np.empty((x.shape[0], spec.n_used, out.shape[1]), np.float32)  # row, slot: its expert's output
@@ -58,6 +66,24 @@ def moe_ffn(spec: MoeSpec, x: np.ndarray, router_logits: np.ndarray, row_wise: b
     for j in range(1, spec.n_used):
         out += outputs[:, j] * weights[:, j : j + 1]
     return out
+
+
+def _streamed(source: ExpertSource, experts: Experts, x: np.ndarray, logits: np.ndarray, out: np.ndarray) -> None:
+    """expert_rows' work with the experts read from `source`: the routed experts made resident `capacity` at a
+    time, each group's pair outputs computed from its slots as the mapped experts' are (the same bits), then
+    the one weighted sum."""
+    fmt, threads = formats.of(experts.types), quant.threads()
+    used, starts, pair, weights, pairs_x = route_and_group(experts, x, logits)
+    n_ff = experts.gate.shape[0] // experts.n_expert
+    expert_out = np.empty((pairs_x.shape[0], out.shape[1]), np.float32)
+    resident = experts._replace(gate=source.gate, up=source.up, down=source.down)
+    for g0 in range(0, used.size, source.capacity):
+        g1 = min(used.size, g0 + source.capacity)
+        slots = source.acquire(used[g0:g1], np.diff(starts[g0 : g1 + 1]))
+        p0, p1 = starts[g0], starts[g1]
+        expert_outputs(fmt, resident, n_ff, used[g0:g1], slots, starts[g0 : g1 + 1] - p0, pairs_x[p0:p1], threads,
+                       expert_out[p0:p1])
+    weighted_sum(expert_out, pair, weights, threads, out)
 
 
 def _expert(spec: MoeSpec, e: int, x: np.ndarray, product) -> np.ndarray:

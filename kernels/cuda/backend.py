@@ -19,7 +19,7 @@ from gguf.constants import GGMLQuantizationType as T
 
 from kernels.backend import (
     OP_ATTENTION_SHARED, OP_ATTENTION_SINKS, OP_DELTA_NET, OP_GATED_SIGMOID, OP_LATENT_ATTENTION, OP_MOE_FFN,
-    OP_ROPE_SCALED, OP_SCALE, OPS,
+    OP_MOE_STREAMED, OP_ROPE_SCALED, OP_SCALE, OPS,
     Q8_0_BLOCK, Q8_0_BLOCK_BYTES,
     AttentionShape, BackendUnavailable, Segment,
 )
@@ -140,7 +140,8 @@ class CudaBackend:
         # every op of the seam but the experts', attention sinks, scaled RoPE, latent attention, the hybrids' and
         # Gemma 4's (no kernels yet)
         return op in OPS and op not in (OP_MOE_FFN, OP_ATTENTION_SINKS, OP_ROPE_SCALED, OP_LATENT_ATTENTION,
-                                        OP_DELTA_NET, OP_GATED_SIGMOID, OP_ATTENTION_SHARED, OP_SCALE)
+                                        OP_DELTA_NET, OP_GATED_SIGMOID, OP_ATTENTION_SHARED, OP_SCALE,
+                                        OP_MOE_STREAMED)
 
     def upload_weight(self, qtype, raw, out_dim, in_dim, bias=None) -> CudaWeight:
         if qtype not in DECODERS:  # widened once on the host

@@ -46,7 +46,7 @@ def test_the_layers_are_as_the_file_describes_them(model):
         assert model.args.memory_slots() == [0, 1, 2, 3, 2, 3] and cache.n_layers == 4
         assert all(b.per_layer is not None and b.out_scale is not None for b in model.blocks)
     else:  # the "moe" layout: experts in every layer, the full layer's V from its K product
-        assert all(b.experts is not None and b.experts.down_scale is not None for b in model.blocks)
+        assert all(b.moe is not None and b.moe.experts.down_scale is not None for b in model.blocks)
         assert [b.mixer.value_from_key for b in model.blocks] == [False, False, False, True]
     assert model.args.logit_softcap == 30.0
 

@@ -1,0 +1,261 @@
+"""Experts streamed from disk (the spec's ExpertStore, 13.2.2): a Mixture-of-Experts model's expert tensors
+registered, not read, at load, and each (layer, expert)'s rows read with pread when a call routes to it and it
+is not resident, into a cache with a byte budget.
+
+Through the page cache, a model bigger than memory thrashes: the dense weights every token needs are evicted by
+experts it needed once. Here the experts live in buffers of their own, a slot per resident expert in each
+layer (the budget split evenly over the layers), so the dense weights' mapped pages are not competed for by
+them. A layer's slots hold its stacked tensors' rows in the file's own layout, and the kernels read them as
+they read the mapped tensors (kernels.backend.ExpertSource): streaming changes when bytes arrive, never the
+numbers.
+
+Eviction by heat (the default): each slot's routed-pair count, decayed at every call of its layer; the victim
+is the coldest slot the current call does not use, the least recently used among equals. `policy="lru"` evicts
+the least recently used for comparison. A file that changes or shrinks under a running stream is an error that
+says so, never a crash or a silent wrong answer.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.errors import FucinaError
+from engine.gguf.reader import TensorInfo
+
+POLICIES = ("heat", "lru")
+_FADVISE = hasattr(os, "posix_fadvise")
+
+
+class ExpertStoreError(FucinaError):
+    """Experts cannot be read from the model file (it changed or shrank under the stream)."""
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    cache_bytes: int              # resident experts' budget, over every layer
+    policy: str = "heat"          # one of POLICIES
+    heat_decay: float = 0.9       # each slot's heat times this at every call of its layer
+    trace: bool = False           # record every layer's routed experts in order (ExpertStore.trace)
+
+    def __post_init__(self):
+        if self.cache_bytes < 0:
+            raise ValueError(f"the experts' cache budget must not be negative (got {self.cache_bytes} bytes)")
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown expert cache policy {self.policy!r} (one of {', '.join(POLICIES)})")
+        if not 0.0 < self.heat_decay <= 1.0:
+            raise ValueError(f"heat_decay must be in (0, 1] (got {self.heat_decay})")
+
+
+@dataclass
+class StreamStats:
+    hits: int = 0           # routed experts found resident
+    misses: int = 0         # read from the file
+    bytes_read: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        total = self.hits + self.misses
+        return self.hits / total if total else 0.0
+
+
+@dataclass
+class Trace:
+    """The routed (layer, experts, rows routed to each) of every acquire, in order, and each layer's expert
+    count and slots: what a replay (engine.models.expert_replay) runs other policies and capacities on."""
+
+    layers: dict[int, tuple[int, int]] = field(default_factory=dict)  # layer -> (n_expert, capacity)
+    calls: list[tuple[int, np.ndarray, np.ndarray]] = field(default_factory=list)
+
+    def add(self, layer: int, experts: np.ndarray, pairs: np.ndarray) -> None:
+        self.calls.append((layer, np.array(experts, np.int64), np.array(pairs, np.int64)))
+
+    def save(self, path: str | os.PathLike) -> None:
+        sizes = np.array([len(e) for _, e, _ in self.calls], np.int64)
+        def flat(i):
+            return np.concatenate([c[i] for c in self.calls]) if self.calls else np.zeros(0, np.int64)
+
+        layers = np.array(sorted(self.layers), np.int64)
+        with open(path, "wb") as f:
+            np.savez(f, layer=np.array([c[0] for c in self.calls], np.int64), size=sizes, experts=flat(1),
+                     pairs=flat(2), layers=layers, geometry=np.array([self.layers[i] for i in layers], np.int64))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Trace:
+        try:
+            with np.load(path) as z:
+                bounds = np.concatenate([[0], np.cumsum(z["size"])])
+                calls = [(int(layer), z["experts"][a:b], z["pairs"][a:b])
+                         for layer, a, b in zip(z["layer"], bounds[:-1], bounds[1:])]
+                layers = {int(i): (int(n), int(c)) for i, (n, c) in zip(z["layers"], z["geometry"])}
+        except (OSError, ValueError, KeyError) as e:
+            raise ExpertStoreError(f"{path}: not an experts trace ({e})") from None
+        return cls(layers, calls)
+
+
+@dataclass(frozen=True)
+class _Stack:
+    """One stacked experts tensor of a layer: expert e's rows are bytes [offset + e * nbytes, + nbytes)."""
+
+    offset: int
+    nbytes: int     # one expert's
+    rows: int       # one expert's
+    row_bytes: int
+
+
+class ExpertStore:
+    """The experts of one model file, read on demand: `layer` registers a layer's three stacked tensors and
+    gives the ExpertSource its feed-forward reads."""
+
+    def __init__(self, path: str | os.PathLike, options: StreamOptions, layers: int):
+        self.path = str(path)
+        self.options = options
+        self.layers = max(1, layers)  # the layers the budget is split over
+        self.stats = StreamStats()
+        self._fd = os.open(self.path, os.O_RDONLY)
+        st = os.fstat(self._fd)
+        self._identity = (st.st_size, st.st_mtime_ns, st.st_ino)
+        self.trace: Trace | None = Trace() if options.trace else None
+
+    def layer(self, layer: int, gate: TensorInfo, up: TensorInfo, down: TensorInfo, n_expert: int) -> LayerExperts:
+        """Layer `layer`'s experts (gate and up [n_expert, n_ff, n_embd], down [n_expert, n_embd, n_ff] in the
+        file): only their geometry is checked, nothing of them read."""
+        stacks = []
+        for info in (gate, up, down):
+            if info.nbytes % n_expert or info.offset + info.nbytes > self._identity[0]:
+                raise ExpertStoreError(f"{self.path}: tensor {info.name!r} does not hold {n_expert} experts inside "
+                                       f"the file")
+            rows = info.shape[1]
+            nbytes = info.nbytes // n_expert
+            stacks.append(_Stack(info.offset, nbytes, rows, nbytes // rows))
+        per_expert = sum(s.nbytes for s in stacks)
+        capacity = int(min(n_expert, max(1, self.options.cache_bytes // (self.layers * per_expert))))
+        if self.trace is not None:
+            self.trace.layers[layer] = (n_expert, capacity)
+        return LayerExperts(self, layer, stacks, n_expert, capacity)
+
+    def record(self, layer: int, experts: np.ndarray, pairs: np.ndarray) -> None:
+        """One layer's acquire, into the trace when there is one."""
+        if self.trace is not None:
+            self.trace.add(layer, experts, pairs)
+
+    def read_into(self, buffer: np.ndarray, offset: int, what: str) -> None:
+        """buffer's bytes from the file at offset, or an ExpertStoreError naming `what`."""
+        try:
+            got = os.preadv(self._fd, [memoryview(buffer).cast("B")], offset)
+        except OSError as e:
+            raise ExpertStoreError(f"{self.path}: cannot read {what}: {e.strerror}") from None
+        if got != buffer.nbytes or self._changed():
+            raise ExpertStoreError(f"{self.path}: the model file changed under the running model ({what} is "
+                                   f"not where it was when loaded); load it again")
+        if _FADVISE:  # the copy is in the cache's slot now: the page cache keeps the dense weights' pages instead
+            os.posix_fadvise(self._fd, offset, got, os.POSIX_FADV_DONTNEED)
+        self.stats.bytes_read += got
+
+    def _changed(self) -> bool:
+        st = os.fstat(self._fd)
+        return (st.st_size, st.st_mtime_ns, st.st_ino) != self._identity
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class SlotCache:
+    """Which experts of a layer sit in which of its `capacity` slots, and which go when another comes: the
+    cache's policy alone, no bytes (what a replay of a trace runs too)."""
+
+    def __init__(self, n_expert: int, capacity: int, policy: str = "heat", heat_decay: float = 0.9):
+        self.capacity, self.policy, self.heat_decay = capacity, policy, heat_decay
+        self.slot_of = np.full(n_expert, -1, np.int64)
+        self.expert_in = np.full(capacity, -1, np.int64)
+        self._heat = np.zeros(capacity, np.float64)
+        self._last = np.zeros(capacity, np.int64)
+        self._tick = 0
+
+    def acquire(self, experts: np.ndarray, pairs: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int]]]:
+        """The slots of these distinct experts (at most capacity), and the (expert, slot) pairs to read in:
+        each expert not resident takes an empty slot, else evicts (heat: the coldest slot this call does not
+        use, the least recent among equals; lru: the least recent). pairs: the rows routed to each, its heat."""
+        if len(experts) > self.capacity:
+            raise ValueError(f"{len(experts)} experts asked of a layer holding {self.capacity}")
+        self._tick += 1
+        self._heat *= self.heat_decay
+        in_use = np.zeros(self.capacity, bool)
+        slots = np.empty(len(experts), np.int64)
+        loads = []
+        for i, e in enumerate(experts):
+            s = int(self.slot_of[e])
+            if s < 0:
+                s = self._victim(in_use)
+                old = self.expert_in[s]
+                if old >= 0:
+                    self.slot_of[old] = -1
+                self.expert_in[s], self.slot_of[e], self._heat[s] = e, s, 0.0
+                loads.append((int(e), s))
+            in_use[s] = True
+            self._heat[s] += pairs[i]
+            self._last[s] = self._tick
+            slots[i] = s
+        return slots, loads
+
+    def forget(self, slot: int) -> None:
+        """The slot holds nothing (its read failed)."""
+        expert = self.expert_in[slot]
+        if expert >= 0:
+            self.slot_of[expert] = -1
+        self.expert_in[slot] = -1
+
+    def _victim(self, in_use: np.ndarray) -> int:
+        free = np.flatnonzero(self.expert_in < 0)
+        if free.size:
+            return int(free[0])
+        candidates = np.flatnonzero(~in_use)
+        if self.policy == "heat":
+            order = np.lexsort((self._last[candidates], self._heat[candidates]))
+        else:
+            order = np.argsort(self._last[candidates], kind="stable")
+        return int(candidates[order[0]])
+
+
+@dataclass
+class LayerExperts:
+    """One layer's resident experts (a kernels.backend.ExpertSource): `capacity` slots in stacked buffers."""
+
+    store: ExpertStore
+    layer: int
+    stacks: list[_Stack]
+    n_expert: int
+    capacity: int
+    gate: np.ndarray = field(init=False)
+    up: np.ndarray = field(init=False)
+    down: np.ndarray = field(init=False)
+
+    def __post_init__(self):
+        self.gate, self.up, self.down = (np.zeros((self.capacity * s.rows, s.row_bytes), np.uint8)
+                                         for s in self.stacks)
+        options = self.store.options
+        self.slots = SlotCache(self.n_expert, self.capacity, options.policy, options.heat_decay)
+
+    def resident(self) -> list[int]:
+        return sorted(int(e) for e in self.slots.expert_in if e >= 0)
+
+    def acquire(self, experts: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+        """The slots of these distinct experts (at most capacity), each read into one where not resident;
+        pairs: the rows routed to each, its heat."""
+        slots, loads = self.slots.acquire(experts, pairs)
+        self.store.record(self.layer, experts, pairs)
+        self.store.stats.hits += len(experts) - len(loads)
+        for expert, slot in loads:
+            try:
+                for stack, buffer in zip(self.stacks, (self.gate, self.up, self.down)):
+                    self.store.read_into(buffer[slot * stack.rows : (slot + 1) * stack.rows],
+                                         stack.offset + expert * stack.nbytes, f"expert {expert} of layer {self.layer}")
+            except BaseException:
+                self.slots.forget(slot)
+                raise
+            self.store.stats.misses += 1
+        return slots

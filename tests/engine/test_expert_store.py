@@ -1,0 +1,136 @@
+"""Experts streamed from disk (engine.models.expert_store): streaming changes when bytes arrive, never the numbers
+(bitwise equal to the mapped experts through prefill, decode and row-wise verify, whatever the budget and the
+policy); the cache keeps what its policy says; a file that changes under the stream is a clear error."""
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from engine.gguf.reader import open_gguf
+from engine.models import load_model
+from engine.models.expert_replay import replay, sweep
+from engine.models.expert_store import ExpertStore, ExpertStoreError, StreamOptions, Trace
+from tests.moe_models import N_EXPERT, N_LAYERS, TOKENS, write_moe_model
+
+# one expert of the q4_k variant: gate and up 256 rows of 256 Q4_K weights, down the same
+EXPERT_BYTES = 3 * 256 * 144
+
+
+@pytest.fixture(scope="module")
+def moe_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("stream") / "moe-q4_k.gguf"
+    write_moe_model(path, "q4_k")
+    return path
+
+
+def _run(model) -> list[np.ndarray]:
+    """Logits of a prefill, three decode steps and a four-row verify."""
+    cache = model.new_cache(64)
+    out = [model.forward_all(TOKENS[:20], cache)]
+    out += [model.forward([t], cache)[None] for t in TOKENS[20:23]]
+    out.append(model.forward_rows(TOKENS[23:27], cache))
+    return out
+
+
+@pytest.fixture(scope="module")
+def mapped(moe_path):
+    return _run(load_model(moe_path))
+
+
+@pytest.mark.parametrize("slots, policy", [(1, "heat"), (3, "heat"), (3, "lru"), (N_EXPERT, "heat")])
+def test_streamed_experts_give_the_mapped_bits(moe_path, mapped, slots, policy):
+    model = load_model(moe_path, experts=StreamOptions(cache_bytes=slots * N_LAYERS * EXPERT_BYTES, policy=policy))
+    for got, want in zip(_run(model), mapped):
+        np.testing.assert_array_equal(got, want)
+    stats = model.expert_store.stats
+    assert stats.misses >= N_LAYERS  # each layer read at least one expert
+    assert stats.bytes_read == stats.misses * EXPERT_BYTES
+    if slots == N_EXPERT:  # a cache holding every expert reads each at most once
+        assert stats.misses <= N_LAYERS * N_EXPERT
+        assert stats.hits > 0
+
+
+def test_a_warm_cache_reads_nothing_again(moe_path):
+    model = load_model(moe_path, experts=StreamOptions(cache_bytes=N_EXPERT * N_LAYERS * EXPERT_BYTES))
+    _run(model)
+    stats = model.expert_store.stats
+    read, misses = stats.bytes_read, stats.misses
+    _run(model)
+    assert (stats.bytes_read, stats.misses) == (read, misses)
+    assert stats.hit_rate > 0.5
+
+
+def _layer(moe_path, capacity, policy="heat"):
+    store = ExpertStore(moe_path, StreamOptions(cache_bytes=capacity * EXPERT_BYTES, policy=policy), layers=1)
+    with open_gguf(moe_path) as file:
+        stacks = [file.tensor(f"blk.0.ffn_{w}_exps.weight") for w in ("gate", "up", "down")]
+    return store, store.layer(0, *stacks, N_EXPERT)
+
+
+def test_heat_keeps_the_expert_more_rows_went_to_and_lru_the_latest(moe_path):
+    for policy, kept in (("heat", [0, 2]), ("lru", [1, 2])):
+        _, layer = _layer(moe_path, 2, policy)
+        layer.acquire(np.array([0]), np.array([10]))  # hot
+        layer.acquire(np.array([1]), np.array([1]))   # cold, but later
+        layer.acquire(np.array([2]), np.array([1]))   # evicts one of them
+        assert layer.resident() == kept, policy
+
+
+def test_slots_hold_the_files_bytes_of_their_expert(moe_path):
+    store, layer = _layer(moe_path, 2)
+    slots = layer.acquire(np.array([5, 3]), np.array([1, 1]))
+    with open_gguf(moe_path) as file:
+        for name, buffer in (("gate", layer.gate), ("down", layer.down)):
+            raw = file.raw(file.tensor(f"blk.0.ffn_{name}_exps.weight")).reshape(N_EXPERT, 256, -1)
+            for expert, slot in zip((5, 3), slots):
+                np.testing.assert_array_equal(buffer[slot * 256 : (slot + 1) * 256], raw[expert])
+    with pytest.raises(ValueError, match="3 experts asked of a layer holding 2"):
+        layer.acquire(np.array([0, 1, 2]), np.array([1, 1, 1]))
+
+
+def test_a_file_that_changes_under_the_stream_is_an_error_that_says_so(moe_path, tmp_path):
+    copy = tmp_path / "moe.gguf"
+    shutil.copyfile(moe_path, copy)
+    model = load_model(copy, experts=StreamOptions(cache_bytes=N_LAYERS * EXPERT_BYTES))  # one slot a layer
+    cache = model.new_cache(64)
+    model.forward_all(TOKENS[:8], cache)
+    st = os.stat(copy)
+    os.utime(copy, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    with pytest.raises(ExpertStoreError, match="changed under the running model"):
+        model.forward_all(TOKENS[8:16], cache)
+
+
+def test_a_truncated_file_is_an_error_not_a_short_read(moe_path, tmp_path):
+    copy = tmp_path / "moe.gguf"
+    shutil.copyfile(moe_path, copy)
+    store, layer = _layer(copy, 1)
+    os.truncate(copy, layer.stacks[2].offset + layer.stacks[2].nbytes * 4)  # experts 4 on gone from the down stack
+    with pytest.raises(ExpertStoreError, match="expert 6 of layer 0"):
+        layer.acquire(np.array([6]), np.array([1]))
+
+
+def test_options_are_checked():
+    with pytest.raises(ValueError, match="must not be negative"):
+        StreamOptions(cache_bytes=-1)
+    with pytest.raises(ValueError, match="unknown expert cache policy 'lfu'"):
+        StreamOptions(cache_bytes=1, policy="lfu")
+
+
+def test_a_runs_trace_replays_to_the_hit_rate_it_had_live_and_belady_bounds_every_policy(moe_path, tmp_path):
+    for policy in ("heat", "lru"):
+        model = load_model(moe_path, experts=StreamOptions(cache_bytes=3 * N_LAYERS * EXPERT_BYTES, policy=policy,
+                                                           trace=True))
+        _run(model)
+        store = model.expert_store
+        store.trace.save(tmp_path / "run.trace")
+        trace = Trace.load(tmp_path / "run.trace")
+        assert replay(trace, policy) == (store.stats.hits, store.stats.misses)
+    rates = sweep(trace, [1, 2, 4, N_EXPERT])
+    for c in range(4):
+        assert rates["belady"][c] == max(r[c] for r in rates.values())
+    assert rates["lru"] == sorted(rates["lru"]) and rates["belady"] == sorted(rates["belady"])
+    assert rates["belady"][-1] == rates["lru"][-1]  # every expert resident: only first reads miss
+    with pytest.raises(ExpertStoreError, match="not an experts trace"):
+        Trace.load(moe_path)
