@@ -211,12 +211,27 @@ def write_synthetic(shape_name: str, path: Path, seed: int = 0) -> Path:
         if spec.name in formats:  # stacked experts: drawn as one matrix of every expert's rows
             *outer, cols = spec.shape
             weight = random_weight(formats[spec.name], int(np.prod(outer)), cols, rng, BLOCK_SCALES)
+            if spec.name.endswith("ffn_gate_inp.weight"):
+                weight = _skewed_router(weight.view(np.float32), rng).view(np.uint8)
             writer.write_tensor_data(weight.reshape(*outer, -1))
         else:  # norms near 1, the other vectors near 0, and decay rates (-exp(A_log)) negative
             base = _CENTERS.get(spec.name.split(".")[-1], 1.0 if spec.role == NORM else 0.0)
             writer.write_tensor_data((base + rng.normal(0, 0.05, spec.shape)).astype(np.float32))
     writer.close()
     return path
+
+
+# a router row's scale by its expert's rank of popularity r (a random order per layer): (r + 1) ** -ROUTER_SKEW. A
+# random router picks every expert about as often; real ones have hot and cold experts, which is what a cache of
+# experts streamed from disk lives on (at 0.25, top 8 of 128 of independent logits: the hottest expert chosen 6x
+# as often as the median one, the 16 hottest a third of the picks)
+ROUTER_SKEW = 0.25
+
+
+def _skewed_router(rows: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A router's rows [n_expert, n_embd] scaled by a power law over a random order of its experts."""
+    rank = rng.permutation(rows.shape[0])
+    return (rows * ((rank + 1.0) ** -ROUTER_SKEW)[:, None]).astype(np.float32)
 
 
 def main() -> None:

@@ -6,7 +6,8 @@ import argparse
 import multiprocessing
 import sys
 
-from app.cli import bench, chat, conversations, desktop, docs, generate, models, serve, tokenize, warmup
+from app.cli import bench, chat, conversations, desktop, docs, experts, generate, models, serve, tokenize, warmup
+from app.cli.common import report_streams
 from app.gui import THEMES
 from engine.errors import FucinaError
 
@@ -17,6 +18,7 @@ COMMANDS = [
     tokenize.register,
     generate.register,
     bench.register,
+    experts.register,
     chat.register,
     conversations.register,
     docs.register,
@@ -48,7 +50,10 @@ def main(argv: list[str] | None = None) -> int:
         if not hasattr(args, "func"):
             from app.gui.app import run  # Qt loads only for the desktop app
             return run(args.screenshot, args.gui_conversation, args.theme)
-        return args.func(args) or 0
+        try:
+            return args.func(args) or 0
+        finally:
+            report_streams()
     except FucinaError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -6,7 +6,9 @@ import json
 import sys
 from pathlib import Path
 
-from app.cli.common import add_compute_options, configure_compute, resolve_model_path
+from app.cli.common import (
+    add_compute_options, add_stream_options, configure_compute, resolve_model_path, stream_options,
+)
 from app.cli.sampling import add_sampler_options, sampler_config
 from engine.benchmarks.peer import PEERS, benchmark, rows_throughput
 from engine.benchmarks.cold_start import cold_start
@@ -39,7 +41,8 @@ def run_bench(args) -> int:
         return _run_spec(args, path, threads, log)
     if args.workload is not None:
         raise BenchWorkloadError("--workload goes with --spec")
-    r = benchmark(str(path), threads, args.prompt_tokens, args.gen_tokens, args.runs, args.peer, log)
+    r = benchmark(str(path), threads, args.prompt_tokens, args.gen_tokens, args.runs, args.peer, log,
+                  experts=stream_options(args))
     if args.json:
         return _print_json(r)
     print(f"{path.name}: {threads} threads, {args.prompt_tokens}-token prompt, {args.gen_tokens} greedy tokens, "
@@ -61,6 +64,9 @@ def run_bench(args) -> int:
     if args.peer:
         line += f" | {args.peer} {r['llama_cpp_decode_gbs']:.1f} GB/s"
     print(line)
+    if "experts_hit_rate" in r:
+        print(f"{'experts streamed':>20}: {r['experts_policy']} cache of {r['experts_cache_bytes'] / 1e6:.0f} MB, "
+              f"hit rate {r['experts_hit_rate']:.1%}, {r['experts_bytes_read'] / 1e9:.2f} GB read over every run")
     return 0
 
 
@@ -180,5 +186,6 @@ def register(subparsers) -> None:
     p.add_argument("--no-warmup", action="store_true",
                    help="with --cold-start: no background warm-up; the first reply compiles the kernels")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_stream_options(p)
     add_sampler_options(p)
     p.set_defaults(func=run_bench)

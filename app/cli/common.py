@@ -8,8 +8,11 @@ import sys
 
 from app.cli.progress import ProgressBar
 from engine.platform.catalog import default_model_name, resolve_model
+from engine.errors import FucinaError
 from engine.history.validate import SAMPLER_RANGES
 from engine.models import load_model
+from engine.models.expert_store import StreamOptions
+from engine.models.footprint import machine_memory
 from engine.runtime import BACKENDS, configure_backend, configure_threads
 
 MAX_TOKENS = int(SAMPLER_RANGES["ctx"][2])
@@ -23,6 +26,7 @@ def add_model_options(p, optional: bool = False) -> None:
         p.add_argument("model", help="a starter model name or a path to a .gguf file")
     add_compute_options(p)
     add_kv_option(p)
+    add_stream_options(p)
 
 
 def add_compute_options(p) -> None:
@@ -30,6 +34,52 @@ def add_compute_options(p) -> None:
     p.add_argument("--threads", type=int, default=None, help="kernel threads (default: $FUCINA_THREADS or all cores)")
     p.add_argument("--backend", choices=BACKENDS, default="auto",
                    help="where the model runs (default auto: a CUDA GPU when present, Metal on macOS, else the CPU)")
+
+
+def add_stream_options(p) -> None:
+    """--moe-stream, --moe-cache-mb, --moe-lru, --moe-trace: a Mixture-of-Experts model's experts read from disk
+    on demand into a cache (engine.models.expert_store) instead of mapped."""
+    p.add_argument("--moe-stream", action="store_true",
+                   help="read the experts from disk on demand into a cache (default: half this machine's memory)")
+    p.add_argument("--moe-cache-mb", type=int, metavar="MB", default=None,
+                   help="stream the experts into a cache of this many MB (implies --moe-stream)")
+    p.add_argument("--moe-lru", action="store_true", help="evict the least recently used expert, not the coldest")
+    p.add_argument("--moe-trace", metavar="PATH", default=None,
+                   help="record the routed experts in order and save them at exit (fucina experts replay PATH)")
+
+
+def stream_options(args) -> StreamOptions | None:
+    """The StreamOptions the --moe-* options ask for; None: the experts stay mapped."""
+    stream, mb, lru, trace = (getattr(args, name, None) for name in ("moe_stream", "moe_cache_mb", "moe_lru",
+                                                                      "moe_trace"))
+    if not (stream or mb is not None or lru or trace):
+        return None
+    if mb is not None and mb < 1:
+        raise FucinaError(f"--moe-cache-mb must be at least 1, got {mb}")
+    budget = mb << 20 if mb is not None else max(256 << 20, (machine_memory() or 8 << 30) // 2)
+    return StreamOptions(cache_bytes=budget, policy="lru" if lru else "heat", trace=bool(trace))
+
+
+# (model, its command's args) of each model a command opened with streamed experts, for report_streams
+_STREAMED: list[tuple] = []
+
+
+def report_streams() -> None:
+    """After a command: what each model it streamed experts for read and hit, and the traces --moe-trace asked
+    for."""
+    while _STREAMED:
+        model, args = _STREAMED.pop()
+        store = model.expert_store
+        s = store.stats
+        print(f"experts streamed: {s.hits + s.misses} routed, hit rate {s.hit_rate:.1%}, "
+              f"{s.bytes_read / 1e6:.1f} MB read", file=sys.stderr)
+        if store.trace is not None:
+            try:
+                store.trace.save(args.moe_trace)
+            except OSError as e:
+                print(f"warning: the experts trace was not saved to {args.moe_trace}: {e.strerror}", file=sys.stderr)
+                continue
+            print(f"experts trace: {args.moe_trace} ({len(store.trace.calls)} calls)", file=sys.stderr)
 
 
 def add_kv_option(p) -> None:
@@ -52,7 +102,9 @@ def resolve_model_path(name: str):
 
 def open_model(args):
     configure_compute(args)
-    model = load_model(resolve_model_path(args.model or default_model_name()))
+    model = load_model(resolve_model_path(args.model or default_model_name()), experts=stream_options(args))
+    if getattr(model, "expert_store", None) is not None:  # what it read, after the command
+        _STREAMED.append((model, args))
     if getattr(args, "spec", False):  # asked for speculation: its verify kernels now, not after a reply or two
         model.rows_ready(model.new_cache(1, getattr(args, "kv", "f16")), wait=True)
     return model

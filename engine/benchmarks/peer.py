@@ -28,6 +28,7 @@ import numpy as np
 from engine.benchmarks.bandwidth import read_bandwidth_gbs, weight_bytes_per_token
 from engine.errors import FucinaError
 from engine.models import load_model
+from engine.models.expert_store import StreamOptions
 from engine.models.model import Model
 
 
@@ -132,9 +133,11 @@ PEERS = ("llama-bench", "binding")
 
 
 def benchmark(path: str, threads: int, prompt_tokens: int, gen_tokens: int, runs: int, peer: str | None,
-              log: Callable[[str], None] = lambda s: None) -> dict:
+              log: Callable[[str], None] = lambda s: None, experts: StreamOptions | None = None) -> dict:
+    """Our prefill and decode speeds (and the peer's, alternating) on the GGUF at `path`; experts: streamed
+    from disk into a cache of that budget (the result then has their hit rate and the bytes read per token)."""
     t0 = time.perf_counter()
-    model = load_model(path)
+    model = load_model(path, experts=experts)
     load_s = time.perf_counter() - t0
     prompt = prompt_ids(model.vocab_size, prompt_tokens)
     # first token after load, on a short prompt: what a user waits for after opening a model
@@ -156,6 +159,11 @@ def benchmark(path: str, threads: int, prompt_tokens: int, gen_tokens: int, runs
             theirs.append(llama.run(prompt, gen_tokens))
             log(f"run {i + 1}/{runs} llama.cpp: prefill {theirs[-1].prefill_tps:.1f} tok/s, "
                 f"decode {theirs[-1].decode_tps:.1f} tok/s")
+    store = model.expert_store if experts is not None else None
+    if store is not None:  # over every run's prefill and decode, warm-ups included
+        result["experts_hit_rate"] = store.stats.hit_rate
+        result["experts_bytes_read"] = store.stats.bytes_read
+        result["experts_policy"], result["experts_cache_bytes"] = experts.policy, experts.cache_bytes
     for key in ("prefill_tps", "decode_tps", "ttft_s"):
         result[key] = summary([getattr(r, key) for r in ours])
         if peer:

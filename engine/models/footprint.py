@@ -37,6 +37,11 @@ class Footprint:
     def needed_bytes(self) -> int:
         return self.weight_bytes + RUNTIME_BYTES
 
+    def streamed_bytes(self, cache_bytes: int) -> int:
+        """What it needs with its experts streamed from disk into a cache of cache_bytes: the other weights, the
+        cache and the runtime."""
+        return self.weight_bytes - self.expert_bytes + min(cache_bytes, self.expert_bytes) + RUNTIME_BYTES
+
 
 def footprint(file: GGUFFile) -> Footprint:
     arch = file.architecture
@@ -66,24 +71,52 @@ def machine_memory() -> int | None:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):  # no sysconf (Windows)
         return None
+    limit = _cgroup_limit()
+    return memory if limit is None else min(memory, limit)
+
+
+def _cgroup_limit() -> int | None:
+    """The memory limit of this process's cgroup (v2's memory.max, or v1's memory.limit_in_bytes of its own
+    group under the memory controller), which counts the page cache too; None where there is none."""
+    places = [Path("/sys/fs/cgroup/memory.max")]
     try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if limit.isdigit():
-            memory = min(memory, int(limit))
-    except OSError:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, group = line.split(":", 2)
+            if "memory" in controllers.split(","):
+                places.append(Path("/sys/fs/cgroup/memory") / group.lstrip("/") / "memory.limit_in_bytes")
+    except (OSError, ValueError):
         pass
-    return memory
+    for place in places:
+        try:
+            text = place.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 1 << 62:  # v1 says "no limit" with a number near 2^63
+            return int(text)
+    return None
 
 
-def check_fits(file: GGUFFile) -> Footprint:
-    """The file's footprint; ModelTooLarge if this machine's memory cannot hold it."""
+def check_fits(file: GGUFFile, expert_cache_bytes: int | None = None) -> Footprint:
+    """The file's footprint; ModelTooLarge if this machine's memory cannot hold it (expert_cache_bytes: with its
+    experts streamed from disk into a cache of that size)."""
     fp = footprint(file)
     memory = machine_memory()
-    if memory is not None and fp.needed_bytes > memory:
+    if memory is None:
+        return fp
+    if expert_cache_bytes is not None and fp.expert_bytes:
+        needed = fp.streamed_bytes(expert_cache_bytes)
+        if needed > memory:
+            raise ModelTooLarge(
+                f"{file.path}: with its experts streamed into a cache of {expert_cache_bytes / 1e9:.1f} GB this model "
+                f"needs about {needed / 1e9:.1f} GB of memory ({(fp.weight_bytes - fp.expert_bytes) / 1e9:.1f} GB of "
+                f"other weights and {RUNTIME_BYTES / 1e9:.1f} GB to run), and this machine has {memory / 1e9:.1f} GB; "
+                f"choose a smaller cache")
+    elif fp.needed_bytes > memory:
+        stream = " or stream its experts from disk (--moe-stream)" if fp.expert_bytes else ""
         raise ModelTooLarge(
             f"{file.path}: this model needs about {fp.needed_bytes / 1e9:.1f} GB of memory "
             f"({fp.weight_bytes / 1e9:.1f} GB of weights and {RUNTIME_BYTES / 1e9:.1f} GB to run), and this "
-            f"machine has {memory / 1e9:.1f} GB; choose a smaller model or a smaller quantization of it")
+            f"machine has {memory / 1e9:.1f} GB; choose a smaller model or a smaller quantization of it{stream}")
     return fp
 
 

@@ -89,3 +89,18 @@ def test_models_info_says_whether_speculation_drafts_from_the_models_own_mtp_lay
         assert json.loads(capsys.readouterr().out)["next_token_layer"] is expected
     main(["models", "info", str(with_layer)])
     assert "next-token prediction (MTP) layer: speculative replies draft from it" in capsys.readouterr().out
+
+
+def test_a_model_too_large_mapped_loads_with_its_experts_streamed_into_a_cache_that_fits(moe_file, monkeypatch):
+    from engine.models.expert_store import StreamOptions
+
+    with open_gguf(moe_file) as f:
+        fp = footprint.footprint(f)
+    others = fp.weight_bytes - fp.expert_bytes
+    monkeypatch.setattr(footprint, "machine_memory", lambda: footprint.RUNTIME_BYTES + others + fp.expert_bytes // 2)
+    with pytest.raises(ModelTooLarge, match=r"or stream its experts from disk \(--moe-stream\)"):
+        load_model(moe_file)
+    model = load_model(moe_file, experts=StreamOptions(cache_bytes=fp.expert_bytes // 4))
+    assert model.expert_store is not None
+    with pytest.raises(ModelTooLarge, match="with its experts streamed into a cache of .* choose a smaller cache"):
+        load_model(moe_file, experts=StreamOptions(cache_bytes=fp.expert_bytes))
