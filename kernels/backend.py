@@ -347,6 +347,9 @@ class ExpertSource(Protocol):
     up: Any
     down: Any  # uint8 [capacity * n_embd, row bytes]
 
+    def resident(self, experts: np.ndarray) -> np.ndarray:
+        """Whether each of these experts is resident now (bool)."""
+
     def acquire(self, experts: np.ndarray, pairs: np.ndarray) -> np.ndarray:
         """The slots (int64) of these distinct experts, at most `capacity`, each read into one where it is not
         resident; pairs: the rows this call routes to each (what a cache may keep by)."""

@@ -37,13 +37,15 @@ def add_compute_options(p) -> None:
 
 
 def add_stream_options(p) -> None:
-    """--moe-stream, --moe-cache-mb, --moe-lru, --moe-trace: a Mixture-of-Experts model's experts read from disk
-    on demand into a cache (engine.models.expert_store) instead of mapped."""
+    """--moe-stream, --moe-cache-mb, --moe-lru, --moe-io-threads, --moe-trace: a Mixture-of-Experts model's experts
+    read from disk on demand into a cache (engine.models.expert_store) instead of mapped."""
     p.add_argument("--moe-stream", action="store_true",
                    help="read the experts from disk on demand into a cache (default: half this machine's memory)")
     p.add_argument("--moe-cache-mb", type=int, metavar="MB", default=None,
                    help="stream the experts into a cache of this many MB (implies --moe-stream)")
     p.add_argument("--moe-lru", action="store_true", help="evict the least recently used expert, not the coldest")
+    p.add_argument("--moe-io-threads", type=int, metavar="N", default=4,
+                   help="read a call's missing experts N at a time (default 4)")
     p.add_argument("--moe-trace", metavar="PATH", default=None,
                    help="record the routed experts in order and save them at exit (fucina experts replay PATH)")
 
@@ -57,7 +59,10 @@ def stream_options(args) -> StreamOptions | None:
     if mb is not None and mb < 1:
         raise FucinaError(f"--moe-cache-mb must be at least 1, got {mb}")
     budget = mb << 20 if mb is not None else max(256 << 20, (machine_memory() or 8 << 30) // 2)
-    return StreamOptions(cache_bytes=budget, policy="lru" if lru else "heat", trace=bool(trace))
+    io_threads = getattr(args, "moe_io_threads", 4)
+    if io_threads < 1:
+        raise FucinaError(f"--moe-io-threads must be at least 1, got {io_threads}")
+    return StreamOptions(cache_bytes=budget, policy="lru" if lru else "heat", trace=bool(trace), io_threads=io_threads)
 
 
 # (model, its command's args) of each model a command opened with streamed experts, for report_streams

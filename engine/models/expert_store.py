@@ -18,6 +18,7 @@ says so, never a crash or a silent wrong answer.
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,6 +40,7 @@ class StreamOptions:
     policy: str = "heat"          # one of POLICIES
     heat_decay: float = 0.9       # each slot's heat times this at every call of its layer
     trace: bool = False           # record every layer's routed experts in order (ExpertStore.trace)
+    io_threads: int = 4           # a call's missing experts are read this many at a time (1: in turn)
 
     def __post_init__(self):
         if self.cache_bytes < 0:
@@ -47,6 +49,8 @@ class StreamOptions:
             raise ValueError(f"unknown expert cache policy {self.policy!r} (one of {', '.join(POLICIES)})")
         if not 0.0 < self.heat_decay <= 1.0:
             raise ValueError(f"heat_decay must be in (0, 1] (got {self.heat_decay})")
+        if self.io_threads < 1:
+            raise ValueError(f"io_threads must be at least 1 (got {self.io_threads})")
 
 
 @dataclass
@@ -118,6 +122,8 @@ class ExpertStore:
         st = os.fstat(self._fd)
         self._identity = (st.st_size, st.st_mtime_ns, st.st_ino)
         self.trace: Trace | None = Trace() if options.trace else None
+        # a disk answers several reads at once faster than in turn (the calls release the GIL)
+        self._io = ThreadPoolExecutor(options.io_threads, "experts-io") if options.io_threads > 1 else None
 
     def layer(self, layer: int, gate: TensorInfo, up: TensorInfo, down: TensorInfo, n_expert: int) -> LayerExperts:
         """Layer `layer`'s experts (gate and up [n_expert, n_ff, n_embd], down [n_expert, n_embd, n_ff] in the
@@ -152,13 +158,27 @@ class ExpertStore:
                                    f"not where it was when loaded); load it again")
         if _FADVISE:  # the copy is in the cache's slot now: the page cache keeps the dense weights' pages instead
             os.posix_fadvise(self._fd, offset, got, os.POSIX_FADV_DONTNEED)
-        self.stats.bytes_read += got
 
     def _changed(self) -> bool:
         st = os.fstat(self._fd)
         return (st.st_size, st.st_mtime_ns, st.st_ino) != self._identity
 
+    def read_all(self, reads: list[tuple[np.ndarray, int, str]]) -> list[BaseException | None]:
+        """read_into for each (buffer, offset, what), on the I/O threads: the error of each, or None."""
+        def attempt(read):
+            try:
+                self.read_into(*read)
+            except Exception as e:  # noqa: BLE001  (returned to the caller, which knows the slot it was for)
+                return e
+            return None
+        parallel = self._io is not None and len(reads) > 1
+        errors = list(self._io.map(attempt, reads)) if parallel else [attempt(r) for r in reads]
+        self.stats.bytes_read += sum(buffer.nbytes for (buffer, _, _), e in zip(reads, errors) if e is None)
+        return errors
+
     def close(self) -> None:
+        if self._io is not None:
+            self._io.shutdown()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
@@ -240,7 +260,12 @@ class LayerExperts:
         options = self.store.options
         self.slots = SlotCache(self.n_expert, self.capacity, options.policy, options.heat_decay)
 
-    def resident(self) -> list[int]:
+    def resident(self, experts: np.ndarray) -> np.ndarray:
+        """Whether each of these experts is resident now."""
+        return self.slots.slot_of[experts] >= 0
+
+    def held(self) -> list[int]:
+        """The experts resident now, in order."""
         return sorted(int(e) for e in self.slots.expert_in if e >= 0)
 
     def acquire(self, experts: np.ndarray, pairs: np.ndarray) -> np.ndarray:
@@ -249,13 +274,14 @@ class LayerExperts:
         slots, loads = self.slots.acquire(experts, pairs)
         self.store.record(self.layer, experts, pairs)
         self.store.stats.hits += len(experts) - len(loads)
-        for expert, slot in loads:
-            try:
-                for stack, buffer in zip(self.stacks, (self.gate, self.up, self.down)):
-                    self.store.read_into(buffer[slot * stack.rows : (slot + 1) * stack.rows],
-                                         stack.offset + expert * stack.nbytes, f"expert {expert} of layer {self.layer}")
-            except BaseException:
-                self.slots.forget(slot)
-                raise
-            self.store.stats.misses += 1
+        reads = [(buffer[slot * stack.rows : (slot + 1) * stack.rows], stack.offset + expert * stack.nbytes,
+                  f"expert {expert} of layer {self.layer}")
+                 for expert, slot in loads for stack, buffer in zip(self.stacks, (self.gate, self.up, self.down))]
+        errors = self.store.read_all(reads)
+        failed = {loads[i // len(self.stacks)][1] for i, e in enumerate(errors) if e is not None}
+        for slot in failed:  # a slot whose bytes did not all arrive holds nothing
+            self.slots.forget(slot)
+        self.store.stats.misses += len(loads) - len(failed)
+        if failed:
+            raise next(e for e in errors if e is not None)
         return slots

@@ -75,7 +75,7 @@ def test_heat_keeps_the_expert_more_rows_went_to_and_lru_the_latest(moe_path):
         layer.acquire(np.array([0]), np.array([10]))  # hot
         layer.acquire(np.array([1]), np.array([1]))   # cold, but later
         layer.acquire(np.array([2]), np.array([1]))   # evicts one of them
-        assert layer.resident() == kept, policy
+        assert layer.held() == kept, policy
 
 
 def test_slots_hold_the_files_bytes_of_their_expert(moe_path):
