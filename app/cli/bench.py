@@ -42,7 +42,7 @@ def run_bench(args) -> int:
     if args.workload is not None:
         raise BenchWorkloadError("--workload goes with --spec")
     r = benchmark(str(path), threads, args.prompt_tokens, args.gen_tokens, args.runs, args.peer, log,
-                  experts=stream_options(args))
+                  experts=stream_options(args), trace_to=args.moe_trace)
     if args.json:
         return _print_json(r)
     print(f"{path.name}: {threads} threads, {args.prompt_tokens}-token prompt, {args.gen_tokens} greedy tokens, "

@@ -133,9 +133,11 @@ PEERS = ("llama-bench", "binding")
 
 
 def benchmark(path: str, threads: int, prompt_tokens: int, gen_tokens: int, runs: int, peer: str | None,
-              log: Callable[[str], None] = lambda s: None, experts: StreamOptions | None = None) -> dict:
+              log: Callable[[str], None] = lambda s: None, experts: StreamOptions | None = None,
+              trace_to: str | None = None) -> dict:
     """Our prefill and decode speeds (and the peer's, alternating) on the GGUF at `path`; experts: streamed
-    from disk into a cache of that budget (the result then has their hit rate and the bytes read per token)."""
+    from disk into a cache of that budget (the result then has their hit rate and the bytes read; trace_to:
+    where their trace is saved, when the options record one)."""
     t0 = time.perf_counter()
     model = load_model(path, experts=experts)
     load_s = time.perf_counter() - t0
@@ -164,6 +166,8 @@ def benchmark(path: str, threads: int, prompt_tokens: int, gen_tokens: int, runs
         result["experts_hit_rate"] = store.stats.hit_rate
         result["experts_bytes_read"] = store.stats.bytes_read
         result["experts_policy"], result["experts_cache_bytes"] = experts.policy, experts.cache_bytes
+        if trace_to and store.trace is not None:
+            store.trace.save(trace_to)
     for key in ("prefill_tps", "decode_tps", "ttft_s"):
         result[key] = summary([getattr(r, key) for r in ours])
         if peer:

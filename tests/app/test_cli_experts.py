@@ -34,6 +34,7 @@ def test_a_streamed_reply_is_the_mapped_one_and_its_trace_replays(moe_path, tmp_
     report = json.loads(capsys.readouterr().out)
     assert report["slots"][-1] == N_EXPERT and set(report["hit_rate"]) == {"lru", "heat", "slru", "pinned+lru",
                                                                             "belady"}
+    assert report["as_run"]["heat"] == pytest.approx(float(err.split("hit rate ")[1].split("%")[0]) / 100, abs=5e-4)
     assert main(["experts", "replay", str(trace), "--slots", "2,3"]) == 0
     assert "belady" in capsys.readouterr().out
 
@@ -46,8 +47,10 @@ def test_bad_stream_options_and_traces_are_one_error_line(moe_path, tmp_path, ca
     assert main(["experts", "replay", str(moe_path), "--slots", "a"]) == 2
 
 
-def test_the_bench_reports_the_streamed_experts(moe_path, capsys):
+def test_the_bench_reports_the_streamed_experts_and_saves_their_trace(moe_path, tmp_path, capsys):
+    trace = tmp_path / "bench.trace"
     assert main(["bench", str(moe_path), "--prompt-tokens", "8", "--gen-tokens", "3", "--runs", "1",
-                 "--moe-cache-mb", "1", "--moe-lru"]) == 0
+                 "--moe-cache-mb", "1", "--moe-lru", "--moe-trace", str(trace)]) == 0
     out = capsys.readouterr().out
     assert "experts streamed:" in out and "lru cache of 1 MB" in out
+    assert Trace.load(trace).calls
