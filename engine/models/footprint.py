@@ -75,15 +75,15 @@ def machine_memory() -> int | None:
     return memory if limit is None else min(memory, limit)
 
 
-def _cgroup_limit() -> int | None:
+def _cgroup_limit(root: Path = Path("/")) -> int | None:
     """The memory limit of this process's cgroup (v2's memory.max, or v1's memory.limit_in_bytes of its own
     group under the memory controller), which counts the page cache too; None where there is none."""
-    places = [Path("/sys/fs/cgroup/memory.max")]
+    places = [root / "sys/fs/cgroup/memory.max"]
     try:
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
+        for line in (root / "proc/self/cgroup").read_text().splitlines():
             _, controllers, group = line.split(":", 2)
             if "memory" in controllers.split(","):
-                places.append(Path("/sys/fs/cgroup/memory") / group.lstrip("/") / "memory.limit_in_bytes")
+                places.append(root / "sys/fs/cgroup/memory" / group.lstrip("/") / "memory.limit_in_bytes")
     except (OSError, ValueError):
         pass
     for place in places:

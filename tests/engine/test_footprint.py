@@ -104,3 +104,18 @@ def test_a_model_too_large_mapped_loads_with_its_experts_streamed_into_a_cache_t
     assert model.expert_store is not None
     with pytest.raises(ModelTooLarge, match="with its experts streamed into a cache of .* choose a smaller cache"):
         load_model(moe_file, experts=StreamOptions(cache_bytes=fp.expert_bytes))
+
+
+def test_the_machine_memory_counts_a_cgroup_v1_or_v2_limit(tmp_path):
+    (tmp_path / "proc/self").mkdir(parents=True)
+    (tmp_path / "proc/self/cgroup").write_text("9:name=systemd:/\n4:memory:/bench/run\n0::/\n")
+    v1 = tmp_path / "sys/fs/cgroup/memory/bench/run"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "no limit"
+    assert footprint._cgroup_limit(tmp_path) is None
+    (v1 / "memory.limit_in_bytes").write_text(f"{8 << 30}\n")
+    assert footprint._cgroup_limit(tmp_path) == 8 << 30
+    (tmp_path / "sys/fs/cgroup/memory.max").write_text(f"{4 << 30}\n")  # v2 first
+    assert footprint._cgroup_limit(tmp_path) == 4 << 30
+    (tmp_path / "sys/fs/cgroup/memory.max").write_text("max\n")
+    assert footprint._cgroup_limit(tmp_path) == 8 << 30
