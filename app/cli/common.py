@@ -37,13 +37,16 @@ def add_compute_options(p) -> None:
 
 
 def add_stream_options(p) -> None:
-    """--moe-stream, --moe-cache-mb, --moe-lru, --moe-io-threads, --moe-trace: a Mixture-of-Experts model's experts
-    read from disk on demand into a cache (engine.models.expert_store) instead of mapped."""
+    """--moe-stream, --moe-cache-mb, --moe-lru, --moe-pin, --moe-io-threads, --moe-trace: a Mixture-of-Experts
+    model's experts read from disk on demand into a cache (engine.models.expert_store) instead of mapped."""
     p.add_argument("--moe-stream", action="store_true",
                    help="read the experts from disk on demand into a cache (default: half this machine's memory)")
     p.add_argument("--moe-cache-mb", type=int, metavar="MB", default=None,
                    help="stream the experts into a cache of this many MB (implies --moe-stream)")
     p.add_argument("--moe-lru", action="store_true", help="evict the least recently used expert, not the coldest")
+    p.add_argument("--moe-pin", action="store_true",
+                   help="keep half of each layer's cache for its most routed experts in earlier runs (learned "
+                        "beside the model, in MODEL.gguf.experts)")
     p.add_argument("--moe-io-threads", type=int, metavar="N", default=4,
                    help="read a call's missing experts N at a time (default 4)")
     p.add_argument("--moe-trace", metavar="PATH", default=None,
@@ -52,9 +55,9 @@ def add_stream_options(p) -> None:
 
 def stream_options(args) -> StreamOptions | None:
     """The StreamOptions the --moe-* options ask for; None: the experts stay mapped."""
-    stream, mb, lru, trace = (getattr(args, name, None) for name in ("moe_stream", "moe_cache_mb", "moe_lru",
-                                                                      "moe_trace"))
-    if not (stream or mb is not None or lru or trace):
+    stream, mb, lru, trace, pin = (getattr(args, name, None) for name in ("moe_stream", "moe_cache_mb", "moe_lru",
+                                                                           "moe_trace", "moe_pin"))
+    if not (stream or mb is not None or lru or trace or pin):
         return None
     if mb is not None and mb < 1:
         raise FucinaError(f"--moe-cache-mb must be at least 1, got {mb}")
@@ -62,7 +65,8 @@ def stream_options(args) -> StreamOptions | None:
     io_threads = getattr(args, "moe_io_threads", 4)
     if io_threads < 1:
         raise FucinaError(f"--moe-io-threads must be at least 1, got {io_threads}")
-    return StreamOptions(cache_bytes=budget, policy="lru" if lru else "heat", trace=bool(trace), io_threads=io_threads)
+    return StreamOptions(cache_bytes=budget, policy="lru" if lru else "heat", trace=bool(trace), io_threads=io_threads,
+                         pin_share=0.5 if pin else 0.0)
 
 
 # (model, its command's args) of each model a command opened with streamed experts, for report_streams
@@ -76,8 +80,14 @@ def report_streams() -> None:
         model, args = _STREAMED.pop()
         store = model.expert_store
         s = store.stats
+        pins = f", {s.pinned} pinned" + (f" ({s.pins_declined} layers' usage too flat to pin)"
+                                          if s.pins_declined else "") if args.moe_pin else ""
         print(f"experts streamed: {s.hits + s.misses} routed, hit rate {s.hit_rate:.1%}, "
-              f"{s.bytes_read / 1e6:.1f} MB read", file=sys.stderr)
+              f"{s.bytes_read / 1e6:.1f} MB read{pins}", file=sys.stderr)
+        try:  # what pins the next run's experts
+            store.save_usage()
+        except OSError as e:
+            print(f"warning: the experts' usage was not saved beside the model: {e.strerror}", file=sys.stderr)
         if store.trace is not None:
             try:
                 store.trace.save(args.moe_trace)

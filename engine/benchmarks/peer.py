@@ -166,6 +166,7 @@ def benchmark(path: str, threads: int, prompt_tokens: int, gen_tokens: int, runs
         result["experts_hit_rate"] = store.stats.hit_rate
         result["experts_bytes_read"] = store.stats.bytes_read
         result["experts_policy"], result["experts_cache_bytes"] = experts.policy, experts.cache_bytes
+        result["experts_pinned"] = store.stats.pinned
         if trace_to and store.trace is not None:
             store.trace.save(trace_to)
     for key in ("prefill_tps", "decode_tps", "ttft_s"):

@@ -11,7 +11,10 @@ numbers.
 
 Eviction by heat (the default): each slot's routed-pair count, decayed at every call of its layer; the victim
 is the coldest slot the current call does not use, the least recently used among equals. `policy="lru"` evicts
-the least recently used for comparison. A file that changes or shrinks under a running stream is an error that
+the least recently used for comparison. Each run's rows routed per expert are added to a usage file beside the
+model (USAGE_SUFFIX); with `pin_share`, a layer's most routed experts there keep that share of its slots once
+read (pinned: never evicted but by a call that needs every slot), unless its usage is too flat for pins to keep
+more traffic than other slots would. A file that changes or shrinks under a running stream is an error that
 says so, never a crash or a silent wrong answer.
 """
 
@@ -27,11 +30,22 @@ from engine.errors import FucinaError
 from engine.gguf.reader import TensorInfo
 
 POLICIES = ("heat", "lru")
+USAGE_SUFFIX = ".experts"  # beside the model: the rows routed to each expert of each layer, over its runs
 _FADVISE = hasattr(os, "posix_fadvise")
 
 
 class ExpertStoreError(FucinaError):
     """Experts cannot be read from the model file (it changed or shrank under the stream)."""
+
+
+def load_usage(path: str | os.PathLike) -> dict[int, np.ndarray]:
+    """A usage file's rows routed per expert, by layer; {} where there is none or it is damaged (it only ever
+    chooses pins)."""
+    try:
+        with np.load(path) as z:
+            return {int(k): np.asarray(z[k], np.int64) for k in z.files}
+    except (OSError, ValueError, KeyError, EOFError):
+        return {}
 
 
 @dataclass(frozen=True)
@@ -41,6 +55,9 @@ class StreamOptions:
     heat_decay: float = 0.9       # each slot's heat times this at every call of its layer
     trace: bool = False           # record every layer's routed experts in order (ExpertStore.trace)
     io_threads: int = 4           # a call's missing experts are read this many at a time (1: in turn)
+    pin_share: float = 0.0        # each layer's slots kept for its most routed experts in earlier runs (the
+    #                               usage beside the model, USAGE_SUFFIX); 0: no pins
+    pin_min_advantage: float = 1.5  # pins only where they took this many times their share of the rows (else flat)
 
     def __post_init__(self):
         if self.cache_bytes < 0:
@@ -51,6 +68,8 @@ class StreamOptions:
             raise ValueError(f"heat_decay must be in (0, 1] (got {self.heat_decay})")
         if self.io_threads < 1:
             raise ValueError(f"io_threads must be at least 1 (got {self.io_threads})")
+        if not 0.0 <= self.pin_share < 1.0:
+            raise ValueError(f"pin_share must be in [0, 1) (got {self.pin_share})")
 
 
 @dataclass
@@ -58,6 +77,8 @@ class StreamStats:
     hits: int = 0           # routed experts found resident
     misses: int = 0         # read from the file
     bytes_read: int = 0
+    pinned: int = 0         # experts pinned, over every layer
+    pins_declined: int = 0  # layers whose earlier usage was too flat to pin
 
     @property
     def hit_rate(self) -> float:
@@ -122,6 +143,8 @@ class ExpertStore:
         st = os.fstat(self._fd)
         self._identity = (st.st_size, st.st_mtime_ns, st.st_ino)
         self.trace: Trace | None = Trace() if options.trace else None
+        self.usage: dict[int, np.ndarray] = {}  # layer -> rows routed to each expert in this run
+        self._earlier = load_usage(self.path + USAGE_SUFFIX) if options.pin_share else {}
         # a disk answers several reads at once faster than in turn (the calls release the GIL)
         self._io = ThreadPoolExecutor(options.io_threads, "experts-io") if options.io_threads > 1 else None
 
@@ -140,10 +163,39 @@ class ExpertStore:
         capacity = int(min(n_expert, max(1, self.options.cache_bytes // (self.layers * per_expert))))
         if self.trace is not None:
             self.trace.layers[layer] = (n_expert, capacity)
-        return LayerExperts(self, layer, stacks, n_expert, capacity)
+        self.usage[layer] = np.zeros(n_expert, np.int64)
+        return LayerExperts(self, layer, stacks, n_expert, capacity, self._pins(layer, n_expert, capacity))
+
+    def _pins(self, layer: int, n_expert: int, capacity: int) -> np.ndarray:
+        """The layer's most routed experts in earlier runs, in pin_share of its slots, where they took at least
+        pin_min_advantage times their share of the rows (a flat histogram pins nothing: pins would keep no more
+        traffic than any other slots)."""
+        counts = self._earlier.get(layer)
+        n = int(capacity * self.options.pin_share)
+        if counts is None or counts.shape != (n_expert,) or n < 1 or n >= n_expert or counts.sum() <= 0:
+            return np.zeros(0, np.int64)
+        top = np.argsort(-counts, kind="stable")[:n]
+        if counts[top].sum() / counts.sum() < self.options.pin_min_advantage * n / n_expert:
+            self.stats.pins_declined += 1
+            return np.zeros(0, np.int64)
+        self.stats.pinned += n
+        return top.astype(np.int64)
+
+    def save_usage(self) -> None:
+        """This run's routed rows per expert added to the earlier runs' beside the model (what pins the next
+        load's experts); a place that cannot be written keeps what it had."""
+        merged = load_usage(self.path + USAGE_SUFFIX)
+        for layer, counts in self.usage.items():
+            earlier = merged.get(layer)
+            merged[layer] = counts + earlier if earlier is not None and earlier.shape == counts.shape else counts
+        aside = f"{self.path}{USAGE_SUFFIX}.{os.getpid()}.tmp"
+        with open(aside, "wb") as f:
+            np.savez(f, **{str(layer): counts for layer, counts in merged.items()})
+        os.replace(aside, self.path + USAGE_SUFFIX)
 
     def record(self, layer: int, experts: np.ndarray, pairs: np.ndarray) -> None:
-        """One layer's acquire, into the trace when there is one."""
+        """One layer's acquire, into its usage and the trace when there is one."""
+        np.add.at(self.usage[layer], experts, pairs)
         if self.trace is not None:
             self.trace.add(layer, experts, pairs)
 
@@ -188,8 +240,11 @@ class SlotCache:
     """Which experts of a layer sit in which of its `capacity` slots, and which go when another comes: the
     cache's policy alone, no bytes (what a replay of a trace runs too)."""
 
-    def __init__(self, n_expert: int, capacity: int, policy: str = "heat", heat_decay: float = 0.9):
+    def __init__(self, n_expert: int, capacity: int, policy: str = "heat", heat_decay: float = 0.9,
+                 pins: np.ndarray = np.zeros(0, np.int64)):
         self.capacity, self.policy, self.heat_decay = capacity, policy, heat_decay
+        self.pinned = np.zeros(n_expert, bool)  # experts never evicted once read (fewer than the slots)
+        self.pinned[pins] = True
         self.slot_of = np.full(n_expert, -1, np.int64)
         self.expert_in = np.full(capacity, -1, np.int64)
         self._heat = np.zeros(capacity, np.float64)
@@ -233,7 +288,9 @@ class SlotCache:
         free = np.flatnonzero(self.expert_in < 0)
         if free.size:
             return int(free[0])
-        candidates = np.flatnonzero(~in_use)
+        candidates = np.flatnonzero(~in_use & ~self.pinned[self.expert_in])
+        if not candidates.size:  # every other slot pinned: a pin gives way rather than the call
+            candidates = np.flatnonzero(~in_use)
         if self.policy == "heat":
             order = np.lexsort((self._last[candidates], self._heat[candidates]))
         else:
@@ -250,6 +307,7 @@ class LayerExperts:
     stacks: list[_Stack]
     n_expert: int
     capacity: int
+    pins: np.ndarray
     gate: np.ndarray = field(init=False)
     up: np.ndarray = field(init=False)
     down: np.ndarray = field(init=False)
@@ -258,7 +316,7 @@ class LayerExperts:
         self.gate, self.up, self.down = (np.zeros((self.capacity * s.rows, s.row_bytes), np.uint8)
                                          for s in self.stacks)
         options = self.store.options
-        self.slots = SlotCache(self.n_expert, self.capacity, options.policy, options.heat_decay)
+        self.slots = SlotCache(self.n_expert, self.capacity, options.policy, options.heat_decay, self.pins)
 
     def resident(self, experts: np.ndarray) -> np.ndarray:
         """Whether each of these experts is resident now."""

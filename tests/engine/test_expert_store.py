@@ -11,7 +11,9 @@ import pytest
 from engine.gguf.reader import open_gguf
 from engine.models import load_model
 from engine.models.expert_replay import replay, sweep
-from engine.models.expert_store import ExpertStore, ExpertStoreError, StreamOptions, Trace
+from engine.models.expert_store import (
+    USAGE_SUFFIX, ExpertStore, ExpertStoreError, StreamOptions, Trace, load_usage,
+)
 from tests.moe_models import N_EXPERT, N_LAYERS, TOKENS, write_moe_model
 
 # one expert of the q4_k variant: gate and up 256 rows of 256 Q4_K weights, down the same
@@ -39,9 +41,18 @@ def mapped(moe_path):
     return _run(load_model(moe_path))
 
 
-@pytest.mark.parametrize("slots, policy", [(1, "heat"), (3, "heat"), (3, "lru"), (N_EXPERT, "heat")])
-def test_streamed_experts_give_the_mapped_bits(moe_path, mapped, slots, policy):
-    model = load_model(moe_path, experts=StreamOptions(cache_bytes=slots * N_LAYERS * EXPERT_BYTES, policy=policy))
+def _write_usage(model_path, counts: dict[int, list[int]]) -> None:
+    with open(str(model_path) + USAGE_SUFFIX, "wb") as f:
+        np.savez(f, **{str(layer): np.array(c, np.int64) for layer, c in counts.items()})
+
+
+@pytest.mark.parametrize("slots, policy, pin_share", [(1, "heat", 0), (3, "heat", 0), (3, "lru", 0),
+                                                      (N_EXPERT, "heat", 0), (4, "heat", 0.5)])
+def test_streamed_experts_give_the_mapped_bits(moe_path, mapped, slots, policy, pin_share):
+    _write_usage(moe_path, {0: [0, 50, 0, 0, 0, 0, 90, 0], 1: [40, 0, 0, 30, 0, 0, 0, 0]})
+    model = load_model(moe_path, experts=StreamOptions(cache_bytes=slots * N_LAYERS * EXPERT_BYTES, policy=policy,
+                                                       pin_share=pin_share))
+    assert model.expert_store.stats.pinned == (4 if pin_share else 0)
     for got, want in zip(_run(model), mapped):
         np.testing.assert_array_equal(got, want)
     stats = model.expert_store.stats
@@ -62,11 +73,48 @@ def test_a_warm_cache_reads_nothing_again(moe_path):
     assert stats.hit_rate > 0.5
 
 
+def _stacks(moe_path, layer=0):
+    with open_gguf(moe_path) as file:
+        return [file.tensor(f"blk.{layer}.ffn_{w}_exps.weight") for w in ("gate", "up", "down")]
+
+
 def _layer(moe_path, capacity, policy="heat"):
     store = ExpertStore(moe_path, StreamOptions(cache_bytes=capacity * EXPERT_BYTES, policy=policy), layers=1)
-    with open_gguf(moe_path) as file:
-        stacks = [file.tensor(f"blk.0.ffn_{w}_exps.weight") for w in ("gate", "up", "down")]
-    return store, store.layer(0, *stacks, N_EXPERT)
+    return store, store.layer(0, *_stacks(moe_path), N_EXPERT)
+
+
+def test_pins_from_earlier_runs_stay_and_a_flat_usage_pins_nothing(moe_path, tmp_path):
+    copy = tmp_path / "moe.gguf"
+    shutil.copyfile(moe_path, copy)
+    _write_usage(copy, {0: [0, 50, 0, 0, 0, 0, 90, 0], 1: [10] * N_EXPERT})
+    store = ExpertStore(copy, StreamOptions(cache_bytes=4 * EXPERT_BYTES, pin_share=0.5), layers=1)
+    skewed, flat = (store.layer(i, *_stacks(copy, i), N_EXPERT) for i in (0, 1))
+    assert list(skewed.pins) == [6, 1] and flat.pins.size == 0
+    assert (store.stats.pinned, store.stats.pins_declined) == (2, 1)
+    skewed.acquire(np.array([6, 1]), np.array([1, 1]))
+    for e in (0, 2, 3, 4, 5, 7, 0, 2):  # hotter by far than the pins now: they stay all the same
+        skewed.acquire(np.array([e]), np.array([50]))
+    assert {6, 1} <= set(skewed.held())
+    skewed.acquire(np.array([0, 2, 3, 4]), np.array([1, 1, 1, 1]))  # a call needing every slot takes the pins'
+    assert skewed.held() == [0, 2, 3, 4]
+
+
+def test_each_run_adds_its_usage_to_the_file_beside_the_model(moe_path, tmp_path):
+    copy = tmp_path / "moe.gguf"
+    shutil.copyfile(moe_path, copy)
+    model = load_model(copy, experts=StreamOptions(cache_bytes=2 * N_LAYERS * EXPERT_BYTES))
+    _run(model)
+    store = model.expert_store
+    routed = {layer: counts.copy() for layer, counts in store.usage.items()}
+    assert sum(c.sum() for c in routed.values()) > 0
+    store.save_usage()
+    store.save_usage()
+    saved = load_usage(str(copy) + USAGE_SUFFIX)
+    assert set(saved) == set(routed)
+    for layer, counts in routed.items():
+        np.testing.assert_array_equal(saved[layer], 2 * counts)
+    (tmp_path / ("moe.gguf" + USAGE_SUFFIX)).write_bytes(b"damaged")
+    assert load_usage(str(copy) + USAGE_SUFFIX) == {}  # pins nothing, fails nothing
 
 
 def test_heat_keeps_the_expert_more_rows_went_to_and_lru_the_latest(moe_path):
