@@ -66,7 +66,9 @@ def run_bench(args) -> int:
     print(line)
     if "experts_hit_rate" in r:
         print(f"{'experts streamed':>20}: {r['experts_policy']} cache of {r['experts_cache_bytes'] / 1e6:.0f} MB, "
-              f"hit rate {r['experts_hit_rate']:.1%}, {r['experts_bytes_read'] / 1e9:.2f} GB read over every run")
+              f"hit rate {r['experts_hit_rate']:.1%}, {r['experts_bytes_read'] / 1e9:.2f} GB read over every run"
+              + (f", {r['experts_prefetch_used']} of {r['experts_prefetched']} read ahead routed to"
+                 if r["experts_prefetched"] else ""))
     return 0
 
 

@@ -37,8 +37,9 @@ def add_compute_options(p) -> None:
 
 
 def add_stream_options(p) -> None:
-    """--moe-stream, --moe-cache-mb, --moe-lru, --moe-pin, --moe-io-threads, --moe-trace: a Mixture-of-Experts
-    model's experts read from disk on demand into a cache (engine.models.expert_store) instead of mapped."""
+    """--moe-stream, --moe-cache-mb, --moe-lru, --moe-pin, --moe-prefetch, --moe-io-threads, --moe-trace: a
+    Mixture-of-Experts model's experts read from disk on demand into a cache (engine.models.expert_store)
+    instead of mapped."""
     p.add_argument("--moe-stream", action="store_true",
                    help="read the experts from disk on demand into a cache (default: half this machine's memory)")
     p.add_argument("--moe-cache-mb", type=int, metavar="MB", default=None,
@@ -47,6 +48,8 @@ def add_stream_options(p) -> None:
     p.add_argument("--moe-pin", action="store_true",
                    help="keep half of each layer's cache for its most routed experts in earlier runs (learned "
                         "beside the model, in MODEL.gguf.experts)")
+    p.add_argument("--moe-prefetch", action="store_true",
+                   help="while a layer computes, read the experts the next layer's router would pick for its input")
     p.add_argument("--moe-io-threads", type=int, metavar="N", default=4,
                    help="read a call's missing experts N at a time (default 4)")
     p.add_argument("--moe-trace", metavar="PATH", default=None,
@@ -55,9 +58,9 @@ def add_stream_options(p) -> None:
 
 def stream_options(args) -> StreamOptions | None:
     """The StreamOptions the --moe-* options ask for; None: the experts stay mapped."""
-    stream, mb, lru, trace, pin = (getattr(args, name, None) for name in ("moe_stream", "moe_cache_mb", "moe_lru",
-                                                                           "moe_trace", "moe_pin"))
-    if not (stream or mb is not None or lru or trace or pin):
+    stream, mb, lru, trace, pin, prefetch = (getattr(args, name, None) for name in (
+        "moe_stream", "moe_cache_mb", "moe_lru", "moe_trace", "moe_pin", "moe_prefetch"))
+    if not (stream or mb is not None or lru or trace or pin or prefetch):
         return None
     if mb is not None and mb < 1:
         raise FucinaError(f"--moe-cache-mb must be at least 1, got {mb}")
@@ -66,7 +69,7 @@ def stream_options(args) -> StreamOptions | None:
     if io_threads < 1:
         raise FucinaError(f"--moe-io-threads must be at least 1, got {io_threads}")
     return StreamOptions(cache_bytes=budget, policy="lru" if lru else "heat", trace=bool(trace), io_threads=io_threads,
-                         pin_share=0.5 if pin else 0.0)
+                         pin_share=0.5 if pin else 0.0, prefetch=bool(prefetch))
 
 
 # (model, its command's args) of each model a command opened with streamed experts, for report_streams
@@ -82,8 +85,9 @@ def report_streams() -> None:
         s = store.stats
         pins = f", {s.pinned} pinned" + (f" ({s.pins_declined} layers' usage too flat to pin)"
                                           if s.pins_declined else "") if args.moe_pin else ""
+        ahead = f", {s.prefetch_used} of {s.prefetched} read ahead routed to" if s.prefetched else ""
         print(f"experts streamed: {s.hits + s.misses} routed, hit rate {s.hit_rate:.1%}, "
-              f"{s.bytes_read / 1e6:.1f} MB read{pins}", file=sys.stderr)
+              f"{s.bytes_read / 1e6:.1f} MB read{pins}{ahead}", file=sys.stderr)
         try:  # what pins the next run's experts
             store.save_usage()
         except OSError as e:

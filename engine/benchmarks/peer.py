@@ -167,6 +167,8 @@ def benchmark(path: str, threads: int, prompt_tokens: int, gen_tokens: int, runs
         result["experts_bytes_read"] = store.stats.bytes_read
         result["experts_policy"], result["experts_cache_bytes"] = experts.policy, experts.cache_bytes
         result["experts_pinned"] = store.stats.pinned
+        result["experts_prefetched"] = store.stats.prefetched
+        result["experts_prefetch_used"] = store.stats.prefetch_used
         if trace_to and store.trace is not None:
             store.trace.save(trace_to)
     for key in ("prefill_tps", "decode_tps", "ttft_s"):

@@ -21,6 +21,7 @@ says so, never a crash or a silent wrong answer.
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -58,6 +59,7 @@ class StreamOptions:
     pin_share: float = 0.0        # each layer's slots kept for its most routed experts in earlier runs (the
     #                               usage beside the model, USAGE_SUFFIX); 0: no pins
     pin_min_advantage: float = 1.5  # pins only where they took this many times their share of the rows (else flat)
+    prefetch: bool = False        # while a layer computes, read what the next one's router would pick from its input
 
     def __post_init__(self):
         if self.cache_bytes < 0:
@@ -79,6 +81,8 @@ class StreamStats:
     bytes_read: int = 0
     pinned: int = 0         # experts pinned, over every layer
     pins_declined: int = 0  # layers whose earlier usage was too flat to pin
+    prefetched: int = 0     # experts read ahead of their layer on a prediction
+    prefetch_used: int = 0  # of them, routed to when their layer came
 
     @property
     def hit_rate(self) -> float:
@@ -147,6 +151,9 @@ class ExpertStore:
         self._earlier = load_usage(self.path + USAGE_SUFFIX) if options.pin_share else {}
         # a disk answers several reads at once faster than in turn (the calls release the GIL)
         self._io = ThreadPoolExecutor(options.io_threads, "experts-io") if options.io_threads > 1 else None
+        # prefetches run here, their reads on the I/O threads (never from an I/O thread: no pool waits on itself)
+        self._ahead = ThreadPoolExecutor(1, "experts-ahead") if options.prefetch else None
+        self._count_lock = threading.Lock()  # the stats, counted from the prefetch thread too
 
     def layer(self, layer: int, gate: TensorInfo, up: TensorInfo, down: TensorInfo, n_expert: int) -> LayerExperts:
         """Layer `layer`'s experts (gate and up [n_expert, n_ff, n_embd], down [n_expert, n_embd, n_ff] in the
@@ -225,12 +232,18 @@ class ExpertStore:
             return None
         parallel = self._io is not None and len(reads) > 1
         errors = list(self._io.map(attempt, reads)) if parallel else [attempt(r) for r in reads]
-        self.stats.bytes_read += sum(buffer.nbytes for (buffer, _, _), e in zip(reads, errors) if e is None)
+        with self._count_lock:
+            self.stats.bytes_read += sum(buffer.nbytes for (buffer, _, _), e in zip(reads, errors) if e is None)
         return errors
 
+    def read_ahead(self, reads: list[tuple[np.ndarray, int, str]]):
+        """read_all(reads) on the prefetch thread: its future."""
+        return self._ahead.submit(self.read_all, reads)
+
     def close(self) -> None:
-        if self._io is not None:
-            self._io.shutdown()
+        for pool in (self._ahead, self._io):
+            if pool is not None:
+                pool.shutdown()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
@@ -277,6 +290,24 @@ class SlotCache:
             slots[i] = s
         return slots, loads
 
+    def reserve(self, experts: np.ndarray) -> list[tuple[int, int]]:
+        """Slots for these experts ahead of their call, as acquire would take them, without counting a use: the
+        (expert, slot) pairs to read in. Each read in is the coldest of its layer until used, so a wrong guess is
+        the first to go."""
+        loads = []
+        in_use = np.zeros(self.capacity, bool)
+        for e in experts[: self.capacity]:
+            s = int(self.slot_of[e])
+            if s < 0:
+                s = self._victim(in_use)
+                old = self.expert_in[s]
+                if old >= 0:
+                    self.slot_of[old] = -1
+                self.expert_in[s], self.slot_of[e], self._heat[s], self._last[s] = e, s, 0.0, 0
+                loads.append((int(e), s))
+            in_use[s] = True
+        return loads
+
     def forget(self, slot: int) -> None:
         """The slot holds nothing (its read failed)."""
         expert = self.expert_in[slot]
@@ -317,6 +348,8 @@ class LayerExperts:
                                          for s in self.stacks)
         options = self.store.options
         self.slots = SlotCache(self.n_expert, self.capacity, options.policy, options.heat_decay, self.pins)
+        self._ahead = None  # a prefetch in flight: ((expert, slot) pairs, its future)
+        self._prefetched = np.zeros(self.n_expert, bool)  # read ahead and not routed to since
 
     def resident(self, experts: np.ndarray) -> np.ndarray:
         """Whether each of these experts is resident now."""
@@ -326,16 +359,47 @@ class LayerExperts:
         """The experts resident now, in order."""
         return sorted(int(e) for e in self.slots.expert_in if e >= 0)
 
+    def prefetch(self, experts: np.ndarray) -> None:
+        """Start reading these experts (a prediction of the next call's) on the prefetch thread, unless a
+        prefetch is still in flight; the next acquire waits for it."""
+        if self._ahead is not None:
+            return
+        loads = self.slots.reserve(experts)
+        if loads:
+            self._prefetched[[e for e, _ in loads]] = True
+            self.store.stats.prefetched += len(loads)
+            self._ahead = (loads, self.store.read_ahead(self._reads(loads)))
+
+    def _settle(self) -> None:
+        """Wait for the prefetch in flight; the slots whose reads failed hold nothing (a routed call reads them
+        again, and says why if it fails too)."""
+        loads, future = self._ahead
+        self._ahead = None
+        errors = future.result()
+        for i, error in enumerate(errors):
+            if error is not None:
+                expert, slot = loads[i // len(self.stacks)]
+                self._prefetched[expert] = False
+                if self.slots.expert_in[slot] == expert:
+                    self.slots.forget(slot)
+
+    def _reads(self, loads: list[tuple[int, int]]) -> list[tuple[np.ndarray, int, str]]:
+        return [(buffer[slot * stack.rows : (slot + 1) * stack.rows], stack.offset + expert * stack.nbytes,
+                 f"expert {expert} of layer {self.layer}")
+                for expert, slot in loads for stack, buffer in zip(self.stacks, (self.gate, self.up, self.down))]
+
     def acquire(self, experts: np.ndarray, pairs: np.ndarray) -> np.ndarray:
         """The slots of these distinct experts (at most capacity), each read into one where not resident;
         pairs: the rows routed to each, its heat."""
+        if self._ahead is not None:
+            self._settle()
+        ahead = self._prefetched[experts] & self.resident(experts)
+        self.store.stats.prefetch_used += int(ahead.sum())
+        self._prefetched[experts] = False
         slots, loads = self.slots.acquire(experts, pairs)
         self.store.record(self.layer, experts, pairs)
         self.store.stats.hits += len(experts) - len(loads)
-        reads = [(buffer[slot * stack.rows : (slot + 1) * stack.rows], stack.offset + expert * stack.nbytes,
-                  f"expert {expert} of layer {self.layer}")
-                 for expert, slot in loads for stack, buffer in zip(self.stacks, (self.gate, self.up, self.down))]
-        errors = self.store.read_all(reads)
+        errors = self.store.read_all(self._reads(loads))
         failed = {loads[i // len(self.stacks)][1] for i, e in enumerate(errors) if e is not None}
         for slot in failed:  # a slot whose bytes did not all arrive holds nothing
             self.slots.forget(slot)

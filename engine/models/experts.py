@@ -16,6 +16,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
+import numpy as np
+
 from engine.errors import ConfigError, UnsupportedWeightType
 from engine.gguf.meta import ZeroPolicy, meta_float_opt, meta_int, meta_int_opt, meta_value
 from engine.gguf.reader import GGUFFile
@@ -117,6 +119,11 @@ class MoeArgs:
         ])
 
 
+# a call of at most this many rows (decode, a short verify) prefetches the next layer's experts; a prefill's rows
+# route to most of them anyway
+PREFETCH_ROWS = 4
+
+
 class MoeFfn:
     def __init__(self, args: MoeArgs, file: GGUFFile, p: str, n_embd: int, backend: Backend):
         self.backend = backend
@@ -128,6 +135,7 @@ class MoeFfn:
             return None if name is None else load_vectors(file, name, (e, width))
 
         self.router = LinearWeight.load(file, router, e, n_embd, backend, router_b)
+        self.ahead: MoeFfn | None = None  # the next streamed layer's part, whose experts this one prefetches
         self._stacks = tuple(file.tensor(name) for name in (gate, up, down))  # where streaming reads them
         self.experts = MoeSpec(gate=load_experts(file, gate, e, f, n_embd, backend),
                                up=load_experts(file, up, e, f, n_embd, backend),
@@ -154,7 +162,10 @@ class MoeFfn:
         return load_vector(file, name, args.n_expert) if name in file.tensors else None
 
     def __call__(self, h, row_wise: bool):
-        out = self.backend.moe_ffn(self.experts, h, self.router(h, row_wise), row_wise)
+        logits = self.router(h, row_wise)
+        if self.ahead is not None and h.shape[0] <= PREFETCH_ROWS:
+            self.ahead.prefetch_for(h)
+        out = self.backend.moe_ffn(self.experts, h, logits, row_wise)
         if self.shared is not None:  # llama.cpp adds the shared experts' output to the routed ones'
             shared = self.shared(h, row_wise)
             if self.shared_gate is not None:
@@ -168,6 +179,15 @@ class MoeFfn:
         if self.shared is not None or self.experts.source is not None:
             return None
         return MoeFfnSpec(router=self.router.handle, experts=self.experts)
+
+    def prefetch_for(self, h) -> None:
+        """Start reading the experts this layer's router picks for h, an earlier layer's input (the residual
+        stream changes little from one layer to the next): a guess that decides what is read, never what is
+        computed."""
+        logits = np.asarray(self.router(h, True))
+        k = self.experts.n_used
+        picks = np.argpartition(-logits, k - 1, axis=1)[:, :k] if k < logits.shape[1] else np.arange(logits.shape[1])
+        self.experts.source.prefetch(np.unique(picks))
 
     def stream_from(self, store: ExpertStore, layer: int) -> None:
         """Read the experts from `store` on demand from now on, not through the file's mapping."""

@@ -85,6 +85,9 @@ class Transformer:
         self.expert_store = ExpertStore(self.file.path, options, len(parts))
         for layer, part in parts:
             part.stream_from(self.expert_store, layer)
+        if options.prefetch:  # each streamed layer reads ahead for the next
+            for (_, part), (_, following) in zip(parts, parts[1:]):
+                part.ahead = following
         self._row_runs = _row_runs(self.backend, self.blocks)  # streamed experts run through the composed ops
         return self.expert_store
 

@@ -30,9 +30,9 @@ def test_a_streamed_reply_is_the_mapped_one_and_its_trace_replays(moe_path, tmp_
     assert "experts streamed:" in err and "hit rate" in err and f"experts trace: {trace}" in err
     assert Trace.load(trace).calls
     assert load_usage(str(moe_path) + USAGE_SUFFIX)  # learned for the next run's pins
-    assert main(["generate", str(moe_path), *ids, "--moe-cache-mb", "1", "--moe-pin"]) == 0
+    assert main(["generate", str(moe_path), *ids, "--moe-cache-mb", "1", "--moe-pin", "--moe-prefetch"]) == 0
     captured = capsys.readouterr()
-    assert captured.out == mapped and " pinned" in captured.err
+    assert captured.out == mapped and " pinned" in captured.err and "read ahead routed to" in captured.err
 
     assert main(["experts", "replay", str(trace), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)

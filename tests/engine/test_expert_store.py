@@ -46,18 +46,21 @@ def _write_usage(model_path, counts: dict[int, list[int]]) -> None:
         np.savez(f, **{str(layer): np.array(c, np.int64) for layer, c in counts.items()})
 
 
-@pytest.mark.parametrize("slots, policy, pin_share", [(1, "heat", 0), (3, "heat", 0), (3, "lru", 0),
-                                                      (N_EXPERT, "heat", 0), (4, "heat", 0.5)])
-def test_streamed_experts_give_the_mapped_bits(moe_path, mapped, slots, policy, pin_share):
+@pytest.mark.parametrize("slots, policy, pin_share, prefetch", [
+    (1, "heat", 0, False), (3, "heat", 0, False), (3, "lru", 0, False), (N_EXPERT, "heat", 0, False),
+    (4, "heat", 0.5, False), (3, "heat", 0, True), (1, "lru", 0, True)])
+def test_streamed_experts_give_the_mapped_bits(moe_path, mapped, slots, policy, pin_share, prefetch):
     _write_usage(moe_path, {0: [0, 50, 0, 0, 0, 0, 90, 0], 1: [40, 0, 0, 30, 0, 0, 0, 0]})
     model = load_model(moe_path, experts=StreamOptions(cache_bytes=slots * N_LAYERS * EXPERT_BYTES, policy=policy,
-                                                       pin_share=pin_share))
+                                                       pin_share=pin_share, prefetch=prefetch))
     assert model.expert_store.stats.pinned == (4 if pin_share else 0)
     for got, want in zip(_run(model), mapped):
         np.testing.assert_array_equal(got, want)
     stats = model.expert_store.stats
     assert stats.misses >= N_LAYERS  # each layer read at least one expert
-    assert stats.bytes_read == stats.misses * EXPERT_BYTES
+    assert stats.bytes_read == (stats.misses + stats.prefetched) * EXPERT_BYTES
+    if prefetch:  # layer 0's decode and verify steps read ahead for layer 1
+        assert stats.prefetched > 0 and 0 <= stats.prefetch_used <= stats.prefetched
     if slots == N_EXPERT:  # a cache holding every expert reads each at most once
         assert stats.misses <= N_LAYERS * N_EXPERT
         assert stats.hits > 0
