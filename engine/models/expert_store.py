@@ -276,15 +276,7 @@ class SlotCache:
         slots = np.empty(len(experts), np.int64)
         loads = []
         for i, e in enumerate(experts):
-            s = int(self.slot_of[e])
-            if s < 0:
-                s = self._victim(in_use)
-                old = self.expert_in[s]
-                if old >= 0:
-                    self.slot_of[old] = -1
-                self.expert_in[s], self.slot_of[e], self._heat[s] = e, s, 0.0
-                loads.append((int(e), s))
-            in_use[s] = True
+            s = self._slot_for(int(e), in_use, loads)
             self._heat[s] += pairs[i]
             self._last[s] = self._tick
             slots[i] = s
@@ -297,16 +289,23 @@ class SlotCache:
         loads = []
         in_use = np.zeros(self.capacity, bool)
         for e in experts[: self.capacity]:
-            s = int(self.slot_of[e])
-            if s < 0:
-                s = self._victim(in_use)
-                old = self.expert_in[s]
-                if old >= 0:
-                    self.slot_of[old] = -1
-                self.expert_in[s], self.slot_of[e], self._heat[s], self._last[s] = e, s, 0.0, 0
-                loads.append((int(e), s))
-            in_use[s] = True
+            s = self._slot_for(int(e), in_use, loads)
+            if loads and loads[-1] == (e, s):
+                self._last[s] = 0  # not used yet: older than any slot that was
         return loads
+
+    def _slot_for(self, e: int, in_use: np.ndarray, loads: list[tuple[int, int]]) -> int:
+        """The slot of expert e, now in use: its own, else a victim's (its heat 0, (e, slot) added to loads)."""
+        s = int(self.slot_of[e])
+        if s < 0:
+            s = self._victim(in_use)
+            old = self.expert_in[s]
+            if old >= 0:
+                self.slot_of[old] = -1
+            self.expert_in[s], self.slot_of[e], self._heat[s] = e, s, 0.0
+            loads.append((e, s))
+        in_use[s] = True
+        return s
 
     def forget(self, slot: int) -> None:
         """The slot holds nothing (its read failed)."""
