@@ -33,7 +33,7 @@ import sys
 import warnings
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -339,7 +339,7 @@ class MoeSpec:
 
 
 class ExpertSource(Protocol):
-    """A layer's experts read from disk on demand (an engine's expert store): `acquire` makes experts
+    """A layer's experts read from disk on demand (an engine's expert store): `acquire_groups` makes experts
     resident in slots of stacked buffers shaped like the file's stacked tensors, of `capacity` experts."""
 
     capacity: int
@@ -347,12 +347,10 @@ class ExpertSource(Protocol):
     up: Any
     down: Any  # uint8 [capacity * n_embd, row bytes]
 
-    def resident(self, experts: np.ndarray) -> np.ndarray:
-        """Whether each of these experts is resident now (bool)."""
-
-    def acquire(self, experts: np.ndarray, pairs: np.ndarray) -> np.ndarray:
-        """The slots (int64) of these distinct experts, at most `capacity`, each read into one where it is not
-        resident; pairs: the rows this call routes to each (what a cache may keep by)."""
+    def acquire_groups(self, experts: np.ndarray, pairs: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """These distinct experts made resident a group at a time (all at once where they fit the slots): yields
+        each group's indices into `experts` (int64) and their slots, valid until the next group is asked for;
+        pairs: the rows this call routes to each (what a cache may keep by)."""
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,14 @@
 """Replaying an experts trace (engine.models.expert_store.Trace) through cache policies and capacities, offline:
 would more cache help, or a better policy? A persisted usage histogram cannot say: every policy needs the order.
 
-Policies: "lru" and "heat" run the live cache's own SlotCache (so the trace of a run replays to the hit rate it
-had live); "slru" (segmented LRU: a new expert on probation, a second use moves it to the protected segment, four
-fifths of the slots); "pinned+lru" (the layer's most routed experts pinned in half the slots, each read at its
-first use and kept, the rest LRU; the pins chosen from the whole trace, an oracle, or given); "belady" (evict the
-expert used again furthest ahead: the best any cache of that size can do, the bound).
+Policies: "lru" and "heat" run the live cache's own SlotCache, a call's groups formed as live (so a run's trace
+replays to the hit rate it had live, and to what another of them has live on the same routing); "pinned+heat"
+(the live cache with pins: each layer's most routed experts in half its slots, none where its usage is too flat);
+"slru" (segmented LRU: a new expert on probation, a second use moves it to the protected segment, four fifths of
+the slots); "pinned+lru" (the most routed pinned in half the slots, each read at its first use and kept, the rest
+LRU); "belady" (evict the expert used again furthest ahead: the best any cache of that size can do, the bound).
+The pinned policies pin by the trace's own usage (an oracle) or by a given one: an earlier run's, as it is left
+beside the model, which measures how learned pins carry over to another run.
 """
 
 from __future__ import annotations
@@ -13,32 +16,41 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Iterable, Mapping
 
-from engine.models.expert_store import SlotCache, Trace
+import numpy as np
 
-POLICIES = ("lru", "heat", "slru", "pinned+lru", "belady")
+from engine.models.expert_store import SlotCache, StreamOptions, Trace, choose_pins
+
+POLICIES = ("lru", "heat", "pinned+heat", "slru", "pinned+lru", "belady")
 PROTECTED_SHARE = 0.8  # slru's protected segment
-PINNED_SHARE = 0.5     # pinned+lru's pinned slots
+PINNED_SHARE = 0.5     # the pinned policies' pinned slots (as StreamOptions.pin_share by default)
 
 
 def replay(trace: Trace, policy: str, slots: int | None = None, heat_decay: float = 0.9,
-           pins: Mapping[int, Iterable[int]] | None = None) -> tuple[int, int]:
+           usage: Mapping[int, np.ndarray] | None = None) -> tuple[int, int]:
     """(hits, misses) of `policy` over the trace, each layer holding `slots` experts (None: the capacity each
-    had live); pins: layer -> the experts pinned-lru pins (default: each layer's most routed in the trace)."""
+    had live); usage: layer -> rows routed to each expert, what the pinned policies pin by (default: the trace's
+    own, an oracle; else an earlier run's, as engine.models.expert_store.load_usage reads it)."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r} (one of {', '.join(POLICIES)})")
     hits = misses = 0
     for layer, (n_expert, capacity) in trace.layers.items():
         calls = [(experts, pairs) for lay, experts, pairs in trace.calls if lay == layer]
         c = max(1, min(n_expert, capacity if slots is None else slots))
+        counts = usage.get(layer) if usage is not None else _routed(calls, n_expert)
+        if counts is None or counts.shape != (n_expert,):
+            counts = np.zeros(n_expert, np.int64)  # no usage for the layer: nothing pinned
         if policy in ("lru", "heat"):
             h, m = _slot_cache(calls, n_expert, c, policy, heat_decay)
+        elif policy == "pinned+heat":  # the live cache with pins, declined where the usage is flat
+            pins = choose_pins(counts, c, PINNED_SHARE, StreamOptions.pin_min_advantage)
+            h, m = _slot_cache(calls, n_expert, c, "heat", heat_decay, np.zeros(0, np.int64) if pins is None else pins)
         elif policy == "belady":
             h, m = _belady(calls, c)
         elif policy == "slru":
             h, m = _slru(calls, c)
         else:
-            pinned = list(pins[layer]) if pins is not None and layer in pins else _most_routed(calls)
-            h, m = _pinned_lru(calls, c, pinned)
+            top = np.argsort(-counts, kind="stable")[: int(c * PINNED_SHARE)]
+            h, m = _pinned_lru(calls, c, top[counts[top] > 0])
         hits, misses = hits + h, misses + m
     return hits, misses
 
@@ -47,37 +59,37 @@ def hit_rate(hits: int, misses: int) -> float:
     return hits / (hits + misses) if hits + misses else 0.0
 
 
-def _slot_cache(calls, n_expert, capacity, policy, heat_decay):
-    cache = SlotCache(n_expert, capacity, policy, heat_decay)
+def _slot_cache(calls, n_expert, capacity, policy, heat_decay, pins=np.zeros(0, np.int64)):
+    cache = SlotCache(n_expert, capacity, policy, heat_decay, pins)
     hits = misses = 0
     for experts, pairs in calls:
-        for g0 in range(0, len(experts), capacity):  # a call wanting more than the slots goes in groups, as live
-            _, loads = cache.acquire(experts[g0 : g0 + capacity], pairs[g0 : g0 + capacity])
+        for group in cache.call_groups(experts):  # a call wanting more than the slots goes in groups, as live
+            _, loads = cache.acquire(experts[group], pairs[group])
             misses += len(loads)
-            hits += len(experts[g0 : g0 + capacity]) - len(loads)
+            hits += len(group) - len(loads)
     return hits, misses
 
 
 def _belady(calls, capacity):
-    """Each miss with the cache full evicts the resident expert next used furthest ahead (one at a time: the
-    optimum of any cache of that many experts)."""
-    sequence = [(i, int(e)) for i, (experts, _) in enumerate(calls) for e in experts]
-    next_use = {}
-    ahead = [0] * len(sequence)
-    for k in range(len(sequence) - 1, -1, -1):  # the call that next uses each expert after position k
-        _, e = sequence[k]
-        ahead[k] = next_use.get(e, len(calls))
-        next_use[e] = sequence[k][0]
+    """Each miss with the cache full evicts the resident expert next used furthest ahead, a call's resident
+    experts used before its misses are read (as live calls go): the optimum of any cache of that many experts."""
+    next_call = {}
+    ahead = [None] * len(calls)  # per call: expert -> the next call using it
+    for i in range(len(calls) - 1, -1, -1):
+        experts = [int(e) for e in calls[i][0]]
+        ahead[i] = {e: next_call.get(e, len(calls)) for e in experts}
+        next_call.update((e, i) for e in experts)
     resident: dict[int, int] = {}  # expert -> its next use
     hits = misses = 0
-    for k, (_, e) in enumerate(sequence):
-        if e in resident:
-            hits += 1
-        else:
+    for i in range(len(calls)):
+        missing = [e for e in ahead[i] if e not in resident]
+        hits += len(ahead[i]) - len(missing)
+        resident.update((e, n) for e, n in ahead[i].items() if e in resident)
+        for e in missing:
             misses += 1
             if len(resident) >= capacity:
                 del resident[max(resident, key=lambda x: resident[x])]
-        resident[e] = ahead[k]
+            resident[e] = ahead[i][e]
     return hits, misses
 
 
@@ -106,16 +118,15 @@ def _slru(calls, capacity):
     return hits, misses
 
 
-def _most_routed(calls) -> list[int]:
-    counts: dict[int, int] = {}
+def _routed(calls, n_expert: int) -> np.ndarray:
+    counts = np.zeros(n_expert, np.int64)
     for experts, pairs in calls:
-        for e, n in zip(experts, pairs):
-            counts[int(e)] = counts.get(int(e), 0) + int(n)
-    return sorted(counts, key=lambda e: (-counts[e], e))
+        np.add.at(counts, experts, pairs)
+    return counts
 
 
-def _pinned_lru(calls, capacity, ranked):
-    pinned = set(ranked[: int(capacity * PINNED_SHARE)])
+def _pinned_lru(calls, capacity, pins):
+    pinned = {int(e) for e in pins}
     lru_cap = capacity - len(pinned)
     lru: OrderedDict[int, None] = OrderedDict()
     read = set()  # the pins read in so far: each is read once, at its first use
@@ -137,8 +148,8 @@ def _pinned_lru(calls, capacity, ranked):
     return hits, misses
 
 
-def sweep(trace: Trace, capacities: Iterable[int], policies: Iterable[str] = POLICIES) -> dict[str, list[float]]:
-    """policy -> the hit rate at each capacity."""
+def sweep(trace: Trace, capacities: Iterable[int], policies: Iterable[str] = POLICIES,
+          usage: Mapping[int, np.ndarray] | None = None) -> dict[str, list[float]]:
+    """policy -> the hit rate at each capacity (usage: as replay's)."""
     capacities = list(capacities)
-    return {p: [hit_rate(*replay(trace, p, c)) for c in capacities] for p in policies}
-
+    return {p: [hit_rate(*replay(trace, p, c, usage=usage)) for c in capacities] for p in policies}

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import numpy as np
 
@@ -33,6 +35,7 @@ from engine.gguf.reader import TensorInfo
 POLICIES = ("heat", "lru")
 USAGE_SUFFIX = ".experts"  # beside the model: the rows routed to each expert of each layer, over its runs
 _FADVISE = hasattr(os, "posix_fadvise")
+PROBE_BYTES = 64 << 20  # read to measure the disk's rate (ExpertStore.read_rate)
 
 
 class ExpertStoreError(FucinaError):
@@ -72,6 +75,19 @@ class StreamOptions:
             raise ValueError(f"io_threads must be at least 1 (got {self.io_threads})")
         if not 0.0 <= self.pin_share < 1.0:
             raise ValueError(f"pin_share must be in [0, 1) (got {self.pin_share})")
+
+
+def choose_pins(counts: np.ndarray, capacity: int, share: float, min_advantage: float) -> np.ndarray | None:
+    """A layer's most routed experts by `counts` (rows routed to each), in `share` of its `capacity` slots; None
+    where they took under min_advantage times their share of the rows (a flat histogram: pins would keep no more
+    traffic than any other slots); empty where there is nothing to pin."""
+    n_expert, n = counts.size, int(capacity * share)
+    if n < 1 or n >= n_expert or counts.sum() <= 0:
+        return np.zeros(0, np.int64)
+    top = np.argsort(-counts, kind="stable")[:n]
+    if counts[top].sum() / counts.sum() < min_advantage * n / n_expert:
+        return None
+    return top.astype(np.int64)
 
 
 @dataclass
@@ -154,6 +170,7 @@ class ExpertStore:
         # prefetches run here, their reads on the I/O threads (never from an I/O thread: no pool waits on itself)
         self._ahead = ThreadPoolExecutor(1, "experts-ahead") if options.prefetch else None
         self._count_lock = threading.Lock()  # the stats, counted from the prefetch thread too
+        self._stacks: dict[int, tuple[list[_Stack], int]] = {}  # each registered layer's, its experts' count
 
     def layer(self, layer: int, gate: TensorInfo, up: TensorInfo, down: TensorInfo, n_expert: int) -> LayerExperts:
         """Layer `layer`'s experts (gate and up [n_expert, n_ff, n_embd], down [n_expert, n_embd, n_ff] in the
@@ -167,6 +184,7 @@ class ExpertStore:
             nbytes = info.nbytes // n_expert
             stacks.append(_Stack(info.offset, nbytes, rows, nbytes // rows))
         per_expert = sum(s.nbytes for s in stacks)
+        self._stacks[layer] = stacks, n_expert
         capacity = int(min(n_expert, max(1, self.options.cache_bytes // (self.layers * per_expert))))
         if self.trace is not None:
             self.trace.layers[layer] = (n_expert, capacity)
@@ -174,19 +192,16 @@ class ExpertStore:
         return LayerExperts(self, layer, stacks, n_expert, capacity, self._pins(layer, n_expert, capacity))
 
     def _pins(self, layer: int, n_expert: int, capacity: int) -> np.ndarray:
-        """The layer's most routed experts in earlier runs, in pin_share of its slots, where they took at least
-        pin_min_advantage times their share of the rows (a flat histogram pins nothing: pins would keep no more
-        traffic than any other slots)."""
+        """The layer's pins from earlier runs' usage (choose_pins), counted in the stats."""
         counts = self._earlier.get(layer)
-        n = int(capacity * self.options.pin_share)
-        if counts is None or counts.shape != (n_expert,) or n < 1 or n >= n_expert or counts.sum() <= 0:
+        if counts is None or counts.shape != (n_expert,):
             return np.zeros(0, np.int64)
-        top = np.argsort(-counts, kind="stable")[:n]
-        if counts[top].sum() / counts.sum() < self.options.pin_min_advantage * n / n_expert:
+        pins = choose_pins(counts, capacity, self.options.pin_share, self.options.pin_min_advantage)
+        if pins is None:
             self.stats.pins_declined += 1
             return np.zeros(0, np.int64)
-        self.stats.pinned += n
-        return top.astype(np.int64)
+        self.stats.pinned += pins.size
+        return pins
 
     def save_usage(self) -> None:
         """This run's routed rows per expert added to the earlier runs' beside the model (what pins the next
@@ -236,6 +251,21 @@ class ExpertStore:
             self.stats.bytes_read += sum(buffer.nbytes for (buffer, _, _), e in zip(reads, errors) if e is None)
         return errors
 
+    def read_rate(self) -> float:
+        """Bytes per second the experts read at from the disk: about PROBE_BYTES of the last layer's, their pages
+        dropped from the page cache first, read as a call's misses are (on the I/O threads); not counted in the
+        stats."""
+        stacks, n_expert = self._stacks[max(self._stacks)]
+        experts = min(n_expert, max(1, PROBE_BYTES // sum(s.nbytes for s in stacks)))
+        reads = [(np.empty(s.nbytes, np.uint8), s.offset + e * s.nbytes, "experts") for e in range(experts)
+                 for s in stacks]
+        if _FADVISE:
+            for buffer, offset, _ in reads:
+                os.posix_fadvise(self._fd, offset, buffer.nbytes, os.POSIX_FADV_DONTNEED)
+        start = time.perf_counter()
+        list(self._io.map(lambda r: self.read_into(*r), reads) if self._io else (self.read_into(*r) for r in reads))
+        return sum(buffer.nbytes for buffer, _, _ in reads) / max(time.perf_counter() - start, 1e-6)
+
     def read_ahead(self, reads: list[tuple[np.ndarray, int, str]]):
         """read_all(reads) on the prefetch thread: its future."""
         return self._ahead.submit(self.read_all, reads)
@@ -263,6 +293,16 @@ class SlotCache:
         self._heat = np.zeros(capacity, np.float64)
         self._last = np.zeros(capacity, np.int64)
         self._tick = 0
+
+    def call_groups(self, experts: np.ndarray) -> list[np.ndarray]:
+        """The indices into a call's distinct experts of each group it is made resident and computed in: one
+        group while they fit the slots, else the resident ones first (so the call does not evict them before
+        their turn), `capacity` at a time."""
+        if len(experts) <= self.capacity:
+            return [np.arange(len(experts))]
+        held = self.slot_of[experts] >= 0
+        order = np.concatenate([np.flatnonzero(held), np.flatnonzero(~held)])
+        return [order[c : c + self.capacity] for c in range(0, order.size, self.capacity)]
 
     def acquire(self, experts: np.ndarray, pairs: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int]]]:
         """The slots of these distinct experts (at most capacity), and the (expert, slot) pairs to read in:
@@ -350,10 +390,6 @@ class LayerExperts:
         self._ahead = None  # a prefetch in flight: ((expert, slot) pairs, its future)
         self._prefetched = np.zeros(self.n_expert, bool)  # read ahead and not routed to since
 
-    def resident(self, experts: np.ndarray) -> np.ndarray:
-        """Whether each of these experts is resident now."""
-        return self.slots.slot_of[experts] >= 0
-
     def held(self) -> list[int]:
         """The experts resident now, in order."""
         return sorted(int(e) for e in self.slots.expert_in if e >= 0)
@@ -387,16 +423,22 @@ class LayerExperts:
                  f"expert {expert} of layer {self.layer}")
                 for expert, slot in loads for stack, buffer in zip(self.stacks, (self.gate, self.up, self.down))]
 
-    def acquire(self, experts: np.ndarray, pairs: np.ndarray) -> np.ndarray:
-        """The slots of these distinct experts (at most capacity), each read into one where not resident;
-        pairs: the rows routed to each, its heat."""
+    def acquire_groups(self, experts: np.ndarray, pairs: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """A call's distinct experts made resident group by group (SlotCache.call_groups): yields each group's
+        indices into `experts` and their slots, read in where not resident; a group's slots hold it until the
+        next is asked for. pairs: the rows routed to each, their heat."""
         if self._ahead is not None:
             self._settle()
-        ahead = self._prefetched[experts] & self.resident(experts)
+        self.store.record(self.layer, experts, pairs)
+        ahead = self._prefetched[experts] & (self.slots.slot_of[experts] >= 0)
         self.store.stats.prefetch_used += int(ahead.sum())
         self._prefetched[experts] = False
+        for group in self.slots.call_groups(experts):
+            yield group, self.acquire(experts[group], pairs[group])
+
+    def acquire(self, experts: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+        """The slots of these distinct experts (at most capacity), each read into one where not resident."""
         slots, loads = self.slots.acquire(experts, pairs)
-        self.store.record(self.layer, experts, pairs)
         self.store.stats.hits += len(experts) - len(loads)
         errors = self.store.read_all(self._reads(loads))
         failed = {loads[i // len(self.stacks)][1] for i, e in enumerate(errors) if e is not None}

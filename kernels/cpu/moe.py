@@ -69,30 +69,24 @@ def moe_ffn(spec: MoeSpec, x: np.ndarray, router_logits: np.ndarray, row_wise: b
 
 
 def _streamed(source: ExpertSource, experts: Experts, x: np.ndarray, logits: np.ndarray, out: np.ndarray) -> None:
-    """expert_rows' work with the experts read from `source`: the routed experts made resident `capacity` at a
-    time (those resident already first, so a call routing to more experts than fit does not evict them before
-    their turn), each group's pair outputs computed from its slots as the mapped experts' are (the same bits),
-    then the one weighted sum."""
+    """expert_rows' work with the experts read from `source`: the routed experts made resident in the groups the
+    source gives (as many as its slots hold), each group's pair outputs computed from its slots as the mapped
+    experts' are (the same bits), then the one weighted sum."""
     fmt, threads = formats.of(experts.types), quant.threads()
     used, starts, pair, weights, pairs_x = route_and_group(experts, x, logits)
     n_ff = experts.gate.shape[0] // experts.n_expert
     expert_out = np.empty((pairs_x.shape[0], out.shape[1]), np.float32)
     resident = experts._replace(gate=source.gate, up=source.up, down=source.down)
     counts = np.diff(starts)
-    if used.size <= source.capacity:  # one group, the pairs as they lie
-        slots = source.acquire(used, counts)
-        expert_outputs(fmt, resident, n_ff, used, slots, starts, pairs_x, threads, expert_out)
-    else:
-        held = source.resident(used)
-        order = np.concatenate([np.flatnonzero(held), np.flatnonzero(~held)])
-        for c in range(0, order.size, source.capacity):
-            groups = order[c : c + source.capacity]
-            rows = np.concatenate([np.arange(starts[g], starts[g + 1]) for g in groups])
-            slots = source.acquire(used[groups], counts[groups])
-            part = np.empty((rows.size, out.shape[1]), np.float32)
-            expert_outputs(fmt, resident, n_ff, used[groups], slots, np.concatenate([[0], np.cumsum(counts[groups])]),
-                           pairs_x[rows], threads, part)
-            expert_out[rows] = part
+    for groups, slots in source.acquire_groups(used, counts):
+        if groups.size == used.size:  # one group, the pairs as they lie
+            expert_outputs(fmt, resident, n_ff, used, slots, starts, pairs_x, threads, expert_out)
+            continue
+        rows = np.concatenate([np.arange(starts[g], starts[g + 1]) for g in groups])
+        part = np.empty((rows.size, out.shape[1]), np.float32)
+        expert_outputs(fmt, resident, n_ff, used[groups], slots, np.concatenate([[0], np.cumsum(counts[groups])]),
+                       pairs_x[rows], threads, part)
+        expert_out[rows] = part
     weighted_sum(expert_out, pair, weights, threads, out)
 
 

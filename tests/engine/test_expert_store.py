@@ -185,3 +185,26 @@ def test_a_runs_trace_replays_to_the_hit_rate_it_had_live_and_belady_bounds_ever
     assert rates["belady"][-1] == rates["lru"][-1]  # every expert resident: only first reads miss
     with pytest.raises(ExpertStoreError, match="not an experts trace"):
         Trace.load(moe_path)
+
+
+def test_pins_learned_elsewhere_replay_as_given_and_the_right_ones_match_the_oracle():
+    calls = [(0, np.array([e, 3]), np.array([1, 5])) for e in (0, 1, 2, 0, 1, 2)]
+    trace = Trace(layers={0: (4, 2)}, calls=calls)  # expert 3 in every call: the one worth pinning
+    for policy in ("pinned+lru", "pinned+heat"):
+        oracle = replay(trace, policy)
+        assert replay(trace, policy, usage={0: np.array([0, 0, 0, 9])}) == oracle
+        assert replay(trace, policy, usage={0: np.array([9, 1, 0, 0])})[0] < oracle[0]  # expert 0 pinned
+    assert replay(trace, "pinned+heat", usage={0: np.array([3, 3, 3, 3])}) == replay(trace, "heat")  # flat: no pins
+
+
+def test_a_pinned_runs_trace_replays_to_its_live_hit_rate_with_the_usage_it_was_pinned_by(moe_path, tmp_path):
+    copy = tmp_path / "moe.gguf"
+    shutil.copyfile(moe_path, copy)
+    budget = 4 * N_LAYERS * EXPERT_BYTES
+    _write_usage(copy, {0: [0, 50, 0, 0, 0, 0, 90, 0], 1: [5, 0, 0, 70, 0, 0, 0, 40]})
+    pinned = load_model(copy, experts=StreamOptions(cache_bytes=budget, pin_share=0.5, trace=True))
+    _run(pinned)
+    store = pinned.expert_store
+    assert store.stats.pinned == 4
+    assert replay(store.trace, "pinned+heat", usage=load_usage(str(copy) + USAGE_SUFFIX)) == (store.stats.hits,
+                                                                                               store.stats.misses)
