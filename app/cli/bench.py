@@ -42,7 +42,7 @@ def run_bench(args) -> int:
     if args.workload is not None:
         raise BenchWorkloadError("--workload goes with --spec")
     r = benchmark(str(path), threads, args.prompt_tokens, args.gen_tokens, args.runs, args.peer, log,
-                  experts=stream_options(args), trace_to=args.moe_trace)
+                  experts=stream_options(args, path), trace_to=args.moe_trace)
     if args.json:
         return _print_json(r)
     print(f"{path.name}: {threads} threads, {args.prompt_tokens}-token prompt, {args.gen_tokens} greedy tokens, "
@@ -66,7 +66,8 @@ def run_bench(args) -> int:
     print(line)
     if "experts_hit_rate" in r:
         print(f"{'experts streamed':>20}: {r['experts_policy']} cache of {r['experts_cache_bytes'] / 1e6:.0f} MB, "
-              f"hit rate {r['experts_hit_rate']:.1%}, {r['experts_bytes_read'] / 1e9:.2f} GB read over every run"
+              f"hit rate {r['experts_hit_rate']:.1%}, {r['experts_bytes_read'] / 1e9:.2f} GB read over every run, "
+              f"{r['experts_decode_read_bytes']['median'] / 1e6:.0f} MB per decoded token"
               + (f", {r['experts_prefetch_used']} of {r['experts_prefetched']} read ahead routed to"
                  if r["experts_prefetched"] else ""))
     return 0

@@ -12,7 +12,8 @@ from engine.errors import FucinaError
 from engine.history.validate import SAMPLER_RANGES
 from engine.models import load_model
 from engine.models.expert_store import StreamOptions
-from engine.models.footprint import machine_memory
+from engine.models.expert_plan import PIN_SHARE, outlook, streaming_options
+from engine.models.footprint import file_footprint, needs_streaming
 from engine.runtime import BACKENDS, configure_backend, configure_threads
 
 MAX_TOKENS = int(SAMPLER_RANGES["ctx"][2])
@@ -37,16 +38,17 @@ def add_compute_options(p) -> None:
 
 
 def add_stream_options(p) -> None:
-    """--moe-stream, --moe-cache-mb, --moe-lru, --moe-pin, --moe-prefetch, --moe-io-threads, --moe-trace: a
+    """--moe-stream, --moe-cache-mb, --moe-lru, --moe-no-pin, --moe-prefetch, --moe-io-threads, --moe-trace: a
     Mixture-of-Experts model's experts read from disk on demand into a cache (engine.models.expert_store)
     instead of mapped."""
     p.add_argument("--moe-stream", action="store_true",
-                   help="read the experts from disk on demand into a cache (default: half this machine's memory)")
+                   help="read the experts from disk on demand into a cache (default: most of the memory free; a model "
+                        "too large for memory with its experts mapped streams them anyway)")
     p.add_argument("--moe-cache-mb", type=int, metavar="MB", default=None,
                    help="stream the experts into a cache of this many MB (implies --moe-stream)")
     p.add_argument("--moe-lru", action="store_true", help="evict the least recently used expert, not the coldest")
-    p.add_argument("--moe-pin", action="store_true",
-                   help="keep half of each layer's cache for its most routed experts in earlier runs (learned "
+    p.add_argument("--moe-no-pin", action="store_true",
+                   help="do not keep half of each layer's cache for its most routed experts in earlier runs (learned "
                         "beside the model, in MODEL.gguf.experts)")
     p.add_argument("--moe-prefetch", action="store_true",
                    help="while a layer computes, read the experts the next layer's router would pick for its input")
@@ -56,20 +58,22 @@ def add_stream_options(p) -> None:
                    help="record the routed experts in order and save them at exit (fucina experts replay PATH)")
 
 
-def stream_options(args) -> StreamOptions | None:
-    """The StreamOptions the --moe-* options ask for; None: the experts stay mapped."""
-    stream, mb, lru, trace, pin, prefetch = (getattr(args, name, None) for name in (
-        "moe_stream", "moe_cache_mb", "moe_lru", "moe_trace", "moe_pin", "moe_prefetch"))
-    if not (stream or mb is not None or lru or trace or pin or prefetch):
+def stream_options(args, path) -> StreamOptions | None:
+    """The StreamOptions the --moe-* options ask for, or that a model file too large for this machine's memory
+    with its experts mapped needs (its experts then stream into the default cache); None: they stay mapped."""
+    stream, mb, lru, trace, no_pin, prefetch = (getattr(args, name, None) for name in (
+        "moe_stream", "moe_cache_mb", "moe_lru", "moe_trace", "moe_no_pin", "moe_prefetch"))
+    fp = file_footprint(path)
+    if not (stream or mb is not None or lru or trace or prefetch or needs_streaming(fp)):
         return None
     if mb is not None and mb < 1:
         raise FucinaError(f"--moe-cache-mb must be at least 1, got {mb}")
-    budget = mb << 20 if mb is not None else max(256 << 20, (machine_memory() or 8 << 30) // 2)
     io_threads = getattr(args, "moe_io_threads", 4)
     if io_threads < 1:
         raise FucinaError(f"--moe-io-threads must be at least 1, got {io_threads}")
-    return StreamOptions(cache_bytes=budget, policy="lru" if lru else "heat", trace=bool(trace), io_threads=io_threads,
-                         pin_share=0.5 if pin else 0.0, prefetch=bool(prefetch))
+    return streaming_options(fp, None if mb is None else mb << 20, policy="lru" if lru else "heat",
+                             trace=bool(trace), io_threads=io_threads, pin_share=0.0 if no_pin else PIN_SHARE,
+                             prefetch=bool(prefetch))
 
 
 # (model, its command's args) of each model a command opened with streamed experts, for report_streams
@@ -84,7 +88,7 @@ def report_streams() -> None:
         store = model.expert_store
         s = store.stats
         pins = f", {s.pinned} pinned" + (f" ({s.pins_declined} layers' usage too flat to pin)"
-                                          if s.pins_declined else "") if args.moe_pin else ""
+                                          if s.pins_declined else "") if s.pinned or s.pins_declined else ""
         ahead = f", {s.prefetch_used} of {s.prefetched} read ahead routed to" if s.prefetched else ""
         print(f"experts streamed: {s.hits + s.misses} routed, hit rate {s.hit_rate:.1%}, "
               f"{s.bytes_read / 1e6:.1f} MB read{pins}{ahead}", file=sys.stderr)
@@ -121,9 +125,11 @@ def resolve_model_path(name: str):
 
 def open_model(args):
     configure_compute(args)
-    model = load_model(resolve_model_path(args.model or default_model_name()), experts=stream_options(args))
+    path = resolve_model_path(args.model or default_model_name())
+    model = load_model(path, experts=stream_options(args, path))
     if getattr(model, "expert_store", None) is not None:  # what it read, after the command
         _STREAMED.append((model, args))
+        print(f"{path.name} {outlook(file_footprint(path), model.expert_store).note()}", file=sys.stderr)
     if getattr(args, "spec", False):  # asked for speculation: its verify kernels now, not after a reply or two
         model.rows_ready(model.new_cache(1, getattr(args, "kv", "f16")), wait=True)
     return model

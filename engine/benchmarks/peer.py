@@ -37,6 +37,7 @@ class Run:
     prefill_tps: float
     decode_tps: float
     ttft_s: float  # prompt fed to first token chosen
+    decode_read_bytes: float = 0.0  # read from disk per decoded token (streamed experts)
 
 
 def prompt_ids(vocab_size: int, n: int, seed: int = 0) -> list[int]:
@@ -46,14 +47,16 @@ def prompt_ids(vocab_size: int, n: int, seed: int = 0) -> list[int]:
 
 
 def _timed_generation(prefill: Callable[[list[int]], np.ndarray], step: Callable[[int], np.ndarray],
-                      prompt: list[int], gen_tokens: int) -> Run:
+                      prompt: list[int], gen_tokens: int, bytes_read: Callable[[], int] = lambda: 0) -> Run:
     t0 = time.perf_counter()
     tok = int(np.argmax(prefill(prompt)))
     t1 = time.perf_counter()
+    read_before = bytes_read()
     for _ in range(gen_tokens - 1):
         tok = int(np.argmax(step(tok)))
     t2 = time.perf_counter()
-    return Run(len(prompt) / (t1 - t0), (gen_tokens - 1) / (t2 - t1), t1 - t0)
+    return Run(len(prompt) / (t1 - t0), (gen_tokens - 1) / (t2 - t1), t1 - t0,
+               (bytes_read() - read_before) / max(1, gen_tokens - 1))
 
 
 def run_fucina(model: Model, prompt: list[int], gen_tokens: int, warm_up: bool = False) -> Run:
@@ -66,8 +69,9 @@ def run_fucina(model: Model, prompt: list[int], gen_tokens: int, warm_up: bool =
         model.forward(prompt, cache)
         model.forward(prompt[:1], cache)
         cache.truncate(0)
+    store = getattr(model, "expert_store", None)
     return _timed_generation(lambda ids: model.forward(ids, cache), lambda t: model.forward([t], cache),
-                             prompt, gen_tokens)
+                             prompt, gen_tokens, lambda: store.stats.bytes_read if store is not None else 0)
 
 
 class LlamaCppPeer:
@@ -169,6 +173,11 @@ def benchmark(path: str, threads: int, prompt_tokens: int, gen_tokens: int, runs
         result["experts_pinned"] = store.stats.pinned
         result["experts_prefetched"] = store.stats.prefetched
         result["experts_prefetch_used"] = store.stats.prefetch_used
+        result["experts_decode_read_bytes"] = summary([r.decode_read_bytes for r in ours])
+        try:  # what pins a later run's experts (--moe-pin), as after any streamed command
+            store.save_usage()
+        except OSError as e:
+            log(f"warning: the experts' usage was not saved beside the model: {e.strerror}")
         if trace_to and store.trace is not None:
             store.trace.save(trace_to)
     for key in ("prefill_tps", "decode_tps", "ttft_s"):

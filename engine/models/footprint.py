@@ -75,6 +75,22 @@ def machine_memory() -> int | None:
     return memory if limit is None else min(memory, limit)
 
 
+def available_memory(root: Path = Path("/")) -> int | None:
+    """The memory free for a model now (Linux's MemAvailable: free, and the page cache that can be let go),
+    within the machine's; None where it cannot tell."""
+    try:
+        for line in (root / "proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                free = int(line.split()[1]) * 1024
+                break
+        else:
+            return machine_memory()
+    except (OSError, ValueError, IndexError):
+        return machine_memory()
+    memory = machine_memory()
+    return free if memory is None else min(free, memory)
+
+
 def _cgroup_limit(root: Path = Path("/")) -> int | None:
     """The memory limit of this process's cgroup (v2's memory.max, or v1's memory.limit_in_bytes of its own
     group under the memory controller), which counts the page cache too; None where there is none."""
@@ -132,13 +148,27 @@ def fits(fp: Footprint) -> bool:
     return memory is None or fp.needed_bytes <= memory
 
 
+def needs_streaming(fp: Footprint) -> bool:
+    """Whether the model has experts and this machine's memory cannot hold it with them mapped: they stream
+    from disk (engine.models.expert_plan)."""
+    return fp.expert_bytes > 0 and not fits(fp)
+
+
+def opens(fp: Footprint) -> bool:
+    """Whether the model runs here: it fits, or its other weights do with its experts streamed from disk
+    (True where memory cannot be told)."""
+    memory = machine_memory()
+    return fits(fp) or (fp.expert_bytes > 0 and fp.streamed_bytes(0) <= memory)
+
+
 def memory_verdict(fp: Footprint) -> str:
     """"needs about 18.3 GB of memory; this machine has 24.6 GB: it fits" (empty where it cannot tell)."""
     memory = machine_memory()
     if memory is None:
         return ""
-    return (f"needs about {fp.needed_bytes / 1e9:.1f} GB of memory; this machine has {memory / 1e9:.1f} GB: "
-            + ("it fits" if fits(fp) else "it does not fit, and loading it is refused"))
+    verdict = ("it fits" if fits(fp) else "it does not fit, and its experts stream from disk" if opens(fp)
+               else "it does not fit, and loading it is refused")
+    return f"needs about {fp.needed_bytes / 1e9:.1f} GB of memory; this machine has {memory / 1e9:.1f} GB: {verdict}"
 
 
 def describe(fp: Footprint) -> str:
