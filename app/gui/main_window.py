@@ -110,6 +110,7 @@ class MainWindow(QMainWindow):
             self.restoreGeometry(self.preferences.geometry)
         self.client.set_speculation(self.preferences.speculation)
         self.client.set_tool_choice(self.preferences.tool_choice)
+        self.client.set_expert_cache(self.preferences.expert_cache)
         self.documents.set_disk_budget(self.preferences.disk_budget)
         self.configure_tools()
         self.open_conversation(conversation_id or self.preferences.last_conversation)
@@ -548,6 +549,11 @@ class MainWindow(QMainWindow):
         dialog.open()
         return dialog
 
+    def set_expert_cache(self, budget: int | None) -> None:
+        """The memory for a streamed model's experts (None: automatic), from the next model load."""
+        self.preferences.expert_cache = budget
+        self.client.set_expert_cache(budget)
+
     def set_disk_budget(self, budget: int) -> None:
         if budget != self.preferences.disk_budget:
             self.preferences.disk_budget = budget
@@ -567,6 +573,7 @@ class MainWindow(QMainWindow):
         dialog.accepted.connect(lambda: self.set_speculation(dialog.speculation.isChecked()))
         dialog.accepted.connect(lambda: self.set_disk_budget(dialog.disk_budget_bytes()))
         dialog.accepted.connect(lambda: setattr(self.preferences, "backend", dialog.backend.currentText()))
+        dialog.accepted.connect(lambda: self.set_expert_cache(dialog.expert_cache_bytes()))
         dialog.tools_changed.connect(self.configure_tools)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.open()

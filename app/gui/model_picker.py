@@ -48,7 +48,9 @@ def _footprint_line(path: str) -> str:
     fp = _footprint(path)
     if fp is None:
         return ""
-    return f"\n{footprint.describe(fp)}" + ("" if footprint.fits(fp) else "; too large for this machine's memory")
+    fit = ("" if footprint.fits(fp) else "; streams its experts from disk here" if footprint.opens(fp)
+           else "; too large for this machine's memory")
+    return f"\n{footprint.describe(fp)}{fit}"
 
 
 class _Described(QObject):
@@ -162,9 +164,10 @@ class ModelPicker(QDialog):
 
     # -- choosing --------------------------------------------------------------------------------
     def choose(self, path: str) -> None:
-        """Use the model file at `path`, unless this machine's memory cannot hold it (said, not loaded)."""
+        """Use the model file at `path`, unless this machine's memory cannot hold it, even with its experts
+        streamed from disk (said, not loaded)."""
         fp = _footprint(path)
-        if fp is not None and not footprint.fits(fp):
+        if fp is not None and not footprint.opens(fp):
             QMessageBox.warning(self, "Model too large", f"{Path(path).name}: {footprint.describe(fp)}.\n\n"
                                 f"It {footprint.memory_verdict(fp)}. Choose a smaller model or a smaller "
                                 "quantization of it.")

@@ -1,10 +1,10 @@
 """What the app remembers between runs: window geometry, the theme and whether the sidebar shows, the last
 conversation and model, recently used model files, named settings presets, whether replies decode
-speculatively, the documents' disk budget, where the model runs, the remote endpoint (its URL, API key and
-model, and whether the app uses it rather than a local model), the local server's port and API key, and the
-MCP servers, the tools switched on and how replies are offered them. One INI file next to the history
-database, so a data directory (`FUCINA_HOME`) carries everything; the API keys are kept there in plain text
-like every other setting (the file is the user's, in their data directory)."""
+speculatively, the documents' disk budget, the memory for streamed experts, where the model runs, the remote
+endpoint (its URL, API key and model, and whether the app uses it rather than a local model), the local server's
+port and API key, and the MCP servers, the tools switched on and how replies are offered them. One INI file next
+to the history database, so a data directory (`FUCINA_HOME`) carries everything; the API keys are kept there in
+plain text like every other setting (the file is the user's, in their data directory)."""
 
 from __future__ import annotations
 
@@ -80,6 +80,17 @@ class Preferences:
     @disk_budget.setter
     def disk_budget(self, budget: int) -> None:
         self._settings.setValue("documents/disk_budget", int(budget))
+
+    @property
+    def expert_cache(self) -> int | None:
+        """Bytes of a model's experts kept in memory when the model is too large for memory with them mapped
+        and the rest stream from disk; None (the default): most of the memory free when it loads."""
+        budget = self._settings.value("models/expert_cache", 0, type=int)
+        return budget if budget > 0 else None
+
+    @expert_cache.setter
+    def expert_cache(self, budget: int | None) -> None:
+        self._settings.setValue("models/expert_cache", int(budget or 0))
 
     @property
     def backend(self) -> str:

@@ -153,6 +153,17 @@ class SettingsDialog(QDialog):
         budget_row = QHBoxLayout()
         budget_row.addWidget(QLabel("Documents on disk"))
         budget_row.addWidget(self.disk_budget)
+        self.expert_cache = _int(0, 1 << 20, 256)
+        self.expert_cache.setSuffix(" MiB")
+        self.expert_cache.setSpecialValueText("automatic")  # 0: most of the memory free when the model loads
+        self.expert_cache.setAccessibleName("Memory for streamed experts")
+        self.expert_cache.setToolTip("A Mixture-of-Experts model too large for this machine's memory keeps this "
+                                     "much of its experts in memory and reads the others from disk when a token "
+                                     "needs them; automatic: most of the memory free when it loads")
+        self.expert_cache.setValue((preferences.expert_cache or 0) >> 20)
+        experts_row = QHBoxLayout()
+        experts_row.addWidget(QLabel("Memory for streamed experts (from the next model load)"))
+        experts_row.addWidget(self.expert_cache)
         self.backend = QComboBox()
         self.backend.setAccessibleName("Backend")
         self.backend.addItems(BACKENDS)
@@ -168,6 +179,7 @@ class SettingsDialog(QDialog):
         column.addWidget(self.speculation)
         column.addWidget(note)
         column.addLayout(budget_row)
+        column.addLayout(experts_row)
         column.addLayout(backend_row)
         column.addWidget(tools, 0, Qt.AlignmentFlag.AlignLeft)
         return box
@@ -181,6 +193,10 @@ class SettingsDialog(QDialog):
 
     def disk_budget_bytes(self) -> int:
         return self.disk_budget.value() << 20
+
+    def expert_cache_bytes(self) -> int | None:
+        """None: automatic."""
+        return (self.expert_cache.value() << 20) or None
 
     def apply(self, settings: dict) -> None:
         self.system_prompt.setPlainText(settings.get("system_prompt") or "")

@@ -1,10 +1,11 @@
 """The status bar's numbers: context used of available, the oldest turns the context leaves out, time to
 first token, decode speed, whether the reply continued a warm KV cache (reused positions) or had to
-prefill the history again, for a speculative reply its tokens per step and draft acceptance, and the
-backend the model runs on. While a turn runs it shows that turn's progress instead: how far the prompt is
-read (and the time left, estimated from the rate so far), then the reply's tokens and live decode speed.
-While a reply waits for kernels to compile (the first run's warm-up, or a kernel the reading compiles
-itself), it says so, with how far they are."""
+prefill the history again, for a speculative reply its tokens per step and draft acceptance, for a model
+streaming its experts from disk the speed to expect (until its first reply) and then the share of the routed
+experts found in memory, and the backend the model runs on. While a turn runs it shows that turn's progress
+instead: how far the prompt is read (and the time left, estimated from the rate so far), then the reply's
+tokens and live decode speed. While a reply waits for kernels to compile (the first run's warm-up, or a kernel
+the reading compiles itself), it says so, with how far they are."""
 
 from __future__ import annotations
 
@@ -45,6 +46,10 @@ def describe(status: EngineStatus) -> str:
     elif status.context_size:
         parts.append(f"resumed warm ({status.resumed_positions:,} positions)" if status.resumed_positions
                      else "cold start")
+    if status.experts_hit_rate is not None:
+        parts.append(f"experts streamed from disk: {status.experts_hit_rate:.0%} found in memory")
+    elif status.experts_note:
+        parts.append(status.experts_note)
     if status.backend:
         parts.append(f"on {status.backend}")
     return SEPARATOR.join(parts)
@@ -95,6 +100,7 @@ class StatusLine(QLabel):
     def show_status(self, status: EngineStatus) -> None:
         self.status = status
         self.setText(describe(status))
+        self.setToolTip(status.experts_outlook)  # what a streamed model's expectation comes from
 
     def show_prefill(self, progress: PrefillProgress) -> None:
         self.setText(describe_prefill(progress))

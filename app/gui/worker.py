@@ -47,6 +47,8 @@ from engine.platform.catalog import resolve_model
 from engine.errors import FucinaError, HistoryError, RemoteConnectionLost, StoreError
 from engine.history.store import HistoryStore
 from engine.models import load_model
+from engine.models.expert_plan import outlook, streaming_options
+from engine.models.footprint import file_footprint, needs_streaming
 from engine.platform.paths import data_dir
 from engine.serving.remote import RemoteClient
 from engine.serving.remote_session import RemoteChatSession
@@ -80,6 +82,9 @@ class EngineStatus:
     spec_acceptance: float | None = None       # accepted share of its drafted tokens (None: nothing drafted)
     attachment_tokens: int = 0       # context positions the attached documents take (counted in context_used)
     backend: str = ""                # where the model runs ("cpu", "cuda", "gpu")
+    experts_note: str = ""           # a model streaming its experts from disk: what to expect of it
+    experts_outlook: str = ""        #   and the figures that expectation comes from
+    experts_hit_rate: float | None = None  # the routed experts it found in memory since it opened
 
 
 @dataclass(frozen=True)
@@ -192,6 +197,8 @@ class EngineWorker(QObject):
         self.approvals = ToolApprovals(self)       # tool calls asked about; the UI answers them
         self._tools: ChatToolbox | None = None     # made when the settings first give it servers and switches
         self.tool_choice = "auto"                  # how replies are offered the tools (engine.chat.tool_use)
+        self.expert_cache_bytes: int | None = None  # a streamed model's experts' cache (None: from free memory)
+        self._experts_outlook = None               # the loaded model's StreamOutlook, when it streams experts
 
     @property
     def new_chat_settings(self) -> dict:
@@ -209,7 +216,11 @@ class EngineWorker(QObject):
     def load_model(self, path: str) -> None:
         self.model_loading.emit(path)
         try:
-            model = load_model(resolve_model(path))  # a starter model changed on disk is refused here
+            file = resolve_model(path)  # a starter model changed on disk is refused here
+            fp = file_footprint(file)
+            experts = streaming_options(fp, self.expert_cache_bytes) if needs_streaming(fp) else None
+            model = load_model(file, experts=experts)
+            expected = outlook(fp, model.expert_store) if experts else None
             service = EngineService(model, slots=SERVER_SLOTS, capacity=SERVER_CONTEXT,
                                     sidecar_dir=data_dir() / SERVER_SLOTS_DIR, open_slots_at_first_job=True)
         except Exception as e:  # a corrupt file may fail anywhere in parsing; the old model stays
@@ -218,7 +229,7 @@ class EngineWorker(QObject):
         self._close_session()
         self._drop_model()  # and the server on it
         self._drop_remote()
-        self.model, self.service = model, service
+        self.model, self.service, self._experts_outlook = model, service, expected
         self.model_loaded.emit(path)
         self._open_session()
 
@@ -243,11 +254,23 @@ class EngineWorker(QObject):
         self.remote_connected.emit(client.name)
         self._open_session()
 
+    @Slot(object)
+    def set_expert_cache(self, budget: int | None) -> None:
+        """The experts' cache of a model too large for memory, from the next load (None: from free memory)."""
+        self.expert_cache_bytes = budget
+
     def _drop_model(self) -> None:
         self.stop_server()
         if self.service is not None:
             self.service.close()
-        self.model = self.service = None
+        store = getattr(self.model, "expert_store", None)
+        if store is not None:
+            try:
+                store.save_usage()  # what pins its experts at the next load
+            except OSError:
+                pass  # it only ever chooses pins
+            store.close()
+        self.model = self.service = self._experts_outlook = None
 
     def _drop_remote(self) -> None:
         if self.remote is not None:
@@ -486,12 +509,20 @@ class EngineWorker(QObject):
             self.storage_failed.emit(f"{session.sidecar_error}. The conversation is saved; only its KV cache is "
                                      "not, and the next reply rewrites it.", None, None)
 
+    def _experts_status(self) -> dict:
+        """EngineStatus's fields on a model streaming its experts."""
+        if self._experts_outlook is None:
+            return {}
+        stats = self.model.expert_store.stats
+        return {"experts_note": self._experts_outlook.headline(), "experts_outlook": self._experts_outlook.note(),
+                "experts_hit_rate": stats.hit_rate if stats.hits + stats.misses else None}
+
     def _emit_status(self) -> None:
         s = self.session
         if s is None:  # a new chat: only the documents attached to it so far
             tokens, context = self.documents.new_chat_fill()
-            self.status_changed.emit(EngineStatus(tokens, context, attachment_tokens=tokens) if tokens
-                                     else EngineStatus())
+            self.status_changed.emit(EngineStatus(tokens, context, attachment_tokens=tokens, **self._experts_status())
+                                     if tokens else EngineStatus(**self._experts_status()))
             return
         turn = s.last_turn
         stats = turn.stats if turn is not None else None
@@ -505,7 +536,7 @@ class EngineWorker(QObject):
             finish_reason=turn and turn.finish_reason, left_out_turns=left_out,
             spec_tokens_per_step=spec.tokens_per_step() if spec and spec.steps else None,
             spec_acceptance=spec.acceptance_rate() if spec and spec.drafted else None,
-            backend=self.model.backend.name if self.model is not None else "remote"))
+            backend=self.model.backend.name if self.model is not None else "remote", **self._experts_status()))
 
     # -- tools -------------------------------------------------------------------------------------
     @Slot(str, object)
@@ -636,6 +667,7 @@ class EngineClient(QObject):
     _set_tool_choice = Signal(str)
     _set_chat_tools = Signal(object)
     _pick_file = Signal(object)
+    _set_expert_cache = Signal(object)
     _shutdown = Signal()
 
     def __init__(self, db_path: Path, sidecar_dir: Path | None = None):
@@ -647,7 +679,7 @@ class EngineClient(QObject):
         for name in ("load_model", "use_remote", "open_conversation", "send", "regenerate", "edit", "switch",
                      "delete_message", "delete_conversation", "update_settings", "set_speculation", "save_pending",
                      "start_server", "stop_server", "configure_tools", "set_tool_choice", "set_chat_tools",
-                     "pick_file", "shutdown"):
+                     "pick_file", "set_expert_cache", "shutdown"):
             getattr(self, f"_{name}").connect(getattr(self.worker, name))
         self._cancel = threading.Event()
         self.thread.start()
@@ -728,6 +760,11 @@ class EngineClient(QObject):
     def pick_file(self, path: str | None) -> None:
         """The file the read_file tool may read in the open chat, and no other."""
         self._pick_file.emit(path)
+
+    def set_expert_cache(self, budget: int | None) -> None:
+        """The experts' cache of a model too large for memory with them mapped, from the next model load (None:
+        most of the memory free then)."""
+        self._set_expert_cache.emit(budget)
 
     def close(self) -> None:
         """Stop any reply, let the worker flush its session, and wait for the thread to end: a reply stops
