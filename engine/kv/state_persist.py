@@ -30,6 +30,7 @@ damaged or stale checkpoint is never resumed, and the chat is read again instead
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import struct
 import zlib
@@ -99,16 +100,23 @@ def write(path, data: bytes) -> None:
         os.close(directory)
 
 
+def _contents(path) -> bytes | mmap.mmap:
+    """The file's bytes, mapped where the platform lets a mapped file be replaced: the states found are views of
+    the page cache's copy, no buffer of the file's size faulted in and filled at every reopen (Windows cannot
+    replace a mapped file, and a resumed chat keeps its marks, views of it, until it writes the next one)."""
+    with open(path, "rb") as f:
+        return f.read() if os.name == "nt" else mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+
 def read(path, fingerprint: bytes, shapes: Shapes, tokens: Sequence[int]) -> list[tuple[int, Arrays]]:
     """The checkpoints at `path` that belong here, oldest first: of a whole file of this model and shapes,
     those at most len(tokens) positions in whose tokens before them are those they read ([] for none). Never
     raises on a file's contents."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError:
+        data = _contents(path)
+    except (OSError, ValueError):  # ValueError: an empty file, which cannot be mapped
         return []
-    if len(data) < _HEAD.size + 4 or struct.unpack("<I", data[-4:])[0] != zlib.crc32(data[:-4]):
+    if len(data) < _HEAD.size + 4 or struct.unpack("<I", data[-4:])[0] != zlib.crc32(memoryview(data)[:-4]):
         return []
     magic, stored_fingerprint, n_layers = _HEAD.unpack_from(data)
     if magic != MAGIC or stored_fingerprint != fingerprint or n_layers != len(shapes):
