@@ -74,12 +74,13 @@ class Transformer:
 
     def stream_experts(self, options: StreamOptions) -> ExpertStore:
         """Read the layers' experts from the file on demand, into a cache of options.cache_bytes, from now on
-        (engine.models.expert_store); the store's stats say what it read. The next-token layers' experts stay
-        mapped."""
+        (engine.models.expert_store); the store's stats say what it read. A next-token layer's experts stream too
+        (what a draft reads costs the cache as what the model reads does)."""
         if not self.backend.supports_op(OP_MOE_STREAMED):
             raise UnsupportedOnBackend(f"the {self.backend.name} backend cannot stream experts from disk; run the "
                                        f"model on the CPU (--backend cpu)")
-        parts = [(block.index, part) for block in self.blocks for part in block.moe_parts()]
+        blocks = [*self.blocks, *([self.next_token.block] if self.next_token is not None else [])]
+        parts = [(block.index, part) for block in blocks for part in block.moe_parts()]
         if not parts:
             raise ConfigError(f"{self.file.path}: the model has no experts to stream")
         self.expert_store = ExpertStore(self.file.path, options, len(parts))

@@ -227,3 +227,18 @@ def test_the_speculation_benchmark_measures_the_layer_beside_the_cascade_alone(e
     assert r["identical"] and run["layer_drafted"] > 0 and run["layer_accepted"] == run["layer_drafted"]
     assert run["tokens_per_step"] > run["cascade_tokens_per_step"]  # the layer drafts what no n-gram can
     assert r["layer_ms_per_token"]["median"] > 0 and r["cascade_tps"]["median"] > 0
+
+
+def test_the_layer_s_experts_stream_with_the_model_s_and_draft_the_mapped_bits(tmp_path):
+    from engine.models.expert_store import StreamOptions
+
+    path = tmp_path / "streamed.gguf"
+    write_glm4moe_model(path, next_token=True)
+    hidden = np.random.default_rng(5).normal(0, 1, (6, N_EMBD)).astype(np.float32)
+    logits = []
+    for experts in (None, StreamOptions(cache_bytes=1)):  # one expert a layer at a time
+        model = load_model(path, experts=experts)
+        predictor = model.next_token
+        logits.append(predictor.logits(predictor.forward(TOKENS[:6], hidden, predictor.new_cache(8))))
+    np.testing.assert_array_equal(logits[1], logits[0])
+    assert model.expert_store.usage[3].sum() == 6 * 2  # the layer's 6 rows, each routed to 2 experts read from disk
