@@ -174,7 +174,7 @@ def benchmark(path: str, threads: int, prompt_tokens: int, gen_tokens: int, runs
         result["experts_prefetched"] = store.stats.prefetched
         result["experts_prefetch_used"] = store.stats.prefetch_used
         result["experts_decode_read_bytes"] = summary([r.decode_read_bytes for r in ours])
-        try:  # what pins a later run's experts (--moe-pin), as after any streamed command
+        try:  # what pins a later run's experts, as after any streamed command
             store.save_usage()
         except OSError as e:
             log(f"warning: the experts' usage was not saved beside the model: {e.strerror}")
