@@ -33,7 +33,7 @@ from app.gui.theme import SPACE_L, SPACE_M, THEMES, apply_theme
 from app.gui.tool_call_block import ToolCallsPanel
 from app.gui.tool_choice import ToolChoiceButton
 from app.gui.welcome import WelcomeScreen
-from app.gui.worker import EngineClient
+from app.gui.worker import EngineClient, EngineStatus
 from engine.platform.catalog import catalog, starter_of_file
 from engine.errors import FucinaError, StoreError
 from engine.history.store import HistoryStore
@@ -246,7 +246,7 @@ class MainWindow(QMainWindow):
         worker.reply_progress.connect(self._reply_progress)
         worker.branch_changed.connect(self._refresh_if_current)
         worker.branch_changed.connect(self.sidebar.conversation_changed)  # a switch moves it up the list
-        worker.status_changed.connect(self.status_line.show_status)
+        worker.status_changed.connect(self._status_changed)
         worker.failed.connect(self._engine_failed)  # a bound slot, so it runs on this (the UI) thread
         worker.storage_failed.connect(self._storage_failed)
         worker.storage_recovered.connect(self.storage_banner.clear)
@@ -367,18 +367,26 @@ class MainWindow(QMainWindow):
         self.chat_model.begin_reply(keep, user_text, response_format and response_format["type"])
         self.composer.set_busy(True)
 
+    def _status_changed(self, status: EngineStatus) -> None:
+        """The engine's numbers, shown unless a turn's progress holds the line (they show when it ends): a late
+        one, from the model's load or a document, must not blank a reply's wait for its kernels."""
+        if self.streaming:
+            self.status_line.status = status
+        else:
+            self.status_line.show_status(status)
+
     def _end_turn(self) -> None:
         held, self._held_turn = self._held_turn, None
         self.chat_model.end_reply()
         self.tool_calls.turn_ended()
         self.composer.set_busy(False)
+        self.status_line.show_status(self.status_line.status)
         if held is None:
             return
         # a held turn never reached the engine: the chat shows what is stored, and its message is not lost
         if self.current_id is None:
             self.chat_model.clear()
         self._refresh_if_current(self.current_id)
-        self.status_line.show_status(self.status_line.status)
         if held.text and not self.composer.input.toPlainText().strip():
             self.composer.input.setPlainText(held.text)
 

@@ -10,6 +10,7 @@ from PySide6.QtCore import Qt
 
 from app.gui.model_picker import ModelPicker
 from app.gui.status_line import describe_kernel_wait
+from app.gui.worker import EngineStatus
 from engine.platform import warmup
 from engine.platform.catalog import catalog
 from tests.app.gui.conftest import TURN_TIMEOUT_MS
@@ -72,10 +73,12 @@ def test_stopping_a_reply_that_waits_for_the_kernels_gives_its_message_back(qtbo
     window.composer.input.setPlainText("Hello there")
     qtbot.keyClick(window.composer.input, Qt.Key.Key_Return)
     assert window.streaming and window.status_line.text().startswith(WAIT)
+    window.client.worker.status_changed.emit(EngineStatus(context_size=4096))  # late, from the model's load
+    assert window.status_line.text().startswith(WAIT)  # the wait keeps the line; the numbers wait their turn
     qtbot.keyClick(window.composer.input, Qt.Key.Key_Escape)
     assert not window.streaming and window.chat_model.rowCount() == 0
     assert window.composer.input.toPlainText() == "Hello there"
-    assert not window.status_line.text().startswith(WAIT)
+    assert window.status_line.text().startswith("context ")  # the numbers back once the turn ended
     qtbot.waitUntil(lambda: not window.kernel_warmup.running, timeout=TURN_TIMEOUT_MS)
     qtbot.wait(100)
     assert window.store.list_conversations() == [] and not window.streaming  # it never reached the engine
