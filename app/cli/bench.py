@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from app.cli.common import (
-    add_compute_options, add_stream_options, configure_compute, resolve_model_path, stream_options,
+    add_compute_options, add_stream_options, configure_compute, resolve_model_path, stream_plan,
 )
 from app.cli.sampling import add_sampler_options, sampler_config
 from engine.benchmarks.peer import PEERS, benchmark, rows_throughput
@@ -42,7 +42,7 @@ def run_bench(args) -> int:
     if args.workload is not None:
         raise BenchWorkloadError("--workload goes with --spec")
     r = benchmark(str(path), threads, args.prompt_tokens, args.gen_tokens, args.runs, args.peer, log,
-                  experts=stream_options(args, path), trace_to=args.moe_trace)
+                  experts=stream_plan(args), trace_to=args.moe_trace)
     if args.json:
         return _print_json(r)
     print(f"{path.name}: {threads} threads, {args.prompt_tokens}-token prompt, {args.gen_tokens} greedy tokens, "

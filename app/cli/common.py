@@ -11,9 +11,8 @@ from engine.platform.catalog import default_model_name, resolve_model
 from engine.errors import FucinaError
 from engine.history.validate import SAMPLER_RANGES
 from engine.models import load_model
-from engine.models.expert_store import StreamOptions
-from engine.models.expert_plan import PIN_SHARE, outlook, streaming_options
-from engine.models.footprint import file_footprint, needs_streaming
+from engine.models.expert_plan import outlook, streaming_plan
+from engine.models.expert_store import PIN_SHARE
 from engine.runtime import BACKENDS, configure_backend, configure_threads
 
 MAX_TOKENS = int(SAMPLER_RANGES["ctx"][2])
@@ -58,22 +57,20 @@ def add_stream_options(p) -> None:
                    help="record the routed experts in order and save them at exit (fucina experts replay PATH)")
 
 
-def stream_options(args, path) -> StreamOptions | None:
-    """The StreamOptions the --moe-* options ask for, or that a model file too large for this machine's memory
-    with its experts mapped needs (its experts then stream into the default cache); None: they stay mapped."""
+def stream_plan(args):
+    """load_model's `experts` for the --moe-* options: streamed where they ask for it, or where a model file too
+    large for this machine's memory with its experts mapped needs it (into the default cache); else mapped."""
     stream, mb, lru, trace, no_pin, prefetch = (getattr(args, name, None) for name in (
         "moe_stream", "moe_cache_mb", "moe_lru", "moe_trace", "moe_no_pin", "moe_prefetch"))
-    fp = file_footprint(path)
-    if not (stream or mb is not None or lru or trace or prefetch or needs_streaming(fp)):
-        return None
     if mb is not None and mb < 1:
         raise FucinaError(f"--moe-cache-mb must be at least 1, got {mb}")
     io_threads = getattr(args, "moe_io_threads", 4)
     if io_threads < 1:
         raise FucinaError(f"--moe-io-threads must be at least 1, got {io_threads}")
-    return streaming_options(fp, None if mb is None else mb << 20, policy="lru" if lru else "heat",
-                             trace=bool(trace), io_threads=io_threads, pin_share=0.0 if no_pin else PIN_SHARE,
-                             prefetch=bool(prefetch))
+    asked = bool(stream or mb is not None or lru or trace or prefetch)
+    return streaming_plan(None if mb is None else mb << 20, always=asked, policy="lru" if lru else "heat",
+                          trace=bool(trace), io_threads=io_threads, pin_share=0.0 if no_pin else PIN_SHARE,
+                          prefetch=bool(prefetch))
 
 
 # (model, its command's args) of each model a command opened with streamed experts, for report_streams
@@ -126,10 +123,10 @@ def resolve_model_path(name: str):
 def open_model(args):
     configure_compute(args)
     path = resolve_model_path(args.model or default_model_name())
-    model = load_model(path, experts=stream_options(args, path))
+    model = load_model(path, experts=stream_plan(args))
     if getattr(model, "expert_store", None) is not None:  # what it read, after the command
         _STREAMED.append((model, args))
-        print(f"{path.name} {outlook(file_footprint(path), model.expert_store).note()}", file=sys.stderr)
+        print(f"{path.name} {outlook(model).note()}", file=sys.stderr)
     if getattr(args, "spec", False):  # asked for speculation: its verify kernels now, not after a reply or two
         model.rows_ready(model.new_cache(1, getattr(args, "kv", "f16")), wait=True)
     return model

@@ -47,8 +47,7 @@ from engine.platform.catalog import resolve_model
 from engine.errors import FucinaError, HistoryError, RemoteConnectionLost, StoreError
 from engine.history.store import HistoryStore
 from engine.models import load_model
-from engine.models.expert_plan import outlook, streaming_options
-from engine.models.footprint import file_footprint, needs_streaming
+from engine.models.expert_plan import outlook, streaming_plan
 from engine.platform.paths import data_dir
 from engine.serving.remote import RemoteClient
 from engine.serving.remote_session import RemoteChatSession
@@ -216,11 +215,9 @@ class EngineWorker(QObject):
     def load_model(self, path: str) -> None:
         self.model_loading.emit(path)
         try:
-            file = resolve_model(path)  # a starter model changed on disk is refused here
-            fp = file_footprint(file)
-            experts = streaming_options(fp, self.expert_cache_bytes) if needs_streaming(fp) else None
-            model = load_model(file, experts=experts)
-            expected = outlook(fp, model.expert_store) if experts else None
+            # a starter model changed on disk is refused here
+            model = load_model(resolve_model(path), experts=streaming_plan(self.expert_cache_bytes))
+            expected = outlook(model) if getattr(model, "expert_store", None) is not None else None
             service = EngineService(model, slots=SERVER_SLOTS, capacity=SERVER_CONTEXT,
                                     sidecar_dir=data_dir() / SERVER_SLOTS_DIR, open_slots_at_first_job=True)
         except Exception as e:  # a corrupt file may fail anywhere in parsing; the old model stays
@@ -521,8 +518,9 @@ class EngineWorker(QObject):
         s = self.session
         if s is None:  # a new chat: only the documents attached to it so far
             tokens, context = self.documents.new_chat_fill()
-            self.status_changed.emit(EngineStatus(tokens, context, attachment_tokens=tokens, **self._experts_status())
-                                     if tokens else EngineStatus(**self._experts_status()))
+            experts = self._experts_status()
+            self.status_changed.emit(EngineStatus(tokens, context, attachment_tokens=tokens, **experts) if tokens
+                                     else EngineStatus(**experts))
             return
         turn = s.last_turn
         stats = turn.stats if turn is not None else None

@@ -29,6 +29,7 @@ from engine.benchmarks.bandwidth import read_bandwidth_gbs, weight_bytes_per_tok
 from engine.errors import FucinaError
 from engine.models import load_model
 from engine.models.expert_store import StreamOptions
+from engine.models.footprint import Footprint
 from engine.models.model import Model
 
 
@@ -137,11 +138,12 @@ PEERS = ("llama-bench", "binding")
 
 
 def benchmark(path: str, threads: int, prompt_tokens: int, gen_tokens: int, runs: int, peer: str | None,
-              log: Callable[[str], None] = lambda s: None, experts: StreamOptions | None = None,
+              log: Callable[[str], None] = lambda s: None,
+              experts: StreamOptions | Callable[[Footprint], StreamOptions | None] | None = None,
               trace_to: str | None = None) -> dict:
-    """Our prefill and decode speeds (and the peer's, alternating) on the GGUF at `path`; experts: streamed
-    from disk into a cache of that budget (the result then has their hit rate and the bytes read; trace_to:
-    where their trace is saved, when the options record one)."""
+    """Our prefill and decode speeds (and the peer's, alternating) on the GGUF at `path`; experts: as
+    load_model's, streamed from disk into a cache of that budget (the result then has their hit rate and the
+    bytes read; trace_to: where their trace is saved, when the options record one)."""
     t0 = time.perf_counter()
     model = load_model(path, experts=experts)
     load_s = time.perf_counter() - t0
@@ -165,11 +167,11 @@ def benchmark(path: str, threads: int, prompt_tokens: int, gen_tokens: int, runs
             theirs.append(llama.run(prompt, gen_tokens))
             log(f"run {i + 1}/{runs} llama.cpp: prefill {theirs[-1].prefill_tps:.1f} tok/s, "
                 f"decode {theirs[-1].decode_tps:.1f} tok/s")
-    store = model.expert_store if experts is not None else None
+    store = getattr(model, "expert_store", None)
     if store is not None:  # over every run's prefill and decode, warm-ups included
         result["experts_hit_rate"] = store.stats.hit_rate
         result["experts_bytes_read"] = store.stats.bytes_read
-        result["experts_policy"], result["experts_cache_bytes"] = experts.policy, experts.cache_bytes
+        result["experts_policy"], result["experts_cache_bytes"] = store.options.policy, store.options.cache_bytes
         result["experts_pinned"] = store.stats.pinned
         result["experts_prefetched"] = store.stats.prefetched
         result["experts_prefetch_used"] = store.stats.prefetch_used

@@ -16,7 +16,7 @@ from engine.models import (
 )
 from engine.models.args import ModelArgs
 from engine.models.expert_store import StreamOptions
-from engine.models.footprint import check_fits
+from engine.models.footprint import Footprint, check_fits, footprint as footprint_of  # the module keeps its name
 from engine.models.model import Model
 from engine.models.next_token import missing_tensors
 from engine.models.transformer import Transformer
@@ -101,11 +101,14 @@ def has_next_token_layer(file: GGUFFile) -> bool:
 
 
 def load_model(path: str | os.PathLike, backend: Backend | None = None,
-               experts: StreamOptions | None = None) -> Model:
+               experts: StreamOptions | Callable[[Footprint], StreamOptions | None] | None = None) -> Model:
     """The model of the GGUF at `path`; experts: its experts read from the file on demand into a cache of this
-    budget (engine.models.expert_store) rather than mapped."""
+    budget (engine.models.expert_store) rather than mapped, or a function of the file's footprint that says
+    whether and how (engine.models.expert_plan.streaming_plan: decided on the header read here, not read again)."""
     file = open_gguf(path)
     try:
+        if callable(experts):
+            experts = experts(footprint_of(file))
         model = build_model(file, backend, None if experts is None else experts.cache_bytes)
         if experts is not None:
             model.stream_experts(experts)

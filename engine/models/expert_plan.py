@@ -11,12 +11,13 @@ them measured when the model opened.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
-from engine.models.expert_store import ExpertStore, StreamOptions
-from engine.models.footprint import RUNTIME_BYTES, Footprint, available_memory
+from engine.models.expert_store import PIN_SHARE, StreamOptions
+from engine.models.footprint import RUNTIME_BYTES, Footprint, available_memory, footprint, needs_streaming
+from engine.models.model import Model
 
 FREE_SHARE = 0.8  # of the memory left free by the other weights and the runtime: the experts' cache by default
-PIN_SHARE = 0.5   # of each layer's slots, kept for its most routed experts in earlier runs (where not too flat)
 
 
 def default_cache_bytes(fp: Footprint) -> int:
@@ -30,6 +31,13 @@ def default_cache_bytes(fp: Footprint) -> int:
 def streaming_options(fp: Footprint, cache_bytes: int | None = None, **options) -> StreamOptions:
     """The StreamOptions of an app's streamed model: the given budget or the default one, learned pins on."""
     return StreamOptions(cache_bytes=cache_bytes or default_cache_bytes(fp), **({"pin_share": PIN_SHARE} | options))
+
+
+def streaming_plan(cache_bytes: int | None = None, always: bool = False,
+                   **options) -> Callable[[Footprint], StreamOptions | None]:
+    """load_model's `experts`: streaming_options where the model needs them (needs_streaming) or `always`,
+    else None (mapped)."""
+    return lambda fp: streaming_options(fp, cache_bytes, **options) if always or needs_streaming(fp) else None
 
 
 @dataclass(frozen=True)
@@ -59,9 +67,10 @@ class StreamOutlook:
         return f"{self.headline()} ({held}{reads})"
 
 
-def outlook(fp: Footprint, store: ExpertStore) -> StreamOutlook:
-    """The outlook of a model streaming its experts through `store`: a token's experts (fp.active_expert_bytes)
-    not held, the held share counted as the cache's share of them (a router's favourites do better)."""
+def outlook(model: Model) -> StreamOutlook:
+    """The outlook of a model streaming its experts: a token's experts (active_expert_bytes) not held, the held
+    share counted as the cache's share of them (a router's favourites do better)."""
+    fp, store = footprint(model.file), model.expert_store
     cache = min(store.options.cache_bytes, fp.expert_bytes)
     missed = fp.active_expert_bytes * (1.0 - cache / fp.expert_bytes) if fp.expert_bytes else 0.0
     return StreamOutlook(cache, fp.expert_bytes, missed, store.read_rate())

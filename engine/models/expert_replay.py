@@ -18,11 +18,10 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from engine.models.expert_store import SlotCache, StreamOptions, Trace, choose_pins
+from engine.models.expert_store import PIN_SHARE, SlotCache, StreamOptions, Trace, choose_pins
 
 POLICIES = ("lru", "heat", "pinned+heat", "slru", "pinned+lru", "belady")
 PROTECTED_SHARE = 0.8  # slru's protected segment
-PINNED_SHARE = 0.5     # the pinned policies' pinned slots (as StreamOptions.pin_share by default)
 
 
 def replay(trace: Trace, policy: str, slots: int | None = None, heat_decay: float = 0.9,
@@ -36,20 +35,18 @@ def replay(trace: Trace, policy: str, slots: int | None = None, heat_decay: floa
     for layer, (n_expert, capacity) in trace.layers.items():
         calls = [(experts, pairs) for lay, experts, pairs in trace.calls if lay == layer]
         c = max(1, min(n_expert, capacity if slots is None else slots))
-        counts = usage.get(layer) if usage is not None else _routed(calls, n_expert)
-        if counts is None or counts.shape != (n_expert,):
-            counts = np.zeros(n_expert, np.int64)  # no usage for the layer: nothing pinned
         if policy in ("lru", "heat"):
             h, m = _slot_cache(calls, n_expert, c, policy, heat_decay)
         elif policy == "pinned+heat":  # the live cache with pins, declined where the usage is flat
-            pins = choose_pins(counts, c, PINNED_SHARE, StreamOptions.pin_min_advantage)
+            pins = choose_pins(_usage(usage, layer, calls, n_expert), c, PIN_SHARE, StreamOptions.pin_min_advantage)
             h, m = _slot_cache(calls, n_expert, c, "heat", heat_decay, np.zeros(0, np.int64) if pins is None else pins)
         elif policy == "belady":
             h, m = _belady(calls, c)
         elif policy == "slru":
             h, m = _slru(calls, c)
         else:
-            top = np.argsort(-counts, kind="stable")[: int(c * PINNED_SHARE)]
+            counts = _usage(usage, layer, calls, n_expert)
+            top = np.argsort(-counts, kind="stable")[: int(c * PIN_SHARE)]
             h, m = _pinned_lru(calls, c, top[counts[top] > 0])
         hits, misses = hits + h, misses + m
     return hits, misses
@@ -118,7 +115,12 @@ def _slru(calls, capacity):
     return hits, misses
 
 
-def _routed(calls, n_expert: int) -> np.ndarray:
+def _usage(usage, layer: int, calls, n_expert: int) -> np.ndarray:
+    """The rows routed to each of the layer's experts that pins are chosen by: the given usage's (none pinned
+    where it has none for the layer), else the trace's own."""
+    if usage is not None:
+        counts = usage.get(layer)
+        return counts if counts is not None and counts.shape == (n_expert,) else np.zeros(n_expert, np.int64)
     counts = np.zeros(n_expert, np.int64)
     for experts, pairs in calls:
         np.add.at(counts, experts, pairs)

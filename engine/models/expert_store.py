@@ -33,6 +33,7 @@ from engine.errors import FucinaError
 from engine.gguf.reader import TensorInfo
 
 POLICIES = ("heat", "lru")
+PIN_SHARE = 0.5  # of a layer's slots, pinned for its most routed experts where learned pins are on
 USAGE_SUFFIX = ".experts"  # beside the model: the rows routed to each expert of each layer, over its runs
 _FADVISE = hasattr(os, "posix_fadvise")
 PROBE_BYTES = 64 << 20  # read to measure the disk's rate (ExpertStore.read_rate)
@@ -245,8 +246,7 @@ class ExpertStore:
             except Exception as e:  # noqa: BLE001  (returned to the caller, which knows the slot it was for)
                 return e
             return None
-        parallel = self._io is not None and len(reads) > 1
-        errors = list(self._io.map(attempt, reads)) if parallel else [attempt(r) for r in reads]
+        errors = self._each(attempt, reads)
         with self._count_lock:
             self.stats.bytes_read += sum(buffer.nbytes for (buffer, _, _), e in zip(reads, errors) if e is None)
         return errors
@@ -263,8 +263,14 @@ class ExpertStore:
             for buffer, offset, _ in reads:
                 os.posix_fadvise(self._fd, offset, buffer.nbytes, os.POSIX_FADV_DONTNEED)
         start = time.perf_counter()
-        list(self._io.map(lambda r: self.read_into(*r), reads) if self._io else (self.read_into(*r) for r in reads))
+        self._each(lambda read: self.read_into(*read), reads)
         return sum(buffer.nbytes for buffer, _, _ in reads) / max(time.perf_counter() - start, 1e-6)
+
+    def _each(self, read, reads: list) -> list:
+        """read(r) for each of reads, on the I/O threads where there are several: the results, in order."""
+        if self._io is not None and len(reads) > 1:
+            return list(self._io.map(read, reads))
+        return [read(r) for r in reads]
 
     def read_ahead(self, reads: list[tuple[np.ndarray, int, str]]):
         """read_all(reads) on the prefetch thread: its future."""

@@ -65,7 +65,7 @@ def test_a_model_needs_streaming_only_when_its_experts_do_not_fit_mapped(fp, mon
 def test_the_outlook_reads_a_token_s_experts_not_held_at_the_rate_measured_on_the_file(moe_path, fp):
     model = load_model(moe_path, experts=streaming_options(fp, fp.expert_bytes // 4))
     store = model.expert_store
-    seen = outlook(fp, store)
+    seen = outlook(model)
     assert seen.read_bytes_per_token == pytest.approx(fp.active_expert_bytes * 0.75, rel=1e-6)
     assert seen.read_rate > 0 and store.stats.bytes_read == 0  # the probe is not counted as the model's reads
     assert seen.tokens_per_s == pytest.approx(seen.read_rate / seen.read_bytes_per_token)
@@ -73,6 +73,6 @@ def test_the_outlook_reads_a_token_s_experts_not_held_at_the_rate_measured_on_th
     assert seen.note().startswith(seen.headline() + " (") and "MB read per token at" in seen.note()
     store.close()
     every = load_model(moe_path, experts=streaming_options(fp, fp.expert_bytes))
-    held = outlook(fp, every.expert_store)
+    held = outlook(every)
     assert held.read_bytes_per_token == 0 and held.headline() == "streams experts from disk"
     every.expert_store.close()
