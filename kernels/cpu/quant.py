@@ -42,6 +42,10 @@ _TILE_BYTES = 4 << 20  # float32 tile of dequantized rows in GEMMs: big enough f
 _MATVEC_MAX_ROWS = 48
 
 _PARALLEL_MIN_BYTES = dot.PARALLEL_MIN_BYTES
+# multiply-adds from which a product on OpenBLAS gets every kernel thread: ~10 ms of it on two cores. Its
+# spare threads spin for a while after each call; beside a Qwen3.5 prefill's routers (512 x 2048 x 64) they
+# made the experts next to them 1.6x slower
+_BLAS_LEND_MACS = 1 << 31
 _threads: int | None = None  # None: follow numba's own setting
 
 
@@ -120,7 +124,10 @@ def matmul(qtype: int, w: np.ndarray, X: np.ndarray) -> np.ndarray:
     elif int_gemm.supports(qtype, rows):
         int_gemm.matmul_into(qtype, w, X, Y, threads())
     elif n:
-        with blas_core.threads(threads()):  # the product is OpenBLAS's alone: it may have every thread
+        # the product is OpenBLAS's alone: it may have every thread, if it is long enough to pay for their
+        # spinning after it, which takes the cores from the kernels next (a MoE router's product is not)
+        lend = threads() if n * rows * cols >= _BLAS_LEND_MACS else 1
+        with blas_core.threads(lend):
             for r0, r1, tile in _dequantized_tiles(qtype, w, cols):
                 np.matmul(X, tile.T, out=Y[:, r0:r1])
     return Y

@@ -63,3 +63,22 @@ def test_openblas_is_lent_threads_for_its_own_products_only(monkeypatch):
             assert _blas_threads() == 2
             np.ones((64, 64), np.float32) @ np.ones((64, 64), np.float32)
         assert _blas_threads() == 1
+
+
+def test_a_prefill_lends_openblas_threads_for_a_long_product_not_for_a_routers(monkeypatch):
+    """Its spare threads spin after each call, taking the cores from the kernels next: a MoE router's
+    512 x 2048 x 64 F32 product keeps one thread, a dense F32 layer's gets every kernel thread."""
+    from gguf.constants import GGMLQuantizationType as T
+
+    from kernels.cpu import quant
+
+    lent = []
+    real = blas_core.threads
+    monkeypatch.setattr(blas_core, "threads", lambda n: lent.append(n) or real(n))
+    monkeypatch.setattr(quant, "threads", lambda: 2)
+    rng = np.random.default_rng(0)
+    router = rng.standard_normal((64, 2048), dtype=np.float32).view(np.uint8)
+    quant.matmul(T.F32, router, rng.standard_normal((512, 2048), dtype=np.float32))
+    layer = rng.standard_normal((4096, 1024), dtype=np.float32).view(np.uint8)
+    quant.matmul(T.F32, layer, rng.standard_normal((512, 1024), dtype=np.float32))
+    assert lent == [1, 2]
