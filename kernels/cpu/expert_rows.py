@@ -9,22 +9,28 @@ reads them), so verifying m drafted tokens reads the union of their experts, not
 
 The experts' products run in two parallel regions, gate and up of every selected expert in one, down in
 the other: the threads split the selected experts' rows, not each expert's, so a one-token step costs two
-launches per layer instead of three per expert. Prefill runs here too: a 512-token slice routes ~32 rows
-to each of Qwen3-30B-A3B's experts, where the block kernels beat the integer GEMM (whose repack of an expert
-at every call costs as much as ~60 rows of them), and the ~400 small parallel regions a layer of
-per-expert products would launch each wait for both cores, which a busy desktop rarely offers at once.
-The weighted sum runs in the order the experts were
-selected, in float32, as llama.cpp's build_moe_ffn adds its views.
+launches per layer instead of three per expert (the ~400 small parallel regions a layer of per-expert
+products would launch each wait for both cores, which a busy desktop rarely offers at once).
+
+Prefill runs here too, in the same two regions: row-wise where its experts have few rows each, and where
+they have a dozen or more on average (a 512-token slice routes ~32 to each of Qwen3-30B-A3B's experts) and
+their formats have it, through the int8 GEMM (gemm_outputs: each expert's tiles unpacked once for all its
+rows; the same pairs and sums, a prefill's own rounding). Which product a share of the work takes is chosen
+by the type of the inputs it is given (_multiply), so the row-wise kernels compile without the GEMM's code.
+The weighted sum runs in the order the experts were selected, in float32, as llama.cpp's build_moe_ffn adds
+its views.
 """
 
 from typing import NamedTuple
 
 import numpy as np
 from numba import njit, prange
+from numba.core import types
+from numba.extending import overload
 
 from kernels.backend import GEGLU, SWIGLU, SWIGLU_OAI
 from kernels.common.quant_blocks import KERNEL
-from kernels.cpu import ops
+from kernels.cpu import lane_gemm, ops
 from kernels.cpu.moe_route import route_row
 from kernels.cpu.quant_dot import PARALLEL_MIN_BYTES, Activations, activations_split, needs, tiled_product
 
@@ -58,6 +64,36 @@ def _act_rows(act, lo, hi):
                        act.kq[lo:hi], act.kd[lo:hi], act.kbsums[lo:hi])
 
 
+def _is_gemm(act) -> bool:
+    """Whether a Numba type is the prefill GEMM's inputs (else: the row-wise kernels' Activations)."""
+    return isinstance(act, types.BaseNamedTuple) and act.instance_class is lane_gemm.Inputs
+
+
+def _rows_of(act, lo, hi):
+    """Rows [lo, hi) of a product's inputs, either kind (compiled per kind: `overload` below)."""
+    raise NotImplementedError
+
+
+@overload(_rows_of)
+def _rows_of_kind(act, lo, hi):
+    if _is_gemm(act):
+        return lambda act, lo, hi: lane_gemm.input_rows(act, lo, hi)
+    return lambda act, lo, hi: _act_rows(act, lo, hi)
+
+
+def _multiply(formats, qtype, w, X, act, Y):
+    """Y = the products of the weight rows w with the rows of X, given act: row-wise from Activations
+    (tiled_product), the prefill GEMM's from its inputs (lane_gemm)."""
+    raise NotImplementedError
+
+
+@overload(_multiply)
+def _multiply_kind(formats, qtype, w, X, act, Y):
+    if _is_gemm(act):
+        return lambda formats, qtype, w, X, act, Y: lane_gemm.product(formats, qtype, w, act, Y)
+    return lambda formats, qtype, w, X, act, Y: tiled_product(formats, qtype, w, X, act, Y)
+
+
 @njit(**KERNEL)
 def _experts_range(formats, ws, wtypes, count, width, blocks, starts, X, act, Y, lo, hi):
     """The share [lo, hi) of the selected experts' work, laid end to end: expert g's
@@ -77,8 +113,8 @@ def _experts_range(formats, ws, wtypes, count, width, blocks, starts, X, act, Y,
             a, b = max(r0, i * width) - i * width, min(r1, (i + 1) * width) - i * width
             if a < b:
                 e0, s0, s1 = blocks[g] * width, starts[g], starts[g + 1]
-                tiled_product(formats, wtypes[i], ws[i][e0 + a : e0 + b], X[s0:s1], _act_rows(act, s0, s1),
-                              Y[s0:s1, i * width + a : i * width + b])
+                _multiply(formats, wtypes[i], ws[i][e0 + a : e0 + b], X[s0:s1], _rows_of(act, s0, s1),
+                          Y[s0:s1, i * width + a : i * width + b])
 
 
 @njit(parallel=True, **KERNEL)
@@ -90,10 +126,9 @@ def _experts_parallel(formats, ws, wtypes, count, width, blocks, starts, X, act,
 
 
 @njit(**KERNEL)
-def _experts_products(formats, ws, wtypes, count, width, blocks, starts, X, Y, threads):
+def _experts_products(formats, ws, wtypes, count, width, blocks, starts, X, act, Y, threads):
     """Y = each selected expert's products (the first `count` weights of ws, its rows at blocks[g]) with its
-    rows of X."""
-    act = activations_split(X, needs(wtypes[:count]), threads)
+    rows of X, given their inputs act (either kind)."""
     nbytes = blocks.size * count * width * ws[0].shape[1]
     if threads > 1 and nbytes >= PARALLEL_MIN_BYTES:
         _experts_parallel(formats, ws, wtypes, count, width, blocks, starts, X, act, Y, threads)
@@ -211,25 +246,52 @@ def route_and_group(ex, h, logits):
 
 
 @njit(**KERNEL)
+def _gated_pairs(ex, used, starts, gate_up, threads):
+    """The experts' activations of their pairs' gate and up products (biases added to gate_up first)."""
+    n_ff = gate_up.shape[1] // 2
+    _add_bias(gate_up, ex.gate_bias, used, starts, 0)
+    _add_bias(gate_up, ex.up_bias, used, starts, n_ff)
+    hidden = np.empty((gate_up.shape[0], n_ff), np.float32)
+    if threads > 1 and starts[used.size] >= _PAIRS_PARALLEL:
+        _swiglu_parallel(gate_up, ex.activation, hidden, threads)
+    else:
+        _swiglu_range(gate_up, ex.activation, hidden, 0, starts[used.size])
+    return hidden
+
+
+@njit(**KERNEL)
+def _finish_pairs(ex, used, starts, expert_out):
+    """The experts' scales and down biases on their pairs' outputs."""
+    _scale_rows(expert_out, ex.down_scale, used, starts)
+    _add_bias(expert_out, ex.down_bias, used, starts, 0)
+
+
+@njit(**KERNEL)
 def expert_outputs(formats, ex, n_ff, used, blocks, starts, x, threads, expert_out):
     """expert_out[p] = the output of pair p's expert for its input x[p] (its scale and biases applied), the
     pairs of the experts `used` in turn (their n_ff rows of ex's gate and up, and their down rows, at row block
-    blocks[g]; their pairs from starts[g], from 0 to the last, starts[used.size])."""
-    pairs = starts[used.size]
-    n_embd = expert_out.shape[1]
+    blocks[g]; their pairs from starts[g], from 0 to the last, starts[used.size]), row-wise."""
     gate_up = np.empty((x.shape[0], 2 * n_ff), np.float32)
-    _experts_products(formats, (ex.gate, ex.up), ex.types[:2], 2, n_ff, blocks, starts, x, gate_up, threads)
-    _add_bias(gate_up, ex.gate_bias, used, starts, 0)
-    _add_bias(gate_up, ex.up_bias, used, starts, n_ff)
-    hidden = np.empty((x.shape[0], n_ff), np.float32)
-    if threads > 1 and pairs >= _PAIRS_PARALLEL:
-        _swiglu_parallel(gate_up, ex.activation, hidden, threads)
-    else:
-        _swiglu_range(gate_up, ex.activation, hidden, 0, pairs)
-    _experts_products(formats, (ex.down, ex.down), ex.types[2:], 1, n_embd, blocks, starts, hidden, expert_out,
-                      threads)
-    _scale_rows(expert_out, ex.down_scale, used, starts)
-    _add_bias(expert_out, ex.down_bias, used, starts, 0)
+    act = activations_split(x, needs(ex.types[:2]), threads)
+    _experts_products(formats, (ex.gate, ex.up), ex.types[:2], 2, n_ff, blocks, starts, x, act, gate_up, threads)
+    hidden = _gated_pairs(ex, used, starts, gate_up, threads)
+    act = activations_split(hidden, needs(ex.types[2:]), threads)
+    _experts_products(formats, (ex.down, ex.down), ex.types[2:], 1, expert_out.shape[1], blocks, starts, hidden,
+                      act, expert_out, threads)
+    _finish_pairs(ex, used, starts, expert_out)
+
+
+@njit(**KERNEL)
+def gemm_outputs(formats, ex, n_ff, used, blocks, starts, x, threads, expert_out):
+    """expert_outputs by the prefill GEMM (kernels.cpu.lane_gemm: every type of ex in it): the same outputs
+    up to its rounding, each expert's weights unpacked once for all its pairs."""
+    gate_up = np.empty((x.shape[0], 2 * n_ff), np.float32)
+    _experts_products(formats, (ex.gate, ex.up), ex.types[:2], 2, n_ff, blocks, starts, x,
+                      lane_gemm.quantize(x, threads), gate_up, threads)
+    hidden = _gated_pairs(ex, used, starts, gate_up, threads)
+    _experts_products(formats, (ex.down, ex.down), ex.types[2:], 1, expert_out.shape[1], blocks, starts, hidden,
+                      lane_gemm.quantize(hidden, threads), expert_out, threads)
+    _finish_pairs(ex, used, starts, expert_out)
 
 
 @njit(**KERNEL)

@@ -341,9 +341,27 @@ def _make_tile_kernel(n_rows):
     return tile
 
 
-# input rows go in tiles of four, whose accumulators stay in registers while each weight block is loaded
-# once for all of them; the last rows in a tile of three, two or one
-_tile_4, _tile_3, _tile_2, _tile_1 = (_make_tile_kernel(n) for n in (4, 3, 2, 1))
+def over_input_rows(tile_4, tile_3, tile_2, tile_1):
+    """run(m, packed, s, o, xq, xd, xs, out, col): a weight tile's micro-kernels (tile_n(packed, s, o, xq, xd,
+    xs, r0, out, col) for input rows r0 .. r0 + n - 1) over input rows 0 .. m - 1. Input rows go in fours,
+    whose accumulators stay in registers while each weight block is loaded once for all of them; the last
+    rows in a tile of three, two or one."""
+    def run(m, packed, s, o, xq, xd, xs, out, col):
+        r0 = 0
+        while r0 + 4 <= m:
+            tile_4(packed, s, o, xq, xd, xs, r0, out, col)
+            r0 += 4
+        left = m - r0
+        if left == 3:
+            tile_3(packed, s, o, xq, xd, xs, r0, out, col)
+        elif left == 2:
+            tile_2(packed, s, o, xq, xd, xs, r0, out, col)
+        elif left == 1:
+            tile_1(packed, s, o, xq, xd, xs, r0, out, col)
+    return njit(inline="always")(run)
+
+
+_over_input_rows = over_input_rows(*(_make_tile_kernel(n) for n in (4, 3, 2, 1)))
 
 
 @njit(parallel=True, **KERNEL)
@@ -383,17 +401,7 @@ def _gemm(formats, qtype, w, blocks, xq, xd, xs, out, chunks):
         o = np.empty((blocks, TILE_ROWS), np.float32)
         for t in range(c * tiles // chunks, (c + 1) * tiles // chunks):
             _repack_tile(formats, qtype, w, t, packed, s, o)
-            r0 = 0
-            while r0 + 4 <= m:
-                _tile_4(packed, s, o, xq, xd, xs, r0, out, t)
-                r0 += 4
-            left = m - r0
-            if left == 3:
-                _tile_3(packed, s, o, xq, xd, xs, r0, out, t)
-            elif left == 2:
-                _tile_2(packed, s, o, xq, xd, xs, r0, out, t)
-            elif left == 1:
-                _tile_1(packed, s, o, xq, xd, xs, r0, out, t)
+            _over_input_rows(m, packed, s, o, xq, xd, xs, out, t)
 
 
 def matmul_into(qtype: int, w: np.ndarray, X: np.ndarray, Y: np.ndarray, threads: int) -> None:

@@ -76,7 +76,7 @@ def _row_values(builder, qtype, sb):
             for j in range(4)]
 
 
-def _make_unpack(qtype):
+def make_unpack(qtype):
     """unpack(w, r0, packed, entries, d, dmin): weight rows r0 .. r0 + 15 of w [rows, row bytes] into the tile:
     super-block b's quad q of every row side by side in packed[b, q] ([super-blocks, 64, 16, 4] uint8), its
     scale entries (_row_entries) in entries[b] ([super-blocks, entries, 16] int32), its f16 d and (Q4_K) dmin
@@ -208,7 +208,7 @@ def products_of(qtype):
     """products(w, act, Y) for a format in FORMATS: Y = the products of every weight row of w with every input
     row (act: kernels.cpu.quant_dot.Activations: kq, kd, kbsums as k_quant_dot.quantize_into gives them), 16
     weight rows at a time (the last group may be short)."""
-    unpack, kernel = _make_unpack(qtype), _make_kernel(qtype)
+    unpack, kernel = make_unpack(qtype), _make_kernel(qtype)
     n_entries = FORMATS[qtype][2]
 
     def products(w, act, Y):

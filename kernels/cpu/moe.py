@@ -1,5 +1,6 @@
 """The Mixture-of-Experts feed-forward on the CPU (kernels.backend.Backend.moe_ffn): experts with native kernels
-in one kernel call, row-wise or prefill alike (kernels.cpu.expert_rows). Experts of another type run the
+in one kernel call, row-wise or prefill alike (kernels.cpu.expert_rows), save a long prefill's K-quant experts,
+which take the int8 GEMM (kernels.cpu.lane_gemm) with rows enough per expert. Experts of another type run the
 generic products per selected expert (row-wise: kernels.cpu.quant.rows, each row on its own; prefill:
 kernels.cpu.quant.matmul over the rows routed to it, its weights read once per call, as ggml_mul_mat_id
 reads them) on zero-copy views of the expert's rows in the stacked tensors, and their weighted sum in the
@@ -13,9 +14,9 @@ import numpy as np
 
 from kernels.backend import GEGLU, SWIGLU_OAI, ExpertSource, MoeSpec
 from kernels.common import formats
-from kernels.cpu import ops, quant
+from kernels.cpu import lane_gemm, ops, quant
 from kernels.cpu.expert_rows import (
-    ACTIVATION_CODES, Experts, expert_outputs, expert_rows, route_and_group, weighted_sum,
+    ACTIVATION_CODES, Experts, expert_outputs, expert_rows, gemm_outputs, route_and_group, weighted_sum,
 )
 from kernels.cpu.moe_route import GATING_CODES, route, selection_bias_of
 
@@ -49,10 +50,12 @@ def moe_ffn(spec: MoeSpec, x: np.ndarray, router_logits: np.ndarray, row_wise: b
     out = np.empty((x.shape[0], spec.down.out_dim // spec.n_expert), np.float32)
     if all(quant.has_native_kernel(w.qtype) for w in (spec.gate, spec.up, spec.down)):
         experts = kernel_experts(spec)
-        if spec.source is None:
+        # a prefill's experts may take the int8 GEMM where their formats have it (_by_groups decides)
+        gemm = not row_wise and all(lane_gemm.supports(int(t)) for t in experts.types)
+        if spec.source is None and not gemm:
             expert_rows(formats.of(experts.types), experts, x, logits, quant.threads(), out)
         else:
-            _streamed(spec.source, experts, x, logits, out)
+            _by_groups(spec.source, experts, x, logits, gemm, out)
         return out
     if spec.source is not None:
         raise ValueError("experts read on demand need a native kernel for their formats")
@@ -68,24 +71,32 @@ def moe_ffn(spec: MoeSpec, x: np.ndarray, router_logits: np.ndarray, row_wise: b
     return out
 
 
-def _streamed(source: ExpertSource, experts: Experts, x: np.ndarray, logits: np.ndarray, out: np.ndarray) -> None:
-    """expert_rows' work with the experts read from `source`: the routed experts made resident in the groups the
-    source gives (as many as its slots hold), each group's pair outputs computed from its slots as the mapped
-    experts' are (the same bits), then the one weighted sum."""
+def _by_groups(source: ExpertSource | None, experts: Experts, x: np.ndarray, logits: np.ndarray, gemm: bool,
+               out: np.ndarray) -> None:
+    """expert_rows' work, the experts mapped (source None) or read from `source`: the routed experts made
+    resident in the groups the source gives (as many as its slots hold), each group's pair outputs computed
+    from its slots as the mapped experts' are (the same bits); then the one weighted sum. With `gemm`, the
+    pair outputs come from the int8 GEMM (gemm_outputs) where the experts have enough rows on average for its
+    unpacking of each to pay (lane_gemm.MIN_INPUT_ROWS), else row-wise (expert_outputs)."""
     fmt, threads = formats.of(experts.types), quant.threads()
     used, starts, pair, weights, pairs_x = route_and_group(experts, x, logits)
+    outputs = gemm_outputs if gemm and starts[-1] >= lane_gemm.MIN_INPUT_ROWS * used.size else expert_outputs
     n_ff = experts.gate.shape[0] // experts.n_expert
     expert_out = np.empty((pairs_x.shape[0], out.shape[1]), np.float32)
+    if source is None:
+        outputs(fmt, experts, n_ff, used, used, starts, pairs_x, threads, expert_out)
+        weighted_sum(expert_out, pair, weights, threads, out)
+        return
     resident = experts._replace(gate=source.gate, up=source.up, down=source.down)
     counts = np.diff(starts)
     for groups, slots in source.acquire_groups(used, counts):
         if groups.size == used.size:  # one group, the pairs as they lie
-            expert_outputs(fmt, resident, n_ff, used, slots, starts, pairs_x, threads, expert_out)
+            outputs(fmt, resident, n_ff, used, slots, starts, pairs_x, threads, expert_out)
             continue
         rows = np.concatenate([np.arange(starts[g], starts[g + 1]) for g in groups])
         part = np.empty((rows.size, out.shape[1]), np.float32)
-        expert_outputs(fmt, resident, n_ff, used[groups], slots, np.concatenate([[0], np.cumsum(counts[groups])]),
-                       pairs_x[rows], threads, part)
+        outputs(fmt, resident, n_ff, used[groups], slots, np.concatenate([[0], np.cumsum(counts[groups])]),
+                pairs_x[rows], threads, part)
         expert_out[rows] = part
     weighted_sum(expert_out, pair, weights, threads, out)
 

@@ -11,7 +11,8 @@ Two products, with different numerics:
   verification: each input row's outputs are computed exactly as for that row
   alone, for any number of rows, and the weight blocks are read once for all rows.
 - `matmul` is the prefill product: the same block kernels for a few rows; past
-  that the integer GEMM of kernels/cpu/int_gemm.py for the formats it packs (its
+  that the int8 GEMM of kernels/cpu/lane_gemm.py for the K-quants it takes, or the
+  integer GEMM of kernels/cpu/int_gemm.py for the formats it packs (their
   rows do not depend on the batch either, but their bits differ from the
   row-wise product's), and dequantized row tiles of a few MB handed to OpenBLAS
   sgemm for the rest, whose results depend on the batch shape (deterministic for
@@ -30,7 +31,7 @@ from kernels.common import formats
 from kernels.common import quant_blocks as blocks
 from kernels.common import quant_generic as generic
 from kernels.common.gguf_weights import checked, decode, has_native_kernel, type_name
-from kernels.cpu import int_gemm
+from kernels.cpu import int_gemm, lane_gemm
 from kernels.cpu import quant_dot as dot
 
 _TILE_BYTES = 4 << 20  # float32 tile of dequantized rows in GEMMs: big enough for sgemm, fits in L3
@@ -121,6 +122,8 @@ def matmul(qtype: int, w: np.ndarray, X: np.ndarray) -> np.ndarray:
     Y = np.empty((n, rows), np.float32)
     if has_native_kernel(qtype) and n <= _MATVEC_MAX_ROWS:
         _rows_into(qtype, (w,), X, Y)
+    elif lane_gemm.supports(qtype):
+        lane_gemm.matmul_into(qtype, w, X, Y, threads())
     elif int_gemm.supports(qtype, rows):
         int_gemm.matmul_into(qtype, w, X, Y, threads())
     elif n:

@@ -7,7 +7,7 @@ from gguf import quants
 from gguf.constants import GGMLQuantizationType as T
 
 from kernels.common import gguf_weights
-from kernels.cpu import int8_dot, quant
+from kernels.cpu import int8_dot, lane_gemm, quant
 from tests.quant_weights import matvec_input, random_weight, super_block_input
 
 NATIVE = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
@@ -68,7 +68,8 @@ def test_matvec(qtype, mode):
 def test_matmul(qtype, n, mode):
     w, W, rng = _case(qtype)
     X = rng.standard_normal((n, W.shape[1]), dtype=np.float32)
-    seen = matvec_input(qtype, X) if n <= quant._MATVEC_MAX_ROWS else X
+    # the row-wise kernels' quantized inputs, and the int8 GEMM's (the same: llama.cpp's); else the float ones
+    seen = matvec_input(qtype, X) if n <= quant._MATVEC_MAX_ROWS or lane_gemm.supports(int(qtype)) else X
     _assert_products(quant.matmul(qtype, w, X), W, seen)
 
 
@@ -93,9 +94,9 @@ def test_few_row_matmul_covers_every_weight_tile(qtype, mode):
 def test_matmul_tiles_cover_every_row(monkeypatch):
     """Prefill GEMMs dequantize row tiles: a tile size that does not divide the rows still covers all."""
     monkeypatch.setattr(quant, "_TILE_BYTES", 3 * 512 * 4)
-    w, W, rng = _case(T.Q4_K, rows=11)
+    w, W, rng = _case(T.Q3_K, rows=11)  # a format no integer GEMM takes
     X = rng.standard_normal((quant._MATVEC_MAX_ROWS + 1, 512), dtype=np.float32)
-    _assert_products(quant.matmul(T.Q4_K, w, X), W, X)
+    _assert_products(quant.matmul(T.Q3_K, w, X), W, X)
 
 
 @pytest.mark.parametrize("qtype", [T.F16, T.Q4_1, T.Q5_0, T.Q8_0, T.Q2_K, T.Q4_K, T.Q6_K, T.IQ4_NL, T.MXFP4],
