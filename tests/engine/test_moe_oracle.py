@@ -1,6 +1,7 @@
 """qwen3moe, gpt-oss, deepseek2, glm4moe and qwen35 against llama.cpp: the tiny random models of
 tests/moe_models.py and tests/hybrid_models.py,
-teacher-forced through the prefill path and the row-wise path (what `fucina eval --path prefill|rows` runs), give
+teacher-forced through the prefill path (also with its GEMMs forced on) and the row-wise path (what `fucina eval
+--path prefill|rows` runs), give
 llama.cpp's logits (tests/data/moe, recorded by record_llama_logits.py there) within the bars of DESIGN.md: the same
 top-1 wherever llama.cpp's top-1 beats its top-2 by more than 0.1, and mean |logit difference| at most 0.01 on the
 F32 models and 0.1 on the ones with quantized experts. The model whose routers tie every expert checks the tie
@@ -16,6 +17,7 @@ from gguf.constants import GGMLQuantizationType as T
 
 from engine import generate
 from engine.models import load_model
+from kernels.cpu import lane_gemm, quant
 from tests.gemma4_models import GEMMA4_ORACLE_MODELS
 from tests.hybrid_models import HYBRID_ORACLE_MODELS
 from tests.moe_models import ORACLE_MODELS
@@ -40,11 +42,17 @@ def case(request, tmp_path_factory):
     return expert_qtype, load_model(path), record
 
 
-@pytest.mark.parametrize("path", ["prefill", "rows"])
-def test_logits_match_llama_cpp(case, path):
+@pytest.mark.parametrize("path", ["prefill", "rows", "gemm"])
+def test_logits_match_llama_cpp(case, path, monkeypatch):
+    """`gemm`: the prefill path with its GEMMs taking every product and expert they can (the records' 32
+    positions are below the row counts where they start otherwise)."""
     expert_qtype, model, record = case
     expected = np.asarray(record["logits"], dtype=np.float32)
-    logits = np.concatenate(list(generate.teacher_forced(model, record["ids"], path=path)))
+    if path == "gemm":
+        monkeypatch.setattr(quant, "_MATVEC_MAX_ROWS", 0)
+        monkeypatch.setattr(lane_gemm, "MIN_INPUT_ROWS", 1)
+    logits = np.concatenate(list(generate.teacher_forced(model, record["ids"],
+                                                         path="prefill" if path == "gemm" else path)))
     assert logits.shape == expected.shape
     top2 = np.sort(expected, axis=1)[:, -2:]
     clear = top2[:, 1] - top2[:, 0] > CLEAR_MARGIN
