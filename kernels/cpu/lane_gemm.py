@@ -229,9 +229,9 @@ def _make_tile_kernel(n_rows, block, int16_quads):
                                                               ROWS) for q in at], int16_quads)
                          for x4 in x4_rows]
                 scale, neg_offset = lanes_at(s_a, b), lanes_at(o_a, b)
-                at = builder.udiv(builder.mul(b, c(block)), c(256))  # the input's block of 256 holding block b
+                at256 = builder.udiv(builder.mul(b, c(block)), c(256))  # the input's block of 256 holding b
                 for i in range(n_rows):
-                    xd_b = _splat(builder, builder.load(builder.gep(xd_rows[i], [at])), ROWS)
+                    xd_b = _splat(builder, builder.load(builder.gep(xd_rows[i], [at256])), ROWS)
                     xs_b = _splat(builder, builder.load(builder.gep(xs_rows[i], [b])), ROWS)
                     acc = multiply_add(builder, builder.fmul(builder.sitofp(isums[i], _FVEC), scale), xd_b,
                                        builder.load(accs[i]))

@@ -6,6 +6,7 @@ from gguf import quants
 from gguf.constants import GGMLQuantizationType as T
 
 from kernels.cpu import int_gemm, quant
+from tests.gemm_rows import assert_rows_independent_of_batch_and_threads
 from tests.quant_weights import random_weight
 
 FORMATS = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
@@ -37,16 +38,7 @@ def test_products_equal_float64_products_of_the_quantized_values(qtype):
 
 @pytest.mark.parametrize("qtype", PACKED, ids=lambda t: t.name)
 def test_a_row_gets_the_same_bits_whatever_the_batch(qtype):
-    """Each output row is the same sequence of operations in every tile, so prefill's bits do not depend on
-    how many rows were fed with it, nor on the threads the weight tiles were split over."""
-    rng = np.random.default_rng(1 + int(qtype))
-    w = random_weight(qtype, ROWS, 256, rng)
-    X = rng.standard_normal((17, 256), dtype=np.float32)
-    together = _gemm(qtype, w, X)
-    for n in (1, 2, 3, 5):
-        np.testing.assert_array_equal(_gemm(qtype, w, X[:n]), together[:n])
-    for threads in (1, 3):
-        np.testing.assert_array_equal(_gemm(qtype, w, X, threads), together)
+    assert_rows_independent_of_batch_and_threads(_gemm, qtype, ROWS)
 
 
 def test_prefill_uses_it_past_the_row_wise_kernels():

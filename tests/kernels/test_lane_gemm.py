@@ -11,6 +11,7 @@ from kernels.cpu import int_gemm, lane_gemm, quant
 from kernels.cpu import moe as cpu_moe
 from kernels.cpu.backend import CpuBackend
 from kernels.cpu.expert_rows import gemm_outputs
+from tests.gemm_rows import assert_rows_independent_of_batch_and_threads
 from tests.quant_weights import random_weight
 
 pytestmark = pytest.mark.skipif(not lane_gemm.supports(int(T.Q4_K)), reason="the int8 GEMM needs AVX2")
@@ -42,14 +43,7 @@ def test_products_equal_float64_products_of_the_quantized_values(qtype):
 
 @pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
 def test_a_row_gets_the_same_bits_whatever_the_batch_or_threads(qtype):
-    rng = np.random.default_rng(1 + int(qtype))
-    w = random_weight(qtype, ROWS, 256, rng)
-    X = rng.standard_normal((17, 256), dtype=np.float32)
-    together = _gemm(qtype, w, X)
-    for n in (1, 2, 3, 5):
-        np.testing.assert_array_equal(_gemm(qtype, w, X[:n]), together[:n])
-    for threads in (1, 3):
-        np.testing.assert_array_equal(_gemm(qtype, w, X, threads), together)
+    assert_rows_independent_of_batch_and_threads(_gemm, qtype, ROWS)
 
 
 def test_sums_stay_exact_on_the_largest_values():
