@@ -403,8 +403,10 @@ class Backend(Protocol):
         A name it does not know: False."""
 
     def upload_weight(self, qtype: int, raw: np.ndarray, out_dim: int, in_dim: int,
-                      bias: np.ndarray | None = None) -> Weight:
-        """raw: uint8 [out_dim, row_bytes] GGUF blocks (may be a view of the file's mmap, read-only)."""
+                      bias: np.ndarray | None = None, mapped: bool = False) -> Weight:
+        """raw: uint8 [out_dim, row_bytes] GGUF blocks (may be a view of the file's mmap, read-only). mapped: a
+        backend that reads host memory reads these bytes where they are (a MoE's stacked experts: a token reads
+        few of them, and all of them may not fit memory)."""
 
     def upload_vector(self, v: np.ndarray) -> Any:
         """A float32 vector (norm weight) kept resident."""

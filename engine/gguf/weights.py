@@ -1,8 +1,9 @@
 """GGUF tensors bound as typed linear weights, kept in source precision (spec 13.2).
 
-A `LinearWeight` is the tensor's raw GGUF bytes (a zero-copy view of the file's
-mmap) plus its GGML type, uploaded once to the model's backend (kernels.backend),
-whose kernels read the blocks directly. Nothing is widened to f32 at load. A
+A `LinearWeight` is the tensor's raw GGUF bytes (a view of the file's mmap) plus
+its GGML type, uploaded once to the model's backend (kernels.backend), whose kernels
+read the blocks directly (in the file's pages, or in a copy the backend keeps in
+memory of its own). Nothing is widened to f32 at load. A
 `LinearGroup` holds several weights that share an input (q/k/v, gate/up); the
 backend runs them as one pass. `load_experts` binds a stacked experts tensor as one weight, every expert's
 rows in turn (the kernels read an expert's rows in place); `load_heads` a stacked per-head tensor as a weight
@@ -88,9 +89,10 @@ class LinearGroup:
 
 def load_experts(file: GGUFFile, name: str, n_expert: int, out_dim: int, in_dim: int, backend: Backend) -> Weight:
     """The stacked experts tensor `name` [n_expert, out_dim, in_dim] as one weight [n_expert * out_dim, in_dim]
-    in its own format (expert e is rows [e * out_dim, (e + 1) * out_dim)): a view of the file's bytes."""
+    in its own format (expert e is rows [e * out_dim, (e + 1) * out_dim)): a view of the file's bytes, which
+the backend reads in place (a token reads few experts, and all of them may not fit memory)."""
     info = _checked_tensor(file, name, (n_expert, out_dim, in_dim), "(expert, out, in)", backend)
-    return backend.upload_weight(info.ggml_type, file.raw(info), n_expert * out_dim, in_dim)
+    return backend.upload_weight(info.ggml_type, file.raw(info), n_expert * out_dim, in_dim, mapped=True)
 
 
 def load_heads(file: GGUFFile, name: str, n_head: int, out_dim: int, in_dim: int, backend: Backend) -> list[Weight]:

@@ -2,9 +2,9 @@
 parameters (in all, and per token: a Mixture-of-Experts model runs k of its n experts), its weight bytes,
 and whether this machine's memory holds them.
 
-The weights are mapped from the file, not copied, but every token reads all of a dense model's weights and,
-over a few tokens, most experts: a model larger than the machine's memory would page from disk at every
-token, or end in an out-of-memory kill once its caches grow. It is refused before loading instead, with
+Every token reads all of a dense model's weights (which a backend may copy into memory of its own) and, over
+a few tokens, most experts (mapped from the file): a model larger than the machine's memory would page from
+disk at every token, or end in an out-of-memory kill once its caches grow. It is refused before loading instead, with
 the sizes in the message.
 """
 

@@ -22,6 +22,7 @@ from kernels.cpu import moe, ops, quant, quant_dot
 from kernels.cpu.delta_net import delta_net_rows
 from kernels.cpu.attention import attention_prefill, decode_rows
 from kernels.cpu.latent_attention import latent_attention
+from kernels.cpu.resident import resident
 from kernels.cpu.row_stack import ExpertsFfn, Layer as KernelLayer, Mlp, RowArgs, forward_rows
 from kernels.cpu.row_variants import RowVariants
 from kernels.cpu.typed_lists import typed_list
@@ -141,8 +142,8 @@ class CpuBackend:
     def supports_op(self, op: str) -> bool:
         return op in OPS  # every op of the seam
 
-    def upload_weight(self, qtype, raw, out_dim, in_dim, bias=None) -> CpuWeight:
-        return CpuWeight(qtype, raw, out_dim, in_dim, bias)
+    def upload_weight(self, qtype, raw, out_dim, in_dim, bias=None, mapped=False) -> CpuWeight:
+        return CpuWeight(qtype, raw if mapped else resident(raw), out_dim, in_dim, bias)
 
     def upload_vector(self, v: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(v, dtype=np.float32)

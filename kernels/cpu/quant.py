@@ -1,7 +1,7 @@
 """Multiply by GGUF weights in their stored format (spec 13.2: weights stay in source precision).
 
 A weight is its raw GGUF bytes: a C-contiguous uint8 array [rows, row_bytes],
-usually a zero-copy view of the file's mmap, plus its GGML type id. F32, F16,
+a view of the file's mmap or the backend's copy in huge pages (resident.py), plus its GGML type id. F32, F16,
 BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K and MXFP4 have Numba kernels that read
 the blocks directly; every other type `gguf.quants` can dequantize goes through
 one generic path (row tiles dequantized, multiplied with NumPy).

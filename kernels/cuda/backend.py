@@ -143,7 +143,7 @@ class CudaBackend:
                                         OP_DELTA_NET, OP_GATED_SIGMOID, OP_ATTENTION_SHARED, OP_SCALE,
                                         OP_MOE_STREAMED)
 
-    def upload_weight(self, qtype, raw, out_dim, in_dim, bias=None) -> CudaWeight:
+    def upload_weight(self, qtype, raw, out_dim, in_dim, bias=None, mapped=False) -> CudaWeight:
         if qtype not in DECODERS:  # widened once on the host
             raw, qtype = gguf_weights.dequantize(qtype, raw), int(T.F32)
         view = FLOAT_VIEWS.get(qtype)

@@ -138,7 +138,7 @@ class GpuBackend:
                                         OP_DELTA_NET, OP_GATED_SIGMOID, OP_ATTENTION_SHARED, OP_SCALE,
                                         OP_MOE_STREAMED)
 
-    def upload_weight(self, qtype, raw, out_dim, in_dim, bias=None) -> GpuWeight:
+    def upload_weight(self, qtype, raw, out_dim, in_dim, bias=None, mapped=False) -> GpuWeight:
         if ops.supports(qtype):
             resident = ops.upload_weight(self.gpu, qtype, raw)
         else:  # no shader reads it: widened once (exact, at 4 bytes a weight)
