@@ -53,6 +53,11 @@ _INT16_QUADS = {qb.Q4_K: 8, qb.Q6_K: 2}
 # about as much as the row kernels' work for a dozen rows (2 threads, a Qwen3.5 expert's Q4_K gate and Q6_K
 # down: equal at 12 rows, the GEMM 1.4x faster at 64, 0.3x at one)
 MIN_INPUT_ROWS = 12
+# input rows from which a dense product takes this GEMM rather than the row kernels (quant.matmul): the
+# row kernels' int8 dots cost per input row what the GEMM's tiles cost once (2 threads, AVX-512 VNNI, row
+# kernels' time / GEMM's over the Qwen3.5 shape's 8192 x 2048, 2048 x 4096 and 512 x 2048 matrices: Q4_K at 16
+# rows 0.86-1.07, at 24 1.09-1.44; Q6_K at 16 0.69-0.74, at 24 1.10-1.27)
+MATMUL_FROM_ROWS = {qb.Q4_K: 20, qb.Q6_K: 24}
 
 _I32, _I64 = ir.IntType(32), ir.IntType(64)
 

@@ -39,7 +39,8 @@ _TILE_BYTES = 4 << 20  # float32 tile of dequantized rows in GEMMs: big enough f
 # block unpacked once per tile of input rows); past it the integer GEMM wins, whose repacking of every
 # weight tile costs the same however few rows pass over it (2 threads, AVX-512 VNNI Xeon, block kernels /
 # int GEMM: 16 rows 0.22-0.45, 32 rows 0.44-0.71, 64 rows 0.64-1.03 over the starters' and the MoE shapes'
-# Q8_0, Q4_K and Q6_K matrices: a short prompt, the commonest, took twice as long through the GEMM)
+# Q8_0, Q4_K and Q6_K matrices: a short prompt, the commonest, took twice as long through the GEMM). The
+# K-quants' int8 GEMM starts sooner (lane_gemm.MATMUL_FROM_ROWS)
 _MATVEC_MAX_ROWS = 48
 
 _PARALLEL_MIN_BYTES = dot.PARALLEL_MIN_BYTES
@@ -120,7 +121,7 @@ def matmul(qtype: int, w: np.ndarray, X: np.ndarray) -> np.ndarray:
     X = _inputs(X, 2, cols, w, qtype)
     n, rows = X.shape[0], w.shape[0]
     Y = np.empty((n, rows), np.float32)
-    if has_native_kernel(qtype) and n <= _MATVEC_MAX_ROWS:
+    if _row_kernels_take(qtype, n):
         _rows_into(qtype, (w,), X, Y)
     elif lane_gemm.supports(qtype):
         lane_gemm.matmul_into(qtype, w, X, Y, threads())
@@ -134,6 +135,15 @@ def matmul(qtype: int, w: np.ndarray, X: np.ndarray) -> np.ndarray:
             for r0, r1, tile in _dequantized_tiles(qtype, w, cols):
                 np.matmul(X, tile.T, out=Y[:, r0:r1])
     return Y
+
+
+def _row_kernels_take(qtype: int, n: int) -> bool:
+    """Whether a product of n input rows runs on the row-wise block kernels rather than a GEMM."""
+    if not has_native_kernel(qtype):
+        return False
+    if lane_gemm.supports(qtype):
+        return n < min(_MATVEC_MAX_ROWS + 1, lane_gemm.MATMUL_FROM_ROWS[qtype])
+    return n <= _MATVEC_MAX_ROWS
 
 
 def gather_rows(qtype: int, w: np.ndarray, ids: np.ndarray) -> np.ndarray:

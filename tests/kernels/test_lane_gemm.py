@@ -62,11 +62,21 @@ def test_sums_stay_exact_on_the_largest_values():
         np.testing.assert_allclose(_gemm(qtype, w, X), ref, rtol=1e-5, err_msg=qtype.name)
 
 
-def test_prefill_takes_it_for_the_k_quants_past_the_row_wise_kernels():
+@pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
+def test_prefill_takes_it_from_its_row_count_and_the_row_kernels_below(qtype):
+    """A dense product of MATMUL_FROM_ROWS input rows or more has the GEMM's bits, one of a row fewer the row
+    kernels' (which differ: the GEMM rounds its sums otherwise)."""
     rng = np.random.default_rng(3)
-    X = rng.standard_normal((quant._MATVEC_MAX_ROWS + 3, 512), dtype=np.float32)
-    w = random_weight(T.Q4_K, ROWS, 512, rng)
-    np.testing.assert_array_equal(quant.matmul(T.Q4_K, w, X), _gemm(T.Q4_K, w, X))
+    first = lane_gemm.MATMUL_FROM_ROWS[int(qtype)]
+    assert first <= quant._MATVEC_MAX_ROWS
+    w = random_weight(qtype, ROWS, 512, rng)
+    for n in (first, first + 1, quant._MATVEC_MAX_ROWS + 3):
+        X = rng.standard_normal((n, 512), dtype=np.float32)
+        np.testing.assert_array_equal(quant.matmul(qtype, w, X), _gemm(qtype, w, X))
+    X = rng.standard_normal((first - 1, 512), dtype=np.float32)
+    by_rows = quant.rows(qtype, w, X)
+    np.testing.assert_array_equal(quant.matmul(qtype, w, X), by_rows)
+    assert not np.array_equal(by_rows, _gemm(qtype, w, X))
     assert not lane_gemm.supports(int(T.Q5_K)) and int_gemm.supports(int(T.Q5_K), int_gemm.TILE_ROWS)
 
 
