@@ -23,8 +23,8 @@ import numpy as np
 
 HUGE_PAGE = 2 << 20
 _PAGE = mmap.PAGESIZE
-_MADV_DONTNEED = 4
-_CHUNK_BYTES = 32 << 20  # Linux's, as mmap.MADV_DONTNEED (absent on some Pythons' builds)
+_MADV_DONTNEED = 4  # Linux's, as mmap.MADV_DONTNEED (absent on some Pythons' builds)
+_CHUNK_BYTES = 32 << 20
 
 
 def resident(raw: np.ndarray) -> np.ndarray:
