@@ -90,7 +90,7 @@ class LinearGroup:
 def load_experts(file: GGUFFile, name: str, n_expert: int, out_dim: int, in_dim: int, backend: Backend) -> Weight:
     """The stacked experts tensor `name` [n_expert, out_dim, in_dim] as one weight [n_expert * out_dim, in_dim]
     in its own format (expert e is rows [e * out_dim, (e + 1) * out_dim)): a view of the file's bytes, which
-the backend reads in place (a token reads few experts, and all of them may not fit memory)."""
+    the backend reads in place (a token reads few experts, and all of them may not fit memory)."""
     info = _checked_tensor(file, name, (n_expert, out_dim, in_dim), "(expert, out, in)", backend)
     return backend.upload_weight(info.ggml_type, file.raw(info), n_expert * out_dim, in_dim, mapped=True)
 

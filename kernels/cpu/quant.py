@@ -139,11 +139,8 @@ def matmul(qtype: int, w: np.ndarray, X: np.ndarray) -> np.ndarray:
 
 def _row_kernels_take(qtype: int, n: int) -> bool:
     """Whether a product of n input rows runs on the row-wise block kernels rather than a GEMM."""
-    if not has_native_kernel(qtype):
-        return False
-    if lane_gemm.supports(qtype):
-        return n < min(_MATVEC_MAX_ROWS + 1, lane_gemm.MATMUL_FROM_ROWS[qtype])
-    return n <= _MATVEC_MAX_ROWS
+    gemm_from = lane_gemm.MATMUL_FROM_ROWS[qtype] if lane_gemm.supports(qtype) else _MATVEC_MAX_ROWS + 1
+    return has_native_kernel(qtype) and n < min(gemm_from, _MATVEC_MAX_ROWS + 1)
 
 
 def gather_rows(qtype: int, w: np.ndarray, ids: np.ndarray) -> np.ndarray:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+from functools import cache
 
 import numpy as np
 
@@ -63,5 +64,9 @@ def _unmap_pages_of(view: np.ndarray) -> None:
     first = -(-view.ctypes.data // _PAGE) * _PAGE
     end = (view.ctypes.data + view.nbytes) // _PAGE * _PAGE
     if end > first:
-        ctypes.CDLL(None, use_errno=True).madvise(ctypes.c_void_p(first), ctypes.c_size_t(end - first),
-                                                  _MADV_DONTNEED)
+        _libc().madvise(ctypes.c_void_p(first), ctypes.c_size_t(end - first), _MADV_DONTNEED)
+
+
+@cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
