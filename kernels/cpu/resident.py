@@ -12,12 +12,19 @@ read-only shared file mapping unmaps them; the page cache keeps them): the proce
 it did when it read them in place. Smaller weights stay views of the file. A MoE's stacked experts are not
 copied (the backend's upload is told so): a token reads a few of them, and together they may not fit memory.
 Where the system has no MADV_HUGEPAGE (not Linux) the weights stay views of the file.
+
+Nor where huge pages come slowly. A VM whose host takes back the memory its guest frees (free page reporting,
+in 2 MB blocks: cloud VMs, WSL2) has every fresh huge page faulted in from the host: up to 14 s a GB measured
+on such a VM (0.8 s on another day), which turned the Qwen3.5 shape's 0.8 s load into 15 s for a decode 10%
+faster. So the time to fault in each chunk's huge pages is kept, and once the first 32 MB came slower than
+1 GB/s the process copies no more weights (those copied stay).
 """
 
 from __future__ import annotations
 
 import ctypes
 import mmap
+import time
 from functools import cache
 
 import numpy as np
@@ -28,10 +35,38 @@ _MADV_DONTNEED = 4  # Linux's, as mmap.MADV_DONTNEED (absent on some Pythons' bu
 _CHUNK_BYTES = 32 << 20
 
 
+class HugePageFaults:
+    """How fast this process has been given fresh huge pages: slow once JUDGED_AFTER bytes came slower than
+    SLOW_BELOW bytes a second."""
+
+    JUDGED_AFTER = 32 << 20
+    SLOW_BELOW = 1 << 30
+
+    def __init__(self):
+        self.bytes, self.seconds = 0, 0.0
+
+    @property
+    def slow(self) -> bool:
+        return self.bytes >= self.JUDGED_AFTER and self.bytes < self.SLOW_BELOW * self.seconds
+
+    def fault_in(self, memory: np.ndarray) -> bool:
+        """Write a byte of each huge page of `memory` (the kernel then gives it one), timed; False once they
+        come slowly."""
+        t0 = time.perf_counter()
+        memory.reshape(-1)[::HUGE_PAGE] = 0
+        self.seconds += time.perf_counter() - t0
+        self.bytes += memory.nbytes
+        return not self.slow
+
+
+_faults = HugePageFaults()
+
+
 def resident(raw: np.ndarray) -> np.ndarray:
     """raw (a weight's bytes, a view of the file's mapping) as a read-only copy in huge-page-backed memory;
-    raw itself where it is smaller than a huge page or the system cannot advise huge pages."""
-    if raw.nbytes < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
+    raw itself where it is smaller than a huge page, or the system cannot advise huge pages or gives them
+    slowly."""
+    if raw.nbytes < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE") or _faults.slow:
         return raw
     region = mmap.mmap(-1, raw.nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     memory = np.frombuffer(region, np.uint8)  # keeps the mapping alive as long as any view of it
@@ -41,6 +76,8 @@ def resident(raw: np.ndarray) -> np.ndarray:
     unmap = _in_read_only_mapping(raw)
     step = max(1, _CHUNK_BYTES * len(raw) // raw.nbytes)  # rows (raw: uint8 [rows, row bytes])
     for r0 in range(0, len(raw), step):  # in chunks, so the process holds at most a chunk twice
+        if not _faults.fault_in(copy[r0 : r0 + step]):
+            return raw  # the copy is dropped with its mapping; the view's pages are the page cache's still
         np.copyto(copy[r0 : r0 + step], raw[r0 : r0 + step])
         if unmap:
             _unmap_pages_of(raw[r0 : r0 + step])

@@ -1,6 +1,7 @@
 """kernels/cpu/resident.py: a weight read at every token is copied once into huge-page-backed memory, the
-process then holds its bytes once (the file's pages it read are unmapped again), and a weight that is not a
-view of a read-only file mapping is copied without being touched."""
+process then holds its bytes once (the file's pages it read are unmapped again), a weight that is not a
+view of a read-only file mapping is copied without being touched, and where huge pages come slowly the
+weights stay where they are."""
 
 import mmap
 import sys
@@ -15,6 +16,16 @@ from kernels.cpu.backend import CpuBackend
 
 SIZE = 64 << 20
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_HUGEPAGE and /proc are Linux's")
+
+
+@pytest.fixture(autouse=True)
+def huge_pages_fast(monkeypatch):
+    """Each test judges huge pages afresh; this machine's speed at giving them must not decide what the copy
+    tests see (a VM may give them slowly, and the weights then stay views), so they count as fast."""
+    faults = r.HugePageFaults()
+    faults.SLOW_BELOW = 0
+    monkeypatch.setattr(r, "_faults", faults)
+    return faults
 
 
 def _status_kb(field: str) -> int:
@@ -83,3 +94,28 @@ def test_the_backend_reads_stacked_experts_in_place_and_copies_the_rest():
     backend = CpuBackend()
     assert backend.upload_weight(8, weights, 1024, 4096, mapped=True).raw is weights
     assert not np.shares_memory(backend.upload_weight(8, weights, 1024, 4096).raw, weights)
+
+
+@linux
+def test_where_huge_pages_come_slowly_the_weights_stay_where_they_are(tmp_path, huge_pages_fast):
+    huge_pages_fast.SLOW_BELOW = 1 << 62  # any measured time is slow
+    huge_pages_fast.JUDGED_AFTER = 8 << 20
+    data, view = _file_view(tmp_path, 1024, SIZE // 1024)
+    assert not huge_pages_fast.slow
+
+    assert r.resident(view) is view  # judged on its first chunk: its copy is dropped
+    assert huge_pages_fast.slow and huge_pages_fast.bytes == r._CHUNK_BYTES
+    assert_array_equal(view, data)
+    other = np.ones((64, 1 << 16), np.uint8)
+    assert r.resident(other) is other  # once judged, nothing more is copied or touched
+    assert huge_pages_fast.bytes == r._CHUNK_BYTES
+
+
+def test_huge_pages_are_judged_on_enough_of_them():
+    faults = r.HugePageFaults()
+    faults.bytes, faults.seconds = faults.JUDGED_AFTER - 1, 1.0  # slow, but too few to say
+    assert not faults.slow
+    faults.bytes = faults.JUDGED_AFTER
+    assert faults.slow
+    faults.seconds = faults.JUDGED_AFTER / faults.SLOW_BELOW / 2  # twice the rate that is slow
+    assert not faults.slow
