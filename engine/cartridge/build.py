@@ -54,7 +54,7 @@ def build(model: Model, tokenizer: Tokenizer, template, document: Document,
             on_progress(start, len(ids))
         if cancel is not None and cancel.is_set():
             raise CartridgeCancelled(f"reading {document.name} was cancelled")
-        model.forward(ids[start: start + UBATCH], cache)
+        model.feed(ids[start: start + UBATCH], cache)
     if on_progress is not None:
         on_progress(len(ids), len(ids))
     return Cartridge.from_cache(cache, ids, fingerprint or model_fingerprint(model.file), document.sha256,

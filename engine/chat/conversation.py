@@ -227,7 +227,7 @@ class Conversation:
         if self._sidecar is not None:
             pending = self._history[cache.len - self.prefix_rows:]
             if pending and cache.len < cache.capacity:
-                self.model.forward(pending, cache)
+                self.model.feed(pending, cache)
         cache.mark()
         if self._sidecar is not None:
             self._sidecar.save(cache, self._history[: cache.len - self.prefix_rows], self.prefix_rows)
@@ -416,10 +416,10 @@ class Conversation:
                 return None
             span = tokens[start: start + UBATCH]
             if start + UBATCH < total:
-                self.model.forward(span, self.cache)
+                self.model.feed(span, self.cache)
                 continue
             if len(span) > 1:
-                self.model.forward(span[:-1], self.cache)
+                self.model.feed(span[:-1], self.cache)
             self.cache.mark()  # the prompt but its last token: where a regenerated reply rewinds to
             logits = self.model.forward(span[-1:], self.cache)
         if on_prefill is not None:

@@ -40,6 +40,10 @@ class Model(Protocol):
         """Feed tokens at position cache.len; the last row's logits [vocab] (one token: a row-wise decode
         step; more: a prefill)."""
 
+    def feed(self, tokens: Sequence[int], cache: KvCache) -> None:
+        """What forward does to the cache, without the logits: a prompt's slices whose logits nobody reads
+        skip the output product (151,936 rows of the vocabulary on Qwen)."""
+
     def forward_all(self, tokens: Sequence[int], cache: KvCache) -> np.ndarray:
         """Feed tokens through the prefill path; every row's logits [n, vocab]."""
 

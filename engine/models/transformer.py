@@ -112,10 +112,18 @@ class Transformer:
         """Feed tokens at position cache.len; return the last row's logits [vocab] (a prompt is prefilled;
         a single token is a decode step, row-wise)."""
         self._check_room(len(tokens), cache)
-        for start in range(0, len(tokens) - UBATCH, UBATCH):
-            self._forward([tokens[start : start + UBATCH]], [cache], all_rows=False)
         last = (max(len(tokens) - 1, 0) // UBATCH) * UBATCH
+        self._feed_slices(tokens[:last], cache)
         return self._forward([tokens[last:]], [cache], all_rows=False)[0]
+
+    def feed(self, tokens: Sequence[int], cache: KvCache) -> None:
+        """forward without the logits."""
+        self._check_room(len(tokens), cache)
+        self._feed_slices(tokens, cache)
+
+    def _feed_slices(self, tokens: Sequence[int], cache: KvCache) -> None:
+        for start in range(0, len(tokens), UBATCH):  # each slice's last row stops at its hidden state
+            self._forward([tokens[start : start + UBATCH]], [cache], all_rows=False, head=False)
 
     def forward_all(self, tokens: Sequence[int], cache: KvCache) -> np.ndarray:
         """Feed tokens at position cache.len through the prefill path; return logits for every row

@@ -47,7 +47,7 @@ def measure(model) -> dict[int, float]:
     cache = model.new_cache(CONTEXT_ROWS + MAX_ROWS)
     model.rows_ready(cache, wait=True)  # the costs of the verify kernels, not of the one-row ones standing in
     context = [i % model.vocab_size for i in range(CONTEXT_ROWS)]
-    model.forward(context, cache)
+    model.feed(context, cache)
     cache.mark()  # each run goes back here (a recurrent state can only go back to a mark)
     rows = [(7 * i + 3) % model.vocab_size for i in range(MAX_ROWS)]
 
