@@ -89,13 +89,15 @@ def test_a_kernel_the_reading_compiles_itself_is_said_instead_of_reading(qtbot, 
     window = open_window()
     window.apply_settings(GREEDY)
     model = window.client.worker.model
-    forward = model.forward
 
-    def forward_after_a_compile(tokens, cache):
-        numba.njit(lambda x: x + 1)(1)  # a kernel compiled first, as a model's are on its first run
-        return forward(tokens, cache)
+    def after_a_compile(step):
+        def stepped(tokens, cache):
+            numba.njit(lambda x: x + 1)(1)  # a kernel compiled first, as a model's are on its first run
+            return step(tokens, cache)
+        return stepped
 
-    monkeypatch.setattr(model, "forward", forward_after_a_compile)
+    for name in ("feed", "forward"):  # the prompt's rows without logits, then its last token with them
+        monkeypatch.setattr(model, name, after_a_compile(getattr(model, name)))
     seen = record_waits(monkeypatch, window)
     window.composer.input.setPlainText("Hi")
     qtbot.keyClick(window.composer.input, Qt.Key.Key_Return)

@@ -64,7 +64,8 @@ def test_attaching_a_built_document_loads_its_rows_without_a_prefill(tiny, cartr
     model, tok = tiny
     first = attach(model, tok, CHATML, DOC)
     assert first.built and first.refused is None
-    monkeypatch.setattr(model, "forward", lambda *a: pytest.fail("a stored cartridge was prefilled again"))
+    for step in ("feed", "forward"):
+        monkeypatch.setattr(model, step, lambda *a: pytest.fail("a stored cartridge was prefilled again"))
     second = attach(model, tok, CHATML, DOC)
     assert not second.built and second.path == first.path
     assert_same_rows(second.cartridge, first.cartridge)
