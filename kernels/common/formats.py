@@ -40,7 +40,7 @@ class FormatSet:
         self.qtypes = qtypes
         self.lanes = lanes
         # Numba's dispatcher reads this attribute in C; without it every kernel call typed the set in Python
-        # (typeof_pyval: 15 us a call, 6.6 ms of a Qwen3.5-shape decode token's 440 calls)
+        # (typeof_pyval, for each of a Qwen3.5-shape decode token's 440 kernel calls: about 2% of its time)
         self._numba_type_ = FormatSetType(qtypes, lanes)
 
     def __repr__(self) -> str:
