@@ -64,7 +64,7 @@ def of(qtypes: Iterable[int], lanes: bool = True) -> FormatSet:
 
 @typeof_impl.register(FormatSet)
 def _typeof(value: FormatSet, context) -> FormatSetType:
-    return FormatSetType(value.qtypes, value.lanes)
+    return value._numba_type_
 
 
 register_model(FormatSetType)(models.OpaqueModel)  # all it holds is in its type
