@@ -50,14 +50,17 @@ _BLOCK = {qb.Q4_K: 32, qb.Q6_K: 16}
 # quads as keep a pair's sum exact (2 * value * 127 each: Q4_K's values below 16, Q6_K's below 64)
 _INT16_QUADS = {qb.Q4_K: 8, qb.Q6_K: 2}
 # input rows per expert, on average, from which a prefill's experts take this GEMM: unpacking a tile costs
-# about as much as the row kernels' work for a dozen rows (2 threads, a Qwen3.5 expert's Q4_K gate and Q6_K
-# down: equal at 12 rows, the GEMM 1.4x faster at 64, 0.3x at one)
-MIN_INPUT_ROWS = 12
+# about what the row kernels' work for a few rows does (2 threads, AVX-512 VNNI, one expert of the Qwen3.5
+# shape, row kernels' time / GEMM's: its Q4_K gate 0.82 at one row, 1.07 at six, 1.02 at eight, 1.36 at 20;
+# its Q6_K down 0.74 at one, 0.95 at six, 1.00 at eight, 1.26 at 20); hosts without VNNI keep the
+# earlier dozen (measured before the tile's transposes were cheap; not measured again)
+MIN_INPUT_ROWS = 8 if _VNNI else 12
 # input rows from which a dense product takes this GEMM rather than the row kernels (quant.matmul): the
 # row kernels' int8 dots cost per input row what the GEMM's tiles cost once (2 threads, AVX-512 VNNI, row
-# kernels' time / GEMM's over the Qwen3.5 shape's 8192 x 2048, 2048 x 4096 and 512 x 2048 matrices: Q4_K at 16
-# rows 0.86-1.07, at 24 1.09-1.44; Q6_K at 16 0.69-0.74, at 24 1.10-1.27)
-MATMUL_FROM_ROWS = {qb.Q4_K: 20, qb.Q6_K: 24}
+# kernels' time / GEMM's, the Qwen3.5 shape's matrices, each read from memory: Q4_K 8192 x 2048 1.16 at six
+# rows, 1.15 at eight, 1.58 at 20; Q4_K 2048 x 4096 1.01 at six, 1.08 at eight; Q6_K 4096 x 2048 0.96 at
+# eight, 1.11 at twelve, 1.23 at 20); hosts without VNNI keep the earlier crossings (as above)
+MATMUL_FROM_ROWS = {qb.Q4_K: 8, qb.Q6_K: 12} if _VNNI else {qb.Q4_K: 20, qb.Q6_K: 24}
 
 _I32, _I64 = ir.IntType(32), ir.IntType(64)
 
@@ -123,31 +126,59 @@ def input_rows(inputs, lo, hi):
 # --- a tile's float scales from the lanes' unpacked scale entries ----------------------------------------
 
 
-@njit(**KERNEL)
-def _q4_k_scales(entries, d, dmin, s, neg_o):
-    """Per 32-weight sub-block j of super-block b and lane: s = d * scale, neg_o = -dmin * min (entries as
-    k_quant_lanes unpacks them: the scales in 0-7, the mins in int16 pairs in 8-11)."""
-    for b in range(d.shape[0]):
-        for j in range(8):
-            for lane in range(ROWS):
-                low_min = entries[b, 8 + j // 2, lane] >> (16 * (j & 1))
-                s[8 * b + j, lane] = d[b, lane] * np.float32(entries[b, j, lane])
-                neg_o[8 * b + j, lane] = -(dmin[b, lane] * np.float32(low_min & 0xFFFF))
-
-
-@njit(**KERNEL)
-def _q6_k_scales(entries, d, dmin, s, neg_o):
-    """Per 16-weight group g of super-block b and lane: s = d * scale (an int8 in the entry's low int16),
+def _make_scales(qtype):
+    """scales(entries, d, dmin, s, neg_o): the float scales of a tile from the lanes' unpacked entries
+    (k_quant_lanes.make_unpack), per block of the format's scale and lane, as vectors. Q4_K, per 32-weight
+    sub-block j of super-block b: s = d * scale (the entries 0-7), neg_o = -(dmin * min) (the mins in int16
+    pairs in entries 8-11); Q6_K, per 16-weight group g: s = d * scale (an int8 in the entry's low int16),
     neg_o = -32 s (its values are stored plus 32)."""
-    for b in range(d.shape[0]):
-        for g in range(16):
-            for lane in range(ROWS):
-                scale = entries[b, g, lane] & 0xFFFF
-                s[16 * b + g, lane] = d[b, lane] * np.float32(scale - 65536 if scale >= 32768 else scale)
-                neg_o[16 * b + g, lane] = np.float32(-32) * s[16 * b + g, lane]
+    per_block = 8 if qtype == qb.Q4_K else 16  # scales a super-block
+
+    @intrinsic
+    def scales(typingctx, entries, d, dmin, s, neg_o):
+        def codegen(context, builder, sig, args):
+            e_a, d_a, dmin_a, s_a, o_a = (context.make_array(t)(context, builder, v) for t, v in zip(sig.args, args))
+            n_entries = cgutils.unpack_tuple(builder, e_a.shape, 3)[1]
+            entry_vectors = builder.bitcast(e_a.data, _IVEC.as_pointer())
+
+            def vectors(array, vtype):
+                return builder.bitcast(array.data, vtype.as_pointer())
+
+            def c(v):
+                return ir.Constant(_I64, v)
+
+            def lanes(v):
+                return ir.Constant(_IVEC, [v] * ROWS)
+
+            def entry(b, e):
+                return builder.load(builder.gep(entry_vectors, [builder.add(builder.mul(b, n_entries), c(e))]), align=4)
+
+            blocks = cgutils.unpack_tuple(builder, d_a.shape, 2)[0]
+            with cgutils.for_range(builder, blocks) as loop:
+                b = loop.index
+                d = builder.load(builder.gep(vectors(d_a, _FVEC), [b]), align=4)
+                dmin = builder.load(builder.gep(vectors(dmin_a, _FVEC), [b]), align=4)
+                for j in range(per_block):
+                    if qtype == qb.Q4_K:
+                        scale = entry(b, j)
+                        low_min = builder.and_(builder.lshr(entry(b, 8 + j // 2), lanes(16 * (j & 1))), lanes(0xFFFF))
+                        s = builder.fmul(d, builder.sitofp(scale, _FVEC))
+                        o = builder.fneg(builder.fmul(dmin, builder.sitofp(low_min, _FVEC)))
+                    else:
+                        scale = builder.sext(builder.trunc(entry(b, j), ir.VectorType(ir.IntType(16), ROWS)), _IVEC)
+                        s = builder.fmul(d, builder.sitofp(scale, _FVEC))
+                        o = builder.fmul(ir.Constant(_FVEC, [-32.0] * ROWS), s)
+                    at = builder.add(builder.mul(b, c(per_block)), c(j))
+                    builder.store(s, builder.gep(vectors(s_a, _FVEC), [at]), align=4)
+                    builder.store(o, builder.gep(vectors(o_a, _FVEC), [at]), align=4)
+            return context.get_dummy_value()
+
+        return types.none(entries, d, dmin, s, neg_o), codegen
+
+    return scales
 
 
-_SCALES = {qb.Q4_K: _q4_k_scales, qb.Q6_K: _q6_k_scales}
+_SCALES = {qtype: _make_scales(qtype) for qtype in _BLOCK}
 
 
 # --- the micro-kernel: a tile of 16 weight rows times up to four input rows, in LLVM IR ---------------

@@ -170,15 +170,32 @@ def _store_rows(context, builder, out_a, out_type, n, col0, values):
 
 def transpose_rows(builder, rows):
     """ROWS vectors of n int32, one per weight row -> n vectors of ROWS lanes: vector i holds every row's
-    element i, row r's in lane r."""
+    element i, row r's in lane r. In squares of ROWS elements (the last one padded), each transposed by
+    swapping the off-diagonal k x k blocks of every 2k x 2k block, k = 8, 4, 2, 1: 4 x 16 two-vector shuffles.
+    (As one shuffle out of all the vectors, LLVM built each output from a tree of them: the unpacking of a
+    Q4_K tile took twice as long.)"""
     n = rows[0].type.count
-    while len(rows) > 1:
-        width = rows[0].type.count
-        rows = [builder.shuffle_vector(rows[i], rows[i + 1], ir.Constant(ir.VectorType(_I32, 2 * width),
-                list(range(2 * width)))) for i in range(0, len(rows), 2)]
-    every = rows[0]  # row r's element i at r * n + i
-    return [builder.shuffle_vector(every, every, ir.Constant(_IVEC, [r * n + i for r in range(ROWS)]))
-            for i in range(n)]
+    out = []
+    for first in range(0, n, ROWS):  # elements first .. first + ROWS - 1 of every row, past n undefined
+        picks = ir.Constant(_IVEC, [min(i, n - 1) for i in range(first, first + ROWS)])
+        square = [builder.shuffle_vector(row, row, picks) for row in rows]
+        out += _transpose_square(builder, square)[:min(ROWS, n - first)]
+    return out
+
+
+def _transpose_square(builder, rows):
+    k = ROWS // 2
+    while k:
+        groups = range(0, ROWS, 2 * k)
+        # lanes of each 2k group: its first k of vector a then of b (top), or its second k of each (bottom)
+        top = [x for g in groups for x in [*range(g, g + k), *range(ROWS + g, ROWS + g + k)]]
+        bottom = [x + k for x in top]
+        for i in (i for i in range(ROWS) if not i & k):
+            a, b = rows[i], rows[i + k]
+            rows[i] = builder.shuffle_vector(a, b, ir.Constant(_IVEC, top))
+            rows[i + k] = builder.shuffle_vector(a, b, ir.Constant(_IVEC, bottom))
+        k //= 2
+    return rows
 
 
 def _make_unpack(qtype):
