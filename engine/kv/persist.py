@@ -50,6 +50,7 @@ import numpy as np
 
 from engine.errors import KvPersistTokenMismatch
 from engine.kv.cache import KvCache, KvDtype
+from engine.kv.crc import map_halves
 from engine.kv.file_lock import locked
 
 MAGIC = b"FUXKV005"
@@ -311,7 +312,7 @@ def _records(cache: KvCache, tokens: Sequence[int], prefix_rows: int, start: int
 
 def _crcs(raw: memoryview, size: int, first: int, n: int) -> list[int]:
     """The CRCs of n records laid end to end in `raw`, the first of them at position `first`."""
-    return [zlib.crc32(raw[i * size: (i + 1) * size - _CRC], first + i) for i in range(n)]
+    return map_halves(lambda i: zlib.crc32(raw[i * size: (i + 1) * size - _CRC], first + i), range(n), n * size)
 
 
 def _seal(records: np.ndarray, start: int) -> None:

@@ -33,11 +33,12 @@ import hashlib
 import mmap
 import os
 import struct
-import zlib
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+
+from engine.kv import crc
 
 MAGIC = b"FUXST005"
 _HEAD = struct.Struct("<8s32sI")
@@ -66,7 +67,7 @@ def encode(fingerprint: bytes, shapes: Shapes, tokens: Sequence[int],
     for position, (conv, ssm) in checkpoints:
         body += _CHECKPOINT.pack(position, tokens_digest(tokens[:position]))
         body += b"".join(np.ascontiguousarray(a, dtype="<f4").tobytes() for a in [*conv, *ssm])
-    return body + struct.pack("<I", zlib.crc32(body))
+    return body + struct.pack("<I", crc.crc32(body))
 
 
 @dataclass
@@ -116,7 +117,7 @@ def read(path, fingerprint: bytes, shapes: Shapes, tokens: Sequence[int]) -> lis
         data = _contents(path)
     except (OSError, ValueError):  # ValueError: an empty file, which cannot be mapped
         return []
-    if len(data) < _HEAD.size + 4 or struct.unpack("<I", data[-4:])[0] != zlib.crc32(memoryview(data)[:-4]):
+    if len(data) < _HEAD.size + 4 or struct.unpack("<I", data[-4:])[0] != crc.crc32(memoryview(data)[:-4]):
         return []
     magic, stored_fingerprint, n_layers = _HEAD.unpack_from(data)
     if magic != MAGIC or stored_fingerprint != fingerprint or n_layers != len(shapes):
