@@ -25,7 +25,9 @@ def huge_pages_fast(monkeypatch):
     faults = r.HugePageFaults()
     faults.SLOW_BELOW = 0
     monkeypatch.setattr(r, "_faults", faults)
-    return faults
+    numpy_advised = r.numpy_huge_pages(True)
+    yield faults
+    r.numpy_huge_pages(numpy_advised)  # a judgement of slow turns it off for the process
 
 
 def _status_kb(field: str) -> int:
@@ -105,10 +107,18 @@ def test_where_huge_pages_come_slowly_the_weights_stay_where_they_are(tmp_path, 
 
     assert r.resident(view) is view  # judged on its first chunk: its copy is dropped
     assert huge_pages_fast.slow and huge_pages_fast.bytes == r._CHUNK_BYTES
+    assert r.numpy_huge_pages(True) is False  # NumPy's own large arrays stopped asking for huge pages
     assert_array_equal(view, data)
     other = np.ones((64, 1 << 16), np.uint8)
     assert r.resident(other) is other  # once judged, nothing more is copied or touched
     assert huge_pages_fast.bytes == r._CHUNK_BYTES
+
+
+@linux
+def test_numpy_keeps_asking_for_huge_pages_while_they_come_quickly(tmp_path, huge_pages_fast):
+    data, view = _file_view(tmp_path, 1024, SIZE // 1024)
+    assert r.resident(view) is not view
+    assert r.numpy_huge_pages(True) is True
 
 
 def test_huge_pages_are_judged_on_enough_of_them():
