@@ -52,15 +52,15 @@ _INT16_QUADS = {qb.Q4_K: 8, qb.Q6_K: 2}
 # input rows per expert, on average, from which a prefill's experts take this GEMM: unpacking a tile costs
 # about what the row kernels' work for a few rows does (2 threads, AVX-512 VNNI, one expert of the Qwen3.5
 # shape, row kernels' time / GEMM's: its Q4_K gate 0.82 at one row, 1.07 at six, 1.02 at eight, 1.36 at 20;
-# its Q6_K down 0.74 at one, 0.95 at six, 1.00 at eight, 1.26 at 20); hosts without VNNI keep the
-# earlier dozen (measured before the tile's transposes were cheap; not measured again)
-MIN_INPUT_ROWS = 8 if _VNNI else 12
+# its Q6_K down 0.74 at one, 0.95 at six, 1.00 at eight, 1.26 at 20)
+MIN_INPUT_ROWS = 8
 # input rows from which a dense product takes this GEMM rather than the row kernels (quant.matmul): the
 # row kernels' int8 dots cost per input row what the GEMM's tiles cost once (2 threads, AVX-512 VNNI, row
 # kernels' time / GEMM's, the Qwen3.5 shape's matrices, each read from memory: Q4_K 8192 x 2048 1.16 at six
 # rows, 1.15 at eight, 1.58 at 20; Q4_K 2048 x 4096 1.01 at six, 1.08 at eight; Q6_K 4096 x 2048 0.96 at
-# eight, 1.11 at twelve, 1.23 at 20); hosts without VNNI keep the earlier crossings (as above)
-MATMUL_FROM_ROWS = {qb.Q4_K: 8, qb.Q6_K: 12} if _VNNI else {qb.Q4_K: 20, qb.Q6_K: 24}
+# eight, 1.11 at twelve, 1.23 at 20). Both crossings are the same on every host, so a prompt takes the same
+# products, and gets the same bits, whatever the CPU (not measured on AVX2, whose GEMM lacks vpdpbusd)
+MATMUL_FROM_ROWS = {qb.Q4_K: 8, qb.Q6_K: 12}
 
 _I32, _I64 = ir.IntType(32), ir.IntType(64)
 
