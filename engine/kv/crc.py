@@ -3,7 +3,7 @@
 zlib.crc32 runs at about 2 GB/s on one core and lets go of the GIL for buffers over a few KB, so a large
 buffer's two halves are checksummed side by side and the two CRCs combined: CRC-32 is linear over GF(2), and
 crc(A + B) = crc(A) * x^(8 len(B)) mod P xor crc(B) (zlib's crc32_combine, here in Python: 32-step
-polynomial products, a few microseconds). Reopening a hybrid model's chat checks 132 MB of state checkpoints
+polynomial products, about 0.1 ms). Reopening a hybrid model's chat checks 132 MB of state checkpoints
 and 42 MB of KV records this way before it resumes them.
 """
 
