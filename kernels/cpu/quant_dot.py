@@ -83,40 +83,24 @@ def dot_bf16(w, x, xs, out, n16):
 # --- 32-weight blocks -------------------------------------------------------
 
 
-@njit(**KERNEL_ONCE)
-def dot_q4_0(w, xq, xd, xsum, out):
-    for r in range(w.shape[0]):
-        rows_dot_q4_0(w, r, xq, xd, xsum, out)
+def _two_streams(rows_dot):
+    """dot(w, xq, xd, xsum, out) over every weight row of w with an int8 format's rows_dot, in two interleaved
+    streams: rows r and half + r in turn. Each stream is a sequential read the hardware prefetcher follows, so
+    twice as many lines come in flight while the arithmetic of the rows in hand runs (a 1-row Q4_K product over
+    3 GB of mapped experts on 2 threads: 21 -> 26 GB/s, the page cache's ceiling). Rows are independent: the
+    order changes no row's bits."""
+    def dot(w, xq, xd, xsum, out):
+        n = w.shape[0]
+        half = (n + 1) // 2
+        for r in range(half):
+            rows_dot(w, r, xq, xd, xsum, out)
+            if half + r < n:
+                rows_dot(w, half + r, xq, xd, xsum, out)
+    return njit(inline="always")(dot)
 
 
-@njit(**KERNEL_ONCE)
-def dot_q4_1(w, xq, xd, xsum, out):
-    for r in range(w.shape[0]):
-        rows_dot_q4_1(w, r, xq, xd, xsum, out)
-
-
-@njit(**KERNEL_ONCE)
-def dot_q5_0(w, xq, xd, xsum, out):
-    for r in range(w.shape[0]):
-        rows_dot_q5_0(w, r, xq, xd, xsum, out)
-
-
-@njit(**KERNEL_ONCE)
-def dot_q5_1(w, xq, xd, xsum, out):
-    for r in range(w.shape[0]):
-        rows_dot_q5_1(w, r, xq, xd, xsum, out)
-
-
-@njit(**KERNEL_ONCE)
-def dot_q8_0(w, xq, xd, xsum, out):
-    for r in range(w.shape[0]):
-        rows_dot_q8_0(w, r, xq, xd, xsum, out)
-
-
-@njit(**KERNEL_ONCE)
-def dot_mxfp4(w, xq, xd, xsum, out):
-    for r in range(w.shape[0]):
-        rows_dot_mxfp4(w, r, xq, xd, xsum, out)
+dot_q4_0, dot_q4_1, dot_q5_0, dot_q5_1, dot_q8_0, dot_mxfp4 = (_two_streams(rows_dot) for rows_dot in (
+    rows_dot_q4_0, rows_dot_q4_1, rows_dot_q5_0, rows_dot_q5_1, rows_dot_q8_0, rows_dot_mxfp4))
 
 
 # --- K-quants ---------------------------------------------------------------
@@ -187,10 +171,7 @@ def dot_q3_k(w, x, xs, out, n16):
         out[r] = acc
 
 
-@njit(**KERNEL_ONCE)
-def dot_q4_k(w, xq, xd, bsums, out):  # activations in blocks of 256 (k_quant_dot)
-    for r in range(w.shape[0]):
-        rows_dot_q4_k(w, r, xq, xd, bsums, out)
+dot_q4_k = _two_streams(rows_dot_q4_k)  # activations in blocks of 256 (k_quant_dot)
 
 
 @njit(**KERNEL_ONCE)
@@ -214,10 +195,7 @@ def dot_q5_k(w, x, xs, out, n16):
         out[r] = acc
 
 
-@njit(**KERNEL_ONCE)
-def dot_q6_k(w, xq, xd, bsums, out):
-    for r in range(w.shape[0]):
-        rows_dot_q6_k(w, r, xq, xd, bsums, out)
+dot_q6_k = _two_streams(rows_dot_q6_k)
 
 
 # --- entry points -----------------------------------------------------------
