@@ -55,17 +55,30 @@ def _sum32(xs, e):
 # --- float formats ----------------------------------------------------------
 
 
+@njit(**KERNEL_ONCE)
+def stream_row(n, i):
+    """The weight row a product of n rows computes i-th: rows r and half + r in turn, two interleaved streams.
+    Each is a sequential read the hardware prefetcher follows, so twice as many lines come in flight while
+    the arithmetic of the rows in hand runs (a one-row Q4_K product over 3 GB of mapped experts on 2 threads:
+    21 -> 26 GB/s, the page cache's ceiling here; more streams, no better). Rows are independent: the order
+    changes no row's bits."""
+    half = (n + 1) // 2
+    return i // 2 if i % 2 == 0 else half + i // 2
+
+
 # F32 and F16 rows in float_dot's fixed order of vector lanes: a one-lane chain of adds (the source order,
 # which LLVM may not vectorize) read a MoE router's F32 rows at a quarter of the Q4_K kernels' rate
 @njit(**KERNEL_ONCE)
 def dot_f32(w, x, xs, out, n16):
-    for r in range(w.shape[0]):
+    for i in range(w.shape[0]):
+        r = stream_row(w.shape[0], i)
         out[r] = float_dot.dot(x, w[r].view(np.float32))
 
 
 @njit(**KERNEL_ONCE)
 def dot_f16(w, x, xs, out, n16):
-    for r in range(w.shape[0]):
+    for i in range(w.shape[0]):
+        r = stream_row(w.shape[0], i)
         out[r] = float_dot.dot(x, w[r].view(np.uint16))
 
 
@@ -83,23 +96,15 @@ def dot_bf16(w, x, xs, out, n16):
 # --- 32-weight blocks -------------------------------------------------------
 
 
-def _two_streams(rows_dot):
-    """dot(w, xq, xd, xsum, out) over every weight row of w with an int8 format's rows_dot, in two interleaved
-    streams: rows r and half + r in turn. Each stream is a sequential read the hardware prefetcher follows, so
-    twice as many lines come in flight while the arithmetic of the rows in hand runs (a 1-row Q4_K product over
-    3 GB of mapped experts on 2 threads: 21 -> 26 GB/s, the page cache's ceiling). Rows are independent: the
-    order changes no row's bits."""
+def _in_streams(rows_dot):
+    """dot(w, xq, xd, xsum, out): every weight row of w with an int8 format's rows_dot, in stream_row's order."""
     def dot(w, xq, xd, xsum, out):
-        n = w.shape[0]
-        half = (n + 1) // 2
-        for r in range(half):
-            rows_dot(w, r, xq, xd, xsum, out)
-            if half + r < n:
-                rows_dot(w, half + r, xq, xd, xsum, out)
+        for i in range(w.shape[0]):
+            rows_dot(w, stream_row(w.shape[0], i), xq, xd, xsum, out)
     return njit(inline="always")(dot)
 
 
-dot_q4_0, dot_q4_1, dot_q5_0, dot_q5_1, dot_q8_0, dot_mxfp4 = (_two_streams(rows_dot) for rows_dot in (
+dot_q4_0, dot_q4_1, dot_q5_0, dot_q5_1, dot_q8_0, dot_mxfp4 = (_in_streams(rows_dot) for rows_dot in (
     rows_dot_q4_0, rows_dot_q4_1, rows_dot_q5_0, rows_dot_q5_1, rows_dot_q8_0, rows_dot_mxfp4))
 
 
@@ -171,7 +176,7 @@ def dot_q3_k(w, x, xs, out, n16):
         out[r] = acc
 
 
-dot_q4_k = _two_streams(rows_dot_q4_k)  # activations in blocks of 256 (k_quant_dot)
+dot_q4_k = _in_streams(rows_dot_q4_k)  # activations in blocks of 256 (k_quant_dot)
 
 
 @njit(**KERNEL_ONCE)
@@ -195,7 +200,7 @@ def dot_q5_k(w, x, xs, out, n16):
         out[r] = acc
 
 
-dot_q6_k = _two_streams(rows_dot_q6_k)
+dot_q6_k = _in_streams(rows_dot_q6_k)
 
 
 # --- entry points -----------------------------------------------------------
