@@ -16,45 +16,68 @@ from numba import njit, prange
 
 from kernels.common.quant_blocks import KERNEL
 from kernels.cpu.fast_exp import exp32
-from kernels.cpu.float_dot import as_f32, dot
+from kernels.cpu.float_dot import accumulate, dot
+
+
+# a decode step's attention tasks: at least this many (an even count), so that 2 or 4 threads share them evenly
+_MIN_TASKS = 4
 
 
 @njit(parallel=True, **KERNEL)
 def decode_heads(q, k, v, n_keys, window, scale, sinks, out):
     """out [heads, d] = attention of one query row q [heads, d] (C-contiguous) over cache rows
     [0, n_keys) of k, v [positions, kv_heads, d] (f16 bits or float32), heads split over threads; sinks
-    [heads] (or empty): each head's logit in the softmax's denominator."""
+    [heads] (or empty): each head's logit in the softmax's denominator.
+
+    A task takes query heads that share a kv head (a whole group where there are kv heads enough) and reads
+    each key and value row once for all of them: read once per head, a 2,048-key cache's rows came from beyond
+    L2 eight times over (Qwen3-30B-A3B's groups of 8; its 48 layers' attention at 2,048 keys took 80 ms a token,
+    now 41 ms on 2 threads). Each head's arithmetic is its own, in key order, whichever heads share its task."""
     n_head, d = q.shape
-    group = n_head // k.shape[1]
+    kv_heads = k.shape[1]
+    group = n_head // kv_heads
+    parts = group  # each kv head's query heads in `parts` tasks: the fewest that make an even count of 4 or more
+    for p in range(1, group + 1):
+        if group % p == 0 and kv_heads * p >= _MIN_TASKS and kv_heads * p % 2 == 0:
+            parts = p
+            break
+    per = group // parts
     start = 0
     if window > 0 and n_keys > window:
         start = n_keys - window
-    for h in prange(n_head):
-        kvh = h // group
-        scores = np.empty(n_keys - start, dtype=np.float32)
-        m = np.float32(-np.inf)
+    for task in prange(kv_heads * parts):
+        kvh = task // parts
+        h0 = kvh * group + (task % parts) * per
+        scores = np.empty((per, n_keys - start), dtype=np.float32)
+        m = np.full(per, -np.inf, dtype=np.float32)
         for j in range(start, n_keys):
-            s = dot(q[h], k[j, kvh]) * scale
-            scores[j - start] = s
-            if s > m:
-                m = s
-        if sinks.size:
-            m = max(m, sinks[h])
-        for j in range(scores.size):  # apart from the sum, so the exp vectorizes
-            scores[j] = exp32(scores[j] - m)
-        total = np.float32(0.0)
-        for j in range(scores.size):
-            total += scores[j]
-        if sinks.size:
-            total += exp32(sinks[h] - m)
-        acc = np.zeros(d, dtype=np.float32)
+            key = k[j, kvh]
+            for t in range(per):
+                s = dot(q[h0 + t], key) * scale
+                scores[t, j - start] = s
+                if s > m[t]:
+                    m[t] = s
+        totals = np.empty(per, dtype=np.float32)
+        for t in range(per):
+            if sinks.size:
+                m[t] = max(m[t], sinks[h0 + t])
+            for j in range(scores.shape[1]):  # apart from the sum, so the exp vectorizes
+                scores[t, j] = exp32(scores[t, j] - m[t])
+            total = np.float32(0.0)
+            for j in range(scores.shape[1]):
+                total += scores[t, j]
+            if sinks.size:
+                total += exp32(sinks[h0 + t] - m[t])
+            totals[t] = total
+        acc = np.zeros((per, d), dtype=np.float32)
         for j in range(start, n_keys):
-            p = scores[j - start]
+            value = v[j, kvh]
+            for t in range(per):
+                accumulate(acc[t], scores[t, j - start], value)
+        for t in range(per):
+            inv = np.float32(1.0) / totals[t]
             for c in range(d):
-                acc[c] += p * as_f32(v[j, kvh, c])
-        inv = np.float32(1.0) / total
-        for c in range(d):
-            out[h, c] = acc[c] * inv
+                out[h0 + t, c] = acc[t, c] * inv
 
 
 @njit(**KERNEL)

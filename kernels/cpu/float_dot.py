@@ -1,4 +1,5 @@
-"""A float dot product in a fixed order: the attention scores of decode.
+"""A float dot product in a fixed order (the attention scores of decode), and the weighted row sum beside it
+(its values).
 
 Without fast-math reassociation (see quant_blocks.KERNEL) LLVM keeps a float sum
 in source order and cannot vectorize it, and a one-lane chain of adds made the
@@ -82,3 +83,37 @@ def dot(a, b):
     for i in range(a.shape[0] // 16 * 16, a.shape[0]):
         total += a[i] * as_f32(b[i])
     return total
+
+
+@intrinsic
+def _accumulate_chunks(typingctx, acc, p, row):
+    """acc[i] = acc[i] + p * row[i] (a multiply, then an add) over the first len(acc) // 8 * 8 elements, 8 at a
+    time: each element's own chain, so the same bits as one element at a time."""
+    if not (isinstance(acc, types.Array) and isinstance(row, types.Array) and acc.ndim == row.ndim == 1
+            and acc.dtype == types.float32 and p == types.float32 and row.dtype in (types.float32, types.uint16)
+            and acc.layout == row.layout == "C"):
+        return None
+
+    def codegen(context, builder, sig, args):
+        arr_acc, arr_row = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 2))
+        (n,) = cgutils.unpack_tuple(builder, arr_acc.shape, 1)
+        weight = builder.insert_element(ir.Constant(_FVEC, None), args[1], ir.Constant(ir.IntType(32), 0))
+        weight = builder.shuffle_vector(weight, weight, ir.Constant(ir.VectorType(ir.IntType(32), _LANES), None))
+        step = ir.Constant(n.type, _LANES)
+        with cgutils.for_range(builder, builder.udiv(n, step)) as loop:
+            start = builder.mul(loop.index, step)
+            ptr = builder.bitcast(builder.gep(arr_acc.data, [start]), _FVEC.as_pointer())
+            value = _chunk(builder, arr_row.data, sig.args[2].dtype, start)
+            builder.store(builder.fadd(builder.load(ptr, align=4), builder.fmul(weight, value)), ptr, align=4)
+        return context.get_dummy_value()
+
+    return types.none(acc, p, row), codegen
+
+
+@njit(**KERNEL, inline="always")
+def accumulate(acc, p, row):
+    """acc += p * row for contiguous rows of equal length: acc float32, p a float32, row float32 or f16 bits;
+    per element a multiply, then an add (no fused multiply-add), in any grouping the same bits."""
+    _accumulate_chunks(acc, p, row)
+    for i in range(acc.shape[0] // _LANES * _LANES, acc.shape[0]):
+        acc[i] += p * as_f32(row[i])

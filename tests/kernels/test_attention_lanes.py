@@ -45,6 +45,9 @@ def _head_by_head(q, k, v, n_keys, window, sinks):
     (4, 1, 256, 600, 5, 512),   # Gemma 3's wide heads and sliding window, rows crossing it
     (8, 8, 32, 50, 3, 20),      # no grouping
     (14, 2, 64, 3, 17, 4),      # a window shorter than the rows, early positions
+    (32, 4, 128, 300, 3, 0),    # Qwen3-30B-A3B's groups of 8: decode_heads' tasks share each key and value row
+    (16, 2, 256, 200, 2, 0),    # Qwen3.5's: four tasks of four heads
+    (64, 8, 64, 150, 2, 128),   # gpt-oss: groups of 8, its 128-key window
 ])
 def test_lanes_give_each_query_the_bits_of_head_by_head(n_head, n_kv, d, first, m, window, f16, with_sinks):
     q, k, v, n_keys = _case(n_head, n_kv, d, first, m, f16)
