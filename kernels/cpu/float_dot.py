@@ -21,6 +21,7 @@ from numba.extending import intrinsic, overload
 from kernels.common.f16 import f16_bits_to_f32
 from kernels.common.quant_blocks import KERNEL
 from kernels.cpu.int8_dot import multiply_add
+from kernels.cpu.int_gemm import _splat
 
 _LANES = 8
 _F32 = ir.FloatType()
@@ -97,8 +98,7 @@ def _accumulate_chunks(typingctx, acc, p, row):
     def codegen(context, builder, sig, args):
         arr_acc, arr_row = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 2))
         (n,) = cgutils.unpack_tuple(builder, arr_acc.shape, 1)
-        weight = builder.insert_element(ir.Constant(_FVEC, None), args[1], ir.Constant(ir.IntType(32), 0))
-        weight = builder.shuffle_vector(weight, weight, ir.Constant(ir.VectorType(ir.IntType(32), _LANES), None))
+        weight = _splat(builder, args[1], _LANES)
         step = ir.Constant(n.type, _LANES)
         with cgutils.for_range(builder, builder.udiv(n, step)) as loop:
             start = builder.mul(loop.index, step)

@@ -52,7 +52,7 @@ def _sum32(xs, e):
     return xs[e >> 4] + xs[(e >> 4) + 1]
 
 
-# --- float formats ----------------------------------------------------------
+# --- the order of a product's weight rows -------------------------------------
 
 
 @njit(**KERNEL_ONCE)
@@ -64,6 +64,9 @@ def stream_row(n, i):
     changes no row's bits."""
     half = (n + 1) // 2
     return i // 2 if i % 2 == 0 else half + i // 2
+
+
+# --- float formats ----------------------------------------------------------
 
 
 # F32 and F16 rows in float_dot's fixed order of vector lanes: a one-lane chain of adds (the source order,

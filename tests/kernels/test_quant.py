@@ -291,3 +291,14 @@ def test_bad_rows_and_out_are_refused():
         gguf_weights.dequantize(T.Q4_K, w, 3, 5)
     with pytest.raises(ValueError, match="out"):
         quant.matvec(T.Q4_K, w, np.zeros(256, np.float32), out=np.zeros(3, np.float32))
+
+
+def test_the_two_stream_order_computes_every_weight_row_once():
+    """Rows r and half + r in turn: a permutation of the rows for every count, odd or even."""
+    from kernels.cpu.quant_dot import stream_row
+
+    for n in range(12):
+        order = [stream_row(n, i) for i in range(n)]
+        assert sorted(order) == list(range(n)), n
+        if n > 1:
+            assert order[:2] == [0, (n + 1) // 2], n
