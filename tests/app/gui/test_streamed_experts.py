@@ -61,7 +61,12 @@ def test_the_memory_for_streamed_experts_is_a_remembered_setting_given_to_the_ne
     dialog.accept()
     assert window.preferences.expert_cache == 1 << 20
     window.load_model(window.model_path)  # the next load takes the new budget
-    qtbot.waitUntil(lambda: window.client.worker.model.expert_store.options.cache_bytes == 1 << 20, timeout=60_000)
+
+    def budget_taken():  # the worker holds no model while the next one loads
+        model = window.client.worker.model
+        return model is not None and model.expert_store.options.cache_bytes == 1 << 20
+
+    qtbot.waitUntil(budget_taken, timeout=60_000)
     window.close()
     from app.gui.main_window import PREFERENCES_FILE
     again = SettingsDialog({"system_prompt": None, "sampler": {}}, Preferences(fucina_home / PREFERENCES_FILE))
