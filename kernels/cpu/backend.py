@@ -65,7 +65,7 @@ class CpuKvStore:
 
     def decode(self, stored: np.ndarray) -> np.ndarray:
         if self.dtype == "f16":
-            return stored.view(np.float16).astype(np.float32)
+            return ops.widen_f16(stored)
         return q8_0.dequantize(stored)
 
     def write_f32(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> None:

@@ -133,9 +133,10 @@ def test_decode_attention_reads_f16_bits_and_f32(window):
 
 
 @pytest.mark.parametrize("window", [0, 100])
-def test_prefill_attention_over_threads_equals_one_thread_bitwise(window):
-    # past a chunk of queries and over two kv heads, so the tasks really split between the threads
-    n, pos0 = 300, 20
+@pytest.mark.parametrize("n, pos0", [(300, 20), (7, 400)])
+def test_prefill_attention_over_threads_equals_one_thread_bitwise(window, n, pos0):
+    # over two kv heads, so the tasks really split between the threads: past a chunk of queries, or a few
+    # queries after many keys (a reopened chat's next message)
     q = rng.normal(size=(n, 4, 32)).astype(np.float32)
     k = rng.normal(size=(pos0 + n, 2, 32)).astype(np.float32)
     v = rng.normal(size=(pos0 + n, 2, 32)).astype(np.float32)
@@ -143,6 +144,21 @@ def test_prefill_attention_over_threads_equals_one_thread_bitwise(window):
     np.testing.assert_array_equal(attention_prefill(q, k, v, pos0, window, 0.2, threads=2), one)
     np.testing.assert_allclose(one[::37], _attention_reference(q, k, v, pos0, window, 0.2)[::37],
                                rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(2036, 2, 256), (3, 5), (0, 4)])
+def test_f16_widening_is_numpys_conversion_bit_for_bit(shape):
+    values = rng.normal(size=shape).astype(np.float16).reshape(-1)
+    specials = np.array([np.inf, -np.inf, np.nan, 6e-8, -0.0, 65504], np.float16)  # subnormal, signed zero
+    values[: min(values.size, specials.size)] = specials[: values.size]
+    bits = values.reshape(shape).view(np.uint16)
+    wide = ops.widen_f16(bits)
+    assert wide.shape == shape and wide.dtype == np.float32
+    np.testing.assert_array_equal(wide.view(np.uint32), bits.view(np.float16).astype(np.float32).view(np.uint32))
+    if shape[0] > 1:  # a leading slice of a larger cache, as a KV store's read gives
+        cache = np.zeros((shape[0] + 9, *shape[1:]), np.uint16)
+        cache[: shape[0]] = bits
+        np.testing.assert_array_equal(ops.widen_f16(cache[: shape[0]]), wide)
 
 
 def test_row_ops_split_over_threads_compute_as_on_one_thread():
