@@ -154,14 +154,19 @@ def _tiled(dots, tile_rows=TILE):
             tile_c = ir.Constant(m.type, tile_rows)
             with cgutils.for_range(builder, builder.udiv(m, tile_c)) as loop:
                 tile(builder.mul(loop.index, tile_c), tile_rows)
-            # the rest in tiles of 2 and 1 (halves each time: fewer tile sizes to compile)
+            # the rest in tiles of halving size (fewer tile sizes to compile), but the last three rows in one
+            # tile: two then one would unpack each weight block twice, and a MoE prefill's experts often get three
             rest = builder.urem(m, tile_c)
             size = tile_rows // 2
-            while size:
+            while size > 2:
                 left = builder.and_(rest, ir.Constant(m.type, 2 * size - 1))  # rows not yet done
                 with builder.if_then(builder.icmp_unsigned(">=", left, ir.Constant(m.type, size))):
                     tile(builder.sub(m, left), size)
                 size //= 2
+            left = builder.and_(rest, ir.Constant(m.type, 3))
+            for count in (3, 2, 1):
+                with builder.if_then(builder.icmp_unsigned("==", left, ir.Constant(m.type, count))):
+                    tile(builder.sub(m, left), count)
             return context.get_dummy_value()
 
         return types.none(w, r, xq, xd, xsum, out), codegen
