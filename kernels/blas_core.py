@@ -11,14 +11,17 @@ both pools on 2 cores, 1382 with OpenBLAS on one thread). OpenBLAS therefore kee
 user set its thread count, and `threads(n)` lends it more for the products that are its alone (prefill of
 the formats without an integer kernel: kernels/cpu/quant.py).
 
-Both must be set before NumPy loads OpenBLAS: `kernels` calls `configure_openblas` first, and `engine`
-imports `kernels` first.
+Both are meant to be set before NumPy loads OpenBLAS: `kernels` calls `configure_openblas` first, and `engine`
+imports `kernels` first. A program that imported NumPy before them gets the one thread through threadpoolctl
+instead (its spinning pool made every Numba kernel of a Qwen3.5-shape prefill ~1.6x slower); the kernel choice
+is then OpenBLAS's own.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 
 # the instruction subsets OpenBLAS's SkylakeX kernels are built with
 _SKYLAKEX_FEATURES = ("avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl")
@@ -38,6 +41,10 @@ def configure_openblas() -> None:
     if not any(v in os.environ for v in _THREAD_VARIABLES):
         os.environ["OPENBLAS_NUM_THREADS"] = "1"
         _one_thread_ours = True
+        if "numpy" in sys.modules:  # an embedder imported NumPy first: OpenBLAS started with a thread a core
+            import threadpoolctl
+
+            threadpoolctl.threadpool_limits(limits=1, user_api="blas")  # kept: never restored
 
 
 @contextlib.contextmanager

@@ -2,6 +2,8 @@
 Numba's, unless the user chose; the products that are OpenBLAS's alone get more threads."""
 
 import os
+import subprocess
+import sys
 
 import llvmlite.binding as llvm
 import numpy as np
@@ -50,6 +52,16 @@ def test_what_the_user_set_is_kept(host, monkeypatch):
     with threadpoolctl.threadpool_limits(1, user_api="blas"):
         with blas_core.threads(2):  # nothing lent: the user's count stands
             assert _blas_threads() == 1
+
+
+def test_openblas_keeps_one_thread_when_numpy_was_imported_first():
+    """An embedder's program that imports NumPy before the engine: OpenBLAS has already started its pool, too late
+    for the variable, so it is limited in place."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", *blas_core._THREAD_VARIABLES)}
+    code = ("import numpy, threadpoolctl; import engine; "
+            "print(max(i['num_threads'] for i in threadpoolctl.threadpool_info() if i['user_api'] == 'blas'))")
+    shown = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert shown.stdout.strip() == "1"
 
 
 def _blas_threads():
