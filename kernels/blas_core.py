@@ -13,7 +13,7 @@ the formats without an integer kernel: kernels/cpu/quant.py).
 
 Both are meant to be set before NumPy loads OpenBLAS: `kernels` calls `configure_openblas` first, and `engine`
 imports `kernels` first. A program that imported NumPy before them gets the one thread through threadpoolctl
-instead (its spinning pool made every Numba kernel of a Qwen3.5-shape prefill ~1.6x slower); the kernel choice
+instead (its spinning pool made a 21-token Qwen3.5-shape prefill take twice as long); the kernel choice
 is then OpenBLAS's own.
 """
 
@@ -26,7 +26,7 @@ import sys
 # the instruction subsets OpenBLAS's SkylakeX kernels are built with
 _SKYLAKEX_FEATURES = ("avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl")
 _THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
-_controller = None  # threadpoolctl's view of the loaded BLAS, made at the first `threads` call
+_controller = None  # threadpoolctl's view of the loaded BLAS (_blas_controller)
 _one_thread_ours = False  # OpenBLAS keeps one thread because configure_openblas said so (not the user)
 
 
@@ -42,21 +42,24 @@ def configure_openblas() -> None:
         os.environ["OPENBLAS_NUM_THREADS"] = "1"
         _one_thread_ours = True
         if "numpy" in sys.modules:  # an embedder imported NumPy first: OpenBLAS started with a thread a core
-            import threadpoolctl
-
-            threadpoolctl.threadpool_limits(limits=1, user_api="blas")  # kept: never restored
+            _blas_controller().limit(limits=1, user_api="blas")  # kept: never restored
 
 
 @contextlib.contextmanager
 def threads(n: int):
     """OpenBLAS on n threads meanwhile (one again after), unless the user set its thread count."""
-    global _controller
     if not _one_thread_ours or n <= 1:
         yield
         return
+    with _blas_controller().limit(limits=n, user_api="blas"):
+        yield
+
+
+def _blas_controller():
+    """threadpoolctl's view of the loaded BLAS, made at first use (it scans the loaded libraries)."""
+    global _controller
     if _controller is None:
         from threadpoolctl import ThreadpoolController
 
         _controller = ThreadpoolController()
-    with _controller.limit(limits=n, user_api="blas"):
-        yield
+    return _controller
